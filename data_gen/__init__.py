@@ -1,0 +1,1 @@
+"""Data builders: the built-in Python corpus, conversations, and target feature dumps."""

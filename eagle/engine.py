@@ -1,0 +1,292 @@
+"""One speculative decoding loop for every method, vanilla decoding included.
+
+Each round:
+  1. the proposer drafts a tree of candidate tokens under the root (the last committed
+     token, whose KV is not yet in the target cache), with the proposal `q` each was drawn from;
+  2. the target scores root + tree in ONE forward on top of its committed KV cache, with a
+     tree attention mask and depth-based position ids;
+  3. verification accepts a root-to-node path and emits one more token (the target's
+     correction, or the bonus token at a leaf), greedy or by SpecInfer's multi-round rule;
+  4. only the accepted path's KV stays in the target cache; the proposer is told the path.
+
+Vanilla decoding is a proposer that drafts nothing: the same loop, cache and forward, so
+speed ratios compare like with like. `tau` = tokens committed per verification forward
+(bonus/correction token included; the prefill forward is not a round).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from eagle.acceptance import verify_tree_greedy, verify_tree_stochastic
+from eagle.kv_cache import cache_length, keep_path, new_cache, tree_attention_mask
+from eagle.sampling import SamplingPolicy
+from eagle.target import target_forward
+
+
+class ContextOverflowError(ValueError):
+    """The request cannot fit in the target's context (said before decoding starts)."""
+
+
+@dataclass
+class DraftTree:
+    """What a proposer returns: N draft tokens under the root, in breadth-first order.
+
+    Attributes:
+        tokens: (N,) long draft tokens (the root, node 0, is not included).
+        parents: length N+1, parents[0] = -1, parents[i] < i; siblings are tried in index order.
+        q: (N, V) the distribution each draft token was actually drawn from (one-hot for a
+            deterministic choice); None under greedy decoding, where it is never needed.
+    """
+
+    tokens: Tensor
+    parents: tuple[int, ...]
+    q: Tensor | None = None
+
+    @property
+    def size(self) -> int:
+        return len(self.parents) - 1
+
+    @classmethod
+    def empty(cls, device=None) -> DraftTree:
+        return cls(tokens=torch.empty(0, dtype=torch.long, device=device), parents=(-1,))
+
+
+@dataclass
+class DecodeState:
+    """What proposers may read. The target features in `new_features` belong to the tokens
+    that last entered the target cache; feature j pairs with token tokens[-k + j] (the token
+    that follows it), which is exactly EAGLE's `[f_{t-1}; E(x_t)]` input."""
+
+    tokens: list[int]
+    prompt_len: int
+    new_features: Tensor  # (1, k, H)
+    policy: SamplingPolicy
+    vocab_size: int
+    generator: torch.Generator | None = None
+
+
+class Proposer:
+    """Interface of a drafting method. Subclasses override `propose` (and usually the hooks)."""
+
+    name = "proposer"
+
+    def reset(self, state: DecodeState) -> None:
+        """Called once after the target's prefill, before the first round."""
+
+    def propose(self, state: DecodeState) -> DraftTree:
+        raise NotImplementedError
+
+    def accept(self, state: DecodeState, tree: DraftTree, path: list[int]) -> None:
+        """Told which path was accepted (node indices from the root) once it is committed."""
+
+
+class VanillaProposer(Proposer):
+    """Drafts nothing: plain autoregressive decoding through the speculative loop."""
+
+    name = "vanilla"
+
+    def propose(self, state: DecodeState) -> DraftTree:
+        return DraftTree.empty()
+
+
+@dataclass
+class RoundStats:
+    accepted: int        # draft tokens accepted (depth reached)
+    committed: int       # tokens committed this round (accepted + 1, less any truncation)
+    tree_size: int
+    draft_s: float
+    verify_s: float
+
+
+@dataclass
+class DecodeStats:
+    prompt_len: int = 0
+    prefill_s: float = 0.0
+    total_s: float = 0.0
+    rounds: list[RoundStats] = field(default_factory=list)
+
+    @property
+    def new_tokens(self) -> int:
+        return 1 + sum(r.committed for r in self.rounds)  # the prefill commits one token
+
+    @property
+    def tau(self) -> float:
+        """Tokens committed per verification forward, bonus token included."""
+        return sum(r.committed for r in self.rounds) / max(len(self.rounds), 1)
+
+    @property
+    def draft_s(self) -> float:
+        return sum(r.draft_s for r in self.rounds)
+
+    @property
+    def verify_s(self) -> float:
+        return sum(r.verify_s for r in self.rounds)
+
+    def accepted_histogram(self, max_depth: int | None = None) -> list[int]:
+        depth = max([r.accepted for r in self.rounds], default=0) if max_depth is None else max_depth
+        hist = [0] * (depth + 1)
+        for r in self.rounds:
+            hist[min(r.accepted, depth)] += 1
+        return hist
+
+
+@dataclass
+class DecodeResult:
+    tokens: list[int]     # the new tokens only
+    stats: DecodeStats
+
+
+def _tree_geometry(parents: Sequence[int], device) -> tuple[Tensor, Tensor, bool]:
+    """(ancestor-or-self mask (n, n) bool, depths (n,) long, is_chain) of a parent list."""
+    n = len(parents)
+    mask = torch.zeros(n, n, dtype=torch.bool)
+    depth = [0] * n
+    for i, par in enumerate(parents):
+        if par >= 0:
+            mask[i] = mask[par]
+            depth[i] = depth[par] + 1
+        mask[i, i] = True
+    is_chain = all(par == i - 1 for i, par in enumerate(parents))
+    return mask.to(device), torch.tensor(depth, device=device), is_chain
+
+
+class SpeculativeDecoder:
+    """Decode a target with any proposer, exactly (greedy or sampled).
+
+    Args:
+        target: a Hugging Face causal LM (eval mode).
+        proposer: the drafting method; None means vanilla decoding.
+        policy: the sampling policy for both p (target) and q (proposer).
+        eos_token_id: one id or several; decoding stops after the first one emitted.
+    """
+
+    def __init__(self, target: nn.Module, proposer: Proposer | None = None,
+                 policy: SamplingPolicy | None = None, eos_token_id: int | Sequence[int] | None = None):
+        self.target = target
+        self.proposer = proposer or VanillaProposer()
+        self.policy = policy or SamplingPolicy()
+        if eos_token_id is None:
+            eos_token_id = getattr(target.generation_config, "eos_token_id", None)
+        eos = [] if eos_token_id is None else ([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id))
+        self.eos = set(eos)
+        self.max_context = getattr(target.config, "max_position_embeddings", None)
+        self._geometry: dict[tuple[int, ...], tuple[Tensor, Tensor, bool]] = {}
+
+    def check_fits(self, prompt_len: int, max_new_tokens: int, tree_size: int) -> None:
+        if prompt_len == 0:
+            raise ValueError("empty prompt: give at least one token")
+        need = prompt_len + max_new_tokens + tree_size + 1
+        if self.max_context is not None and need > self.max_context:
+            raise ContextOverflowError(
+                f"prompt ({prompt_len}) + max_new_tokens ({max_new_tokens}) + tree ({tree_size + 1}) = {need} "
+                f"tokens exceed the target's context of {self.max_context}")
+
+    def geometry(self, parents: tuple[int, ...], device) -> tuple[Tensor, Tensor, bool]:
+        if parents not in self._geometry:
+            self._geometry[parents] = _tree_geometry(parents, device)
+        return self._geometry[parents]
+
+    @torch.inference_mode()
+    def generate(self, input_ids: Tensor | Sequence[int], max_new_tokens: int,
+                 generator: torch.Generator | None = None, tree_size_hint: int = 0,
+                 on_commit: Callable[[list[int]], None] | None = None) -> DecodeResult:
+        """Generate up to `max_new_tokens` tokens after `input_ids` ((1, T) or a list).
+
+        `on_commit` receives each committed block of tokens (streaming output).
+        """
+        ids = torch.as_tensor(input_ids, dtype=torch.long).reshape(-1).tolist()
+        self.check_fits(len(ids), max_new_tokens, tree_size_hint)
+        device = next(self.target.parameters()).device
+        policy, stats = self.policy, DecodeStats(prompt_len=len(ids))
+        start = time.perf_counter()
+
+        # Prefill: the whole prompt enters the cache; its last logits give the first token.
+        cache = new_cache(self.target)
+        out = target_forward(self.target, torch.tensor([ids], device=device), cache,
+                             logits_slice=slice(-1, None))
+        first = self._sample(out.logits[0, -1], generator)
+        state = DecodeState(tokens=ids + [first], prompt_len=len(ids), new_features=out.features,
+                            policy=policy, vocab_size=out.logits.shape[-1], generator=generator)
+        new_tokens = [first]
+        if on_commit:
+            on_commit([first])
+        stats.prefill_s = time.perf_counter() - start
+        if max_new_tokens <= 1 or first in self.eos:
+            stats.total_s = time.perf_counter() - start
+            return DecodeResult(tokens=new_tokens[:max_new_tokens], stats=stats)
+        self.proposer.reset(state)
+
+        while True:
+            t0 = time.perf_counter()
+            tree = self.proposer.propose(state)
+            t1 = time.perf_counter()
+            path, next_token, features = self._verify(state, tree, cache, generator)
+            t2 = time.perf_counter()
+
+            block = tree.tokens[[i - 1 for i in path[1:]]].tolist() + [next_token]
+            done = False
+            room = max_new_tokens - len(new_tokens)
+            for j, tok in enumerate(block):  # EOS or max_new_tokens may land inside the path
+                if tok in self.eos or j + 1 >= room:
+                    block, done = block[: j + 1], True
+                    break
+            new_tokens += block
+            state.tokens += block
+            state.new_features = features
+            if on_commit:
+                on_commit(block)
+            stats.rounds.append(RoundStats(accepted=len(path) - 1, committed=len(block),
+                                           tree_size=tree.size, draft_s=t1 - t0, verify_s=t2 - t1))
+            if done:
+                break
+            self.proposer.accept(state, tree, path)
+            stats.rounds[-1].draft_s += time.perf_counter() - t2  # proposer bookkeeping is drafting work
+        stats.total_s = time.perf_counter() - start
+        return DecodeResult(tokens=new_tokens, stats=stats)
+
+    def _sample(self, logits: Tensor, generator) -> int:
+        if self.policy.greedy:
+            return int(logits.argmax())
+        return int(self.policy.sample(self.policy.probs(logits.float()), generator))
+
+    def _verify(self, state: DecodeState, tree: DraftTree, cache, generator):
+        """Score root + tree in one target forward, accept a path, keep only its KV.
+
+        Returns:
+            (path, next_token, features): accepted node indices from the root, the token
+            emitted after them, and the target features of the path's nodes (1, len(path), H).
+        """
+        device = next(self.target.parameters()).device
+        prefix = cache_length(cache)
+        root = torch.tensor([state.tokens[-1]], device=device)
+        x = torch.cat([root, tree.tokens.to(device)])[None]  # (1, n)
+        anc, depth, is_chain = self.geometry(tree.parents, device)
+        if is_chain:  # the causal mask and default positions are the tree's: skip building them
+            out = target_forward(self.target, x, cache)
+        else:
+            dtype = next(self.target.parameters()).dtype
+            mask = tree_attention_mask(prefix, anc, dtype)
+            out = target_forward(self.target, x, cache, attention_mask=mask,
+                                 position_ids=(prefix + depth)[None])
+        logits = out.logits[0]  # (n, V)
+        parents = list(tree.parents)
+        tokens = x[0]
+        if self.policy.greedy:
+            path, next_token = verify_tree_greedy(parents, tokens, logits)
+        else:
+            p = self.policy.probs(logits.float())
+            if tree.size == 0:
+                q_full = torch.zeros_like(p)  # (1, V): the root's row is never read
+            elif tree.q is None:
+                raise ValueError(f"{self.proposer.name} gave no proposal distributions under sampling")
+            else:
+                q_full = torch.cat([torch.zeros_like(p[:1]), tree.q.to(p)])  # (n, V)
+            path, next_token = verify_tree_stochastic(parents, tokens, p, q_full, generator)
+        keep_path(cache, prefix, path)
+        return path, int(next_token), out.features[:, path]

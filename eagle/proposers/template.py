@@ -1,0 +1,147 @@
+"""Fill a fixed tree template with a token-by-token draft model (EAGLE's drafter, a small LM).
+
+Per round: one `catch_up` pass over the tokens committed since the last round gives the
+root's next-token distribution; then one `step` pass per depth over that depth's nodes that
+have children in the template, each on top of the draft model's committed KV plus the
+temporary KV of its ancestors. The template's ranks are filled with the top-k of each
+expanded node's distribution, or, under sampling with `proposal="sample"`, by drawing
+without replacement. Either way each draft token's proposal `q` is recorded exactly: a
+one-hot for a deterministic choice, the parent's distribution with earlier siblings
+zeroed and renormalised for a draw. After verification the temporary KV is dropped.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+from eagle.engine import DecodeState, DraftTree, Proposer
+from eagle.kv_cache import tree_attention_mask
+from eagle.tree import TreeTemplate
+
+PROPOSALS = ("topk", "sample")
+
+
+class TreeDraftModel(Protocol):
+    """A draft model with its own KV cache over the committed context."""
+
+    def catch_up(self, state: DecodeState) -> tuple[Tensor, Tensor | None]:
+        """Feed the committed tokens not yet in the cache (the root included).
+
+        Returns: the root's next-token logits (V,) and its hidden output (H,) or None."""
+
+    def step(self, tokens: Tensor, parent_hidden: Tensor | None, position_ids: Tensor,
+             attention_mask: Tensor) -> tuple[Tensor, Tensor | None]:
+        """Score n draft nodes (n,) on top of the cache; their KV is appended temporarily.
+
+        Returns: logits (n, V) and hidden outputs (n, H) or None."""
+
+    def cache_len(self) -> int: ...
+
+    def reset(self) -> None:
+        """Start a new sequence: forget the cache."""
+
+    def rollback(self, length: int) -> None:
+        """Drop every cache entry past `length` (the branch KV of a round)."""
+
+    @property
+    def dtype(self) -> torch.dtype: ...
+
+
+class TemplateProposer(Proposer):
+    """Draft a fixed template tree with any `TreeDraftModel`.
+
+    Args:
+        model: the draft model (EAGLE drafter or small LM).
+        template: the tree to fill; its `max_rank` is the top-k per expanded node.
+        proposal: "topk" (deterministic top-k, one-hot q) or "sample" (draws without
+            replacement under sampling). Greedy decoding always uses top-k.
+    """
+
+    def __init__(self, model: TreeDraftModel, template: TreeTemplate, proposal: str = "topk",
+                 name: str = "template"):
+        if proposal not in PROPOSALS:
+            raise ValueError(f"unknown proposal {proposal!r}; choose one of {PROPOSALS}")
+        if template.num_nodes == 0:
+            raise ValueError(f"tree {template.name!r} has no draft nodes; use vanilla decoding")
+        self.model, self.template, self.proposal, self.name = model, template, proposal, name
+        parents = template.parents
+        self.parents = tuple(parents)
+        self.ancestors = template.buffers().attn_mask  # (N+1, N+1) bool
+        depths = template.depths
+        # nodes with children, grouped by depth: only these need a draft forward
+        self.expanded_by_depth = [[i for i in range(1, len(parents)) if depths[i] == d and template.children[i]]
+                                  for d in range(template.depth + 1)]
+        self._committed = 0
+
+    def reset(self, state: DecodeState) -> None:
+        self.model.reset()
+        self._committed = 0
+
+    def accept(self, state: DecodeState, tree: DraftTree, path: list[int]) -> None:
+        self.model.rollback(self._committed)
+
+    def propose(self, state: DecodeState) -> DraftTree:
+        tpl, model, policy = self.template, self.model, state.policy
+        root_logits, root_hidden = model.catch_up(state)
+        self._committed = base = model.cache_len()
+        root_pos = len(state.tokens) - 1
+        n = tpl.num_nodes + 1
+        tokens = torch.empty(n, dtype=torch.long, device=root_logits.device)
+        tokens[0] = state.tokens[-1]
+        q = None if policy.greedy else torch.zeros(n, root_logits.shape[-1], device=root_logits.device)
+        logits = {0: root_logits}
+        hidden = {0: root_hidden}
+        forwarded: list[int] = []  # node ids whose KV sits after `base`, in order
+        for depth in range(1, tpl.depth + 1):
+            for parent in [0] if depth == 1 else self.expanded_by_depth[depth - 1]:
+                kids = tpl.children[parent]
+                tokens[kids], q_kids = self._choose(logits[parent], len(kids), state)
+                if q is not None:
+                    q[kids] = q_kids
+            nodes = self.expanded_by_depth[depth] if depth < tpl.depth else []
+            if not nodes:
+                continue
+            seen = forwarded + nodes
+            visible = self.ancestors[nodes][:, seen]  # (m, len(seen)) ancestor-or-self
+            mask = tree_attention_mask(base + len(forwarded), visible[:, -len(nodes):], model.dtype)
+            mask[0, 0, :, base:base + len(forwarded)].masked_fill_(
+                ~visible[:, :len(forwarded)], torch.finfo(model.dtype).min)
+            parent_hidden = None if root_hidden is None else torch.stack(
+                [hidden[self.parents[v]] for v in nodes])
+            pos = torch.full((len(nodes),), root_pos + depth, dtype=torch.long, device=tokens.device)
+            out_logits, out_hidden = model.step(tokens[nodes], parent_hidden, pos, mask)
+            for j, v in enumerate(nodes):
+                logits[v] = out_logits[j]
+                hidden[v] = None if out_hidden is None else out_hidden[j]
+            forwarded = seen
+        return DraftTree(tokens=tokens[1:], parents=self.parents, q=None if q is None else q[1:])
+
+    def _choose(self, logits: Tensor, m: int, state: DecodeState) -> tuple[Tensor, Tensor | None]:
+        """Pick m children from a node's logits (V,); returns tokens (m,) and their q (m, V)."""
+        policy = state.policy
+        if policy.greedy:
+            return logits.topk(m).indices, None
+        dist = policy.probs(logits.float())  # (V,) the drafter's q at this node
+        if self.proposal == "topk":
+            picks = dist.topk(m).indices
+            return picks, torch.nn.functional.one_hot(picks, dist.shape[-1]).to(dist)
+        picks, qs = [], []
+        remaining = dist.clone()
+        for _ in range(m):
+            mass = remaining.sum()
+            if mass <= 0:  # the policy's support is exhausted: fall back to a deterministic pick
+                x = int(torch.where(torch.isin(torch.arange(dist.shape[-1], device=dist.device),
+                                               torch.tensor(picks, device=dist.device)),
+                                    -1.0, dist).argmax())
+                qs.append(torch.nn.functional.one_hot(torch.tensor(x), dist.shape[-1]).to(dist))
+            else:
+                q_i = remaining / mass
+                x = int(torch.multinomial(q_i, 1, generator=state.generator))
+                qs.append(q_i)
+                remaining = remaining.clone()
+                remaining[x] = 0.0  # without replacement: the next sibling's q excludes x
+            picks.append(x)
+        return torch.tensor(picks, device=dist.device), torch.stack(qs)

@@ -1,0 +1,86 @@
+"""Sampling policies: the distribution a model's next token is actually drawn from.
+
+Speculative sampling is only exact when `p` (target) and `q` (proposer) are the distributions
+the tokens are really drawn from, *after* temperature, top-k and top-p. One `SamplingPolicy`
+object therefore produces both: `policy.probs(target_logits)` is `p`, `policy.probs(draft_logits)`
+is `q`. The warpers follow Hugging Face `generate` exactly (same order, same tie rules), so a
+sampled decode here and `model.generate(do_sample=True, ...)` target the same distribution.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class SamplingPolicy:
+    """Temperature, then top-k, then top-p; `temperature == 0` means greedy.
+
+    Note that Hugging Face's `GenerationConfig` defaults to `top_k=50`; here `top_k=0`
+    (disabled) is the default, so pass `top_k` explicitly when comparing with `generate`.
+    """
+
+    temperature: float = 0.0  # 0 means greedy
+    top_k: int = 0  # 0 disables
+    top_p: float = 1.0  # 1.0 disables
+
+    def __post_init__(self) -> None:
+        if not self.temperature >= 0:  # also rejects NaN
+            raise ValueError(f"temperature must be >= 0 (0 means greedy), got {self.temperature}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"top_k must be an integer >= 0 (0 disables), got {self.top_k!r}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1] (1 disables), got {self.top_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def probs(self, logits: Tensor) -> Tensor:
+        """The distribution actually sampled from.
+
+        Args:
+            logits: (..., V) raw model scores.
+        Returns:
+            (..., V) probabilities in float32, or float64 if the logits are float64. Greedy
+            gives a one-hot at `torch.argmax` (the lowest index among ties).
+        """
+        # bf16/fp16 softmax and cumsum would bias top-p and the acceptance ratios p/q
+        dtype = torch.promote_types(logits.dtype, torch.float32)
+        logits = logits.to(dtype)
+        if self.greedy:
+            return torch.zeros_like(logits).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+
+        scores = logits / self.temperature
+        if self.top_k > 0:
+            # HF TopKLogitsWarper: drop scores below the k-th largest; ties with it survive
+            k = min(self.top_k, scores.size(-1))
+            kth = torch.topk(scores, k, dim=-1).values[..., -1:]  # (..., 1)
+            scores = scores.masked_fill(scores < kth, -float("inf"))
+        if self.top_p < 1.0:
+            # HF TopPLogitsWarper: ascending sort, drop the low tail whose mass is <= 1 - top_p,
+            # which keeps the smallest head reaching top_p; the top token always stays
+            sorted_scores, order = torch.sort(scores, descending=False)  # (..., V)
+            cum = sorted_scores.softmax(-1).cumsum(-1)
+            drop_sorted = cum <= 1 - self.top_p
+            drop_sorted[..., -1] = False
+            drop = drop_sorted.scatter(-1, order, drop_sorted)
+            scores = scores.masked_fill(drop, -float("inf"))
+        return scores.softmax(-1)
+
+    def sample(self, probs: Tensor, generator: torch.Generator | None = None) -> Tensor:
+        """Draw one token per row of `probs` (the output of `self.probs`).
+
+        Args:
+            probs: (..., V) probabilities.
+            generator: optional RNG, on the same device as `probs`.
+        Returns:
+            (...) long token ids; greedy takes the argmax and draws nothing.
+        """
+        if self.greedy:
+            return probs.argmax(-1)
+        flat = probs.reshape(-1, probs.size(-1))  # (B, V): multinomial takes at most 2-D
+        return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])

@@ -1,0 +1,148 @@
+"""Target access: load any Hugging Face causal LM and expose what EAGLE needs from it.
+
+EAGLE reads three things from the target: the input embeddings `E`, the LM head, and the
+*feature* `f_t`, the hidden state that feeds the LM head (after the final norm). We get the
+feature from the decoder body (`model.base_model`), whose `last_hidden_state` is exactly
+that tensor for Llama, Mistral, Qwen2 and most decoder-only families, and compute the
+logits ourselves with `lm_head(feature)`; `tests/test_target.py` checks the parity per
+family. No modeling code is forked.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+          "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+
+
+class TargetError(RuntimeError):
+    """A target (or tokenizer) that cannot be used; the message says why in one line."""
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise TargetError(f"unknown dtype {dtype!r}; choose one of {sorted(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def _looks_like_hub_name(name: str) -> bool:
+    # "org/model" with no path separators beyond the one slash; anything else is a path.
+    return name.count("/") == 1 and not name.startswith((".", "/", "~"))
+
+
+def check_model_dir(name_or_path: str | os.PathLike) -> str:
+    """Fail early, in one line, on a path that does not exist (hub names pass through)."""
+    name = str(name_or_path)
+    if Path(name).expanduser().exists():
+        path = Path(name).expanduser()
+        if not (path / "config.json").exists():
+            raise TargetError(f"{path} is not a Hugging Face model directory (no config.json)")
+        return str(path)
+    if _looks_like_hub_name(name):
+        return name  # hub names stay usable by users with access; never a default here
+    raise TargetError(f"model path {name!r} does not exist")
+
+
+def load_tokenizer(name_or_path: str | os.PathLike):
+    from transformers import AutoTokenizer
+
+    name = check_model_dir(name_or_path)
+    if Path(name).exists() and not any(
+        (Path(name) / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+    ):
+        raise TargetError(f"{name} has no tokenizer (tokenizer.json / tokenizer_config.json missing)")
+    try:
+        return AutoTokenizer.from_pretrained(name)
+    except (OSError, ValueError) as err:
+        raise TargetError(f"cannot load the tokenizer of {name}: {str(err).splitlines()[0]}") from err
+
+
+def load_target(name_or_path: str | os.PathLike, dtype: str | torch.dtype = "float32",
+                device: str | torch.device = "cpu", with_tokenizer: bool = True):
+    """Load a causal LM (and its tokenizer) from a local directory or, with access, a hub name.
+
+    Returns:
+        (model, tokenizer): the model in eval mode with gradients off; tokenizer is None when
+        `with_tokenizer` is False.
+    """
+    from transformers import AutoModelForCausalLM
+
+    name = check_model_dir(name_or_path)
+    tokenizer = load_tokenizer(name) if with_tokenizer else None
+    try:
+        model = AutoModelForCausalLM.from_pretrained(name, dtype=resolve_dtype(dtype))
+    except (OSError, ValueError) as err:
+        raise TargetError(f"cannot load model {name}: {str(err).splitlines()[0]}") from err
+    model.to(device).eval().requires_grad_(False)
+    return model, tokenizer
+
+
+def embeddings(model: nn.Module) -> nn.Embedding:
+    """The target's input embedding table E (frozen, shared with the drafter)."""
+    return model.get_input_embeddings()
+
+
+def lm_head(model: nn.Module) -> nn.Module:
+    """The target's LM head (frozen, shared with the drafter)."""
+    return model.get_output_embeddings()
+
+
+def cache_kwarg(model: nn.Module) -> str:
+    """transformers 5.x renamed `past_key_values=` to `cache=`; support both releases."""
+    params = inspect.signature(model.base_model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+@dataclass
+class TargetOutput:
+    logits: Tensor    # (B, T, V)
+    features: Tensor  # (B, T, H): the hidden state that feeds the LM head
+
+
+def target_forward(model: nn.Module, input_ids: Tensor, cache=None, attention_mask: Tensor | None = None,
+                   position_ids: Tensor | None = None, logits_slice: slice | None = None) -> TargetOutput:
+    """One forward of the target returning logits and features together.
+
+    `logits_slice` restricts the LM head to some positions (prefill needs only the last),
+    which matters for large vocabularies; features are always returned for every position.
+    """
+    kwargs = {cache_kwarg(model): cache} if cache is not None else {}
+    out = model.base_model(input_ids=input_ids, attention_mask=attention_mask,
+                           position_ids=position_ids, use_cache=cache is not None, **kwargs)
+    features = out.last_hidden_state  # (B, T, H)
+    head_in = features if logits_slice is None else features[:, logits_slice]
+    return TargetOutput(logits=lm_head(model)(head_in), features=features)
+
+
+def target_identity(model: nn.Module, tokenizer=None, path: str | None = None) -> dict:
+    """What a drafter or a feature dump must match to be used with this target."""
+    cfg = model.config
+    ident = {
+        "target_path": str(path) if path is not None else getattr(cfg, "_name_or_path", ""),
+        "model_type": cfg.model_type,
+        "hidden_size": cfg.hidden_size,
+        "vocab_size": lm_head(model).weight.shape[0],
+    }
+    if tokenizer is not None:
+        ident["tokenizer_hash"] = tokenizer_hash(tokenizer)
+    return ident
+
+
+def tokenizer_hash(tokenizer) -> str:
+    """A stable hash of the vocabulary and special tokens: two tokenizers with the same hash
+    map text to the same ids."""
+    import hashlib
+
+    vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
+    blob = json.dumps([vocab, tokenizer.all_special_tokens], ensure_ascii=False).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]

@@ -1,0 +1,438 @@
+"""Acceptance rules: seed vectors, exactness by enumeration, planted bugs, sampler, greedy.
+
+The exactness check enumerates every possible draft tree (with its probability) and every
+verification outcome (`tree_outcome_distribution`), then compares the distribution of the
+first T emitted tokens with the target's own p(x1) p(x2|x1) ... . No sampling involved, so
+it is exact to float64 round-off and any biased rule shows up as a clear deviation.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from itertools import product
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from eagle.acceptance import (
+    accept_prob,
+    chain_parents,
+    children_lists,
+    node_outcomes,
+    residual,
+    tree_outcome_distribution,
+    verify_tree_greedy,
+    verify_tree_stochastic,
+)
+from eagle.sampling import SamplingPolicy
+
+F64 = torch.float64
+
+
+def t(*xs: float) -> torch.Tensor:
+    return torch.tensor(xs, dtype=F64)
+
+
+def close(a, b, atol=1e-12):
+    torch.testing.assert_close(
+        torch.as_tensor(a, dtype=F64), torch.as_tensor(b, dtype=F64), rtol=0, atol=atol
+    )
+
+
+# ----------------------------------------------------------------------------- seed vectors
+
+
+def single_candidate_outcome(p, q):
+    """Pr(Y = y) of one round with one candidate x ~ q, through node_outcomes.
+
+    Returns accepted mass q(x) alpha(x) per token, the rejection mass and the residual.
+    """
+    accepted = torch.zeros_like(p)
+    for x in torch.nonzero(q > 0).flatten().tolist():
+        accept, final = node_outcomes(p, torch.tensor([x]), q[None])
+        accepted[x] = q[x] * accept[0]
+    rejected = 1 - accepted.sum()
+    return accepted, rejected, final
+
+
+def test_seed_vector_four_tokens():
+    p, q = t(0.2, 0.3, 0.4, 0.1), t(0.5, 0.2, 0.2, 0.1)
+    alpha = accept_prob(p, q, torch.arange(4))
+    close(alpha, t(0.4, 1, 1, 1))
+    close(q * alpha, t(0.2, 0.2, 0.2, 0.1))
+    close((q * alpha).sum(), 0.7)  # beta
+    close(residual(p, q), t(0, 1 / 3, 2 / 3, 0))
+    accepted, rejected, final = single_candidate_outcome(p, q)
+    close(accepted, t(0.2, 0.2, 0.2, 0.1))
+    close(rejected, 0.3)
+    close(final, t(0, 1 / 3, 2 / 3, 0))
+    close(accepted + rejected * final, p)  # Pr(Y = y) = min(p, q) + [p - q]_+ = p
+
+
+def test_seed_vector_three_tokens():
+    q, p = t(0.7, 0.2, 0.1), t(0.4, 0.35, 0.25)
+    alpha = accept_prob(p, q, torch.arange(3))
+    close(alpha, t(4 / 7, 1, 1))
+    close(q * alpha, t(0.4, 0.2, 0.1))
+    accepted, rejected, final = single_candidate_outcome(p, q)
+    close(accepted, t(0.4, 0.2, 0.1))
+    close(rejected * final, t(0, 0.15, 0.15))  # residual mass [p - q]_+
+    close(accepted + rejected * final, p)
+
+
+def test_equal_distributions_accept_always():
+    p = t(0.1, 0.6, 0.3)
+    accepted, rejected, final = single_candidate_outcome(p, p.clone())
+    close(accepted.sum(), 1.0)  # beta = 1
+    close(rejected, 0.0)
+    close(residual(p, p.clone()), p)  # a finite distribution, no 0/0
+    assert torch.isfinite(final).all()
+
+
+def test_unproposable_token_comes_from_residual():
+    p, q = t(0.3, 0.3, 0.4), t(0.0, 0.5, 0.5)
+    accepted, rejected, final = single_candidate_outcome(p, q)
+    assert accepted[0] == 0  # never proposed ...
+    close(rejected * final[0], 0.3)  # ... yet emitted with its full probability
+    close(accepted + rejected * final, p)
+    with pytest.raises(ValueError, match="zero probability"):
+        node_outcomes(p, torch.tensor([0]), q[None])  # a candidate its q cannot produce
+
+
+# ---------------------------------------------------------- toy models and exact enumeration
+
+
+@dataclass
+class ToyModels:
+    """Context-dependent toy target p(.|prefix) and proposal q(.|prefix).
+
+    Fixed random Dirichlet tables keyed by the prefix; `p_zero` / `q_zero` tokens get zero
+    probability in every context (renormalised).
+    """
+
+    V: int
+    seed: int = 0
+    p_zero: tuple[int, ...] = ()
+    q_zero: tuple[int, ...] = ()
+    cache: dict = field(default_factory=dict)
+
+    def _dist(self, kind: int, prefix: tuple[int, ...], zero: tuple[int, ...]) -> torch.Tensor:
+        key = (kind, prefix)
+        if key not in self.cache:
+            rng = np.random.default_rng([self.seed, kind, len(prefix), *prefix])
+            d = torch.tensor(rng.dirichlet(np.full(self.V, 0.7)), dtype=F64)
+            d[list(zero)] = 0
+            self.cache[key] = d / d.sum()
+        return self.cache[key]
+
+    def p(self, prefix: tuple[int, ...]) -> torch.Tensor:
+        return self._dist(0, prefix, self.p_zero)
+
+    def q(self, prefix: tuple[int, ...]) -> torch.Tensor:
+        return self._dist(1, prefix, self.q_zero)
+
+
+@dataclass(frozen=True)
+class Case:
+    parents: tuple[int, ...]
+    scheme: str  # "iid": siblings i.i.d. from q; "wor": without replacement; "topk": one-hot
+    V: int
+    T: int  # number of emitted tokens whose joint distribution is checked
+    p_zero: tuple[int, ...] = ()
+    q_zero: tuple[int, ...] = ()
+    seed: int = 0
+
+
+CASES = {
+    "chain2": Case(tuple(chain_parents(2)), "iid", V=4, T=3),
+    "chain3": Case(tuple(chain_parents(3)), "iid", V=3, T=3, seed=1),
+    "siblings_iid": Case((-1, 0, 0, 0), "iid", V=4, T=2, seed=2),
+    "siblings_wor": Case((-1, 0, 0, 0), "wor", V=4, T=2, seed=3),
+    "siblings_topk": Case((-1, 0, 0, 0), "topk", V=5, T=3, seed=4),
+    "q_zeros_wor": Case((-1, 0, 0), "wor", V=4, T=2, q_zero=(0,), seed=5),
+    "q_zeros_chain": Case(tuple(chain_parents(2)), "iid", V=4, T=3, q_zero=(1, 3), seed=6),
+    "p_zeros_iid": Case((-1, 0, 0, 1), "iid", V=4, T=2, p_zero=(2,), seed=7),
+    "two_level_wor": Case((-1, 0, 0, 1, 1), "wor", V=3, T=3, seed=8),
+    "two_level_iid": Case((-1, 0, 0, 1, 2), "iid", V=3, T=2, seed=9),
+    "two_level_topk": Case((-1, 0, 0, 1, 1, 2, 3), "topk", V=4, T=3, seed=10),
+}
+
+
+def draft_trees(case: Case, models: ToyModels, context: tuple[int, ...]):
+    """Every possible draft tree from `context`: yields (prob, tokens, q_nodes, paths).
+
+    paths[u] is the tuple of draft tokens from the root to node u (empty for the root).
+    """
+    parents, n = case.parents, len(case.parents)
+    children = children_lists(parents)
+    uniform = torch.full((case.V,), 1.0 / case.V, dtype=F64)  # row 0 is unused
+
+    def expand(i, prob, toks, qs, paths):
+        if i == n:
+            yield prob, torch.tensor(toks), torch.stack(qs), paths
+            return
+        par = parents[i]
+        q = models.q(context + paths[par])
+        earlier = [toks[s] for s in children[par] if s < i]
+        if case.scheme == "iid":
+            dist = q
+        elif case.scheme == "wor":
+            dist = q.clone()
+            dist[earlier] = 0
+            dist = dist / dist.sum()
+        else:  # "topk": the len(earlier)-th most likely token, ties to the lowest index
+            order = sorted(range(case.V), key=lambda x: -q[x].item())
+            dist = torch.zeros_like(q)
+            dist[order[len(earlier)]] = 1
+        for x in torch.nonzero(dist > 0).flatten().tolist():
+            yield from expand(
+                i + 1, prob * dist[x].item(), toks + [x], qs + [dist], paths + [paths[par] + (x,)]
+            )
+
+    yield from expand(1, 1.0, [context[-1]], [uniform], [()])
+
+
+def emitted_distribution(case: Case, node_rule) -> dict[tuple[int, ...], float]:
+    """Exact distribution of the first T emitted tokens, rounds repeated as needed."""
+    models = ToyModels(case.V, case.seed, case.p_zero, case.q_zero)
+    memo: dict = {}
+
+    def dist(context: tuple[int, ...], T: int) -> dict[tuple[int, ...], float]:
+        if (context, T) in memo:
+            return memo[context, T]
+        out: dict[tuple[int, ...], float] = defaultdict(float)
+        for w, toks, q_nodes, paths in draft_trees(case, models, context):
+            p_nodes = torch.stack([models.p(context + path) for path in paths])  # (N+1, V)
+            end_prob, end_dist = tree_outcome_distribution(
+                case.parents, toks, p_nodes, q_nodes, node_rule=node_rule
+            )
+            for u, (pu, row) in enumerate(zip(end_prob.tolist(), end_dist.tolist())):
+                for y, py in enumerate(row):
+                    emitted, mass = paths[u] + (y,), w * pu * py
+                    if mass == 0:
+                        continue
+                    if len(emitted) >= T:
+                        out[emitted[:T]] += mass
+                    else:  # the round was short: continue from the new context
+                        for rest, m in dist(context + emitted, T - len(emitted)).items():
+                            out[emitted + rest] += mass * m
+        memo[context, T] = out
+        return out
+
+    return dist((0,), case.T)
+
+
+def exactness_error(case: Case, node_rule=node_outcomes) -> float:
+    """Largest |Pr(first T tokens) - prod_t p(x_t | x_<t)| over all V^T sequences."""
+    models = ToyModels(case.V, case.seed, case.p_zero, case.q_zero)
+    got = emitted_distribution(case, node_rule)
+    err = 0.0
+    for seq in product(range(case.V), repeat=case.T):
+        want = 1.0
+        for k, x in enumerate(seq):
+            want *= models.p((0,) + seq[:k])[x].item()
+        err = max(err, abs(got.get(seq, 0.0) - want))
+    return err
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_tree_verification_preserves_target_distribution(name):
+    assert exactness_error(CASES[name]) < 1e-9
+
+
+# ------------------------------------------------------------------------------ planted bugs
+
+
+def retry_unchanged_p(p, tokens, qs):
+    """WRONG: every sibling is tested against the original p (no residual update)."""
+    accept, still_rejected = [], p.new_ones(())
+    for x, q in zip(tokens, qs):
+        alpha = accept_prob(p, q, x)
+        accept.append(still_rejected * alpha)
+        still_rejected = still_rejected * (1 - alpha)
+    final = residual(p, qs[-1]) if len(qs) else p
+    return (torch.stack(accept) if accept else p.new_zeros(0)), final
+
+
+def parent_q_for_all_siblings(p, tokens, qs):
+    """WRONG: uses the parent's q (= the first sibling's) for every sibling, ignoring that
+    later siblings were drawn without replacement."""
+    return node_outcomes(p, tokens, qs[:1].expand_as(qs))
+
+
+@pytest.mark.parametrize(
+    "rule,case,wrong",
+    [
+        (node_outcomes, "siblings_wor", False),
+        (retry_unchanged_p, "siblings_wor", True),
+        (parent_q_for_all_siblings, "siblings_wor", True),
+        (node_outcomes, "siblings_iid", False),
+        (retry_unchanged_p, "siblings_iid", True),
+        (node_outcomes, "siblings_topk", False),
+        (retry_unchanged_p, "siblings_topk", True),
+        (node_outcomes, "two_level_wor", False),
+        (parent_q_for_all_siblings, "two_level_wor", True),
+    ],
+    ids=lambda v: getattr(v, "__name__", str(v)),
+)
+def test_exactness_check_catches_planted_bugs(rule, case, wrong):
+    err = exactness_error(CASES[case], rule)
+    if wrong:
+        assert err > 1e-3, f"the exactness check missed a biased rule (error {err:.2e})"
+    else:
+        assert err < 1e-9
+
+
+# ------------------------------------------------------------------------------ tree outcome
+
+
+def draft_fixture(parents, V, seed, proposal="sampled"):
+    """One fixed draft tree with a random target. Returns tokens, p_nodes, q_nodes.
+
+    proposal="sampled": each node's children drawn without replacement from a random q;
+    proposal="topk": children are q's top tokens, recorded as one-hot q (deterministic).
+    """
+    gen = torch.Generator().manual_seed(seed)
+    n = len(parents)
+    expo = -torch.rand(n, V, generator=gen, dtype=F64).log()
+    p_nodes = expo / expo.sum(-1, keepdim=True)  # (N+1, V) uniform Dirichlet rows
+    q_nodes = torch.full((n, V), 1.0 / V, dtype=F64)  # row 0 unused
+    tokens = torch.zeros(n, dtype=torch.long)
+    for ch in children_lists(parents):
+        q = torch.randn(V, generator=gen, dtype=F64).softmax(-1)  # (V,)
+        for c in ch:
+            if proposal == "topk":
+                tokens[c] = q.argmax()
+                q_nodes[c] = torch.nn.functional.one_hot(tokens[c], V)
+            else:
+                tokens[c] = torch.multinomial(q, 1, generator=gen)
+                q_nodes[c] = q
+            q = q.clone()
+            q[tokens[c]] = 0  # the next sibling is drawn without replacement
+            q = q / q.sum()
+    return tokens, p_nodes, q_nodes
+
+
+@pytest.mark.parametrize("proposal", ["sampled", "topk"])
+@pytest.mark.parametrize("parents", [[-1, 0, 0, 0, 1, 1, 4, 2], chain_parents(4), [-1]])
+def test_outcome_distribution_is_normalised(parents, proposal):
+    tokens, p_nodes, q_nodes = draft_fixture(parents, 6, 0, proposal)
+    end_prob, end_dist = tree_outcome_distribution(parents, tokens, p_nodes, q_nodes)
+    assert end_prob.shape == (len(parents),) and end_dist.shape == p_nodes.shape
+    assert (end_prob >= 0).all()
+    close(end_prob.sum(), 1.0)
+    close(end_dist.sum(-1), torch.ones(len(parents), dtype=F64))
+    leaves = [u for u, ch in enumerate(children_lists(parents)) if not ch]
+    close(end_dist[leaves], p_nodes[leaves])  # bonus token at a leaf
+
+
+# ----------------------------------------------------------------------------------- sampler
+
+
+@pytest.mark.parametrize(
+    "parents,proposal,seed",
+    [
+        # top-k siblings: every path end has positive probability when p has full support
+        ([-1, 0, 0, 0, 1, 1, 4], "topk", 2),
+        # sampled siblings and a sampled chain; seeds where every path end can occur
+        ([-1, 0, 0, 1, 1, 3], "sampled", 195),
+        (chain_parents(3), "sampled", 1),
+    ],
+)
+def test_sampler_matches_outcome_distribution(parents, proposal, seed):
+    V, draws = 4, 3000
+    tokens, p_nodes, q_nodes = draft_fixture(parents, V, seed, proposal)
+    end_prob, end_dist = tree_outcome_distribution(parents, tokens, p_nodes, q_nodes)
+    assert end_prob.min() > 0.01  # the fixture is informative: every path end occurs
+    expected = (end_prob[:, None] * end_dist).flatten()  # (N+1) * V outcomes (end node, token)
+
+    gen = torch.Generator().manual_seed(seed)
+    counts = torch.zeros_like(expected)
+    for _ in range(draws):
+        path, nxt = verify_tree_stochastic(parents, tokens, p_nodes, q_nodes, generator=gen)
+        assert path[0] == 0 and all(parents[b] == a for a, b in zip(path, path[1:]))
+        counts[path[-1] * V + nxt] += 1
+
+    possible = expected > 0
+    assert counts[~possible].sum() == 0  # impossible outcomes never happen
+    f_exp = expected[possible] / expected[possible].sum() * draws
+    assert chisquare(counts[possible].numpy(), f_exp.numpy()).pvalue > 1e-3
+
+
+# ------------------------------------------------------------------------------------ greedy
+
+
+def peaked(argmax: list[int], V: int = 8) -> torch.Tensor:
+    """(N+1, V) logits whose row u has its maximum at argmax[u]."""
+    logits = torch.randn(len(argmax), V, generator=torch.Generator().manual_seed(0))
+    logits[torch.arange(len(argmax)), argmax] = 10.0
+    return logits
+
+
+@pytest.mark.parametrize(
+    "parents,tokens,argmax,path,nxt",
+    [
+        # follows the matching child at each level down to a leaf: bonus token there
+        ([-1, 0, 0, 1, 2, 4], [0, 3, 1, 2, 5, 4], [1, 2, 5, 0, 4, 6], [0, 2, 4, 5], 6),
+        # the first level matches, the second does not: correction at node 1
+        ([-1, 0, 0, 1, 1], [0, 3, 1, 2, 5], [3, 7, 0, 0, 0], [0, 1], 7),
+        # nothing accepted: the target's own token after the root
+        ([-1, 0, 0, 1], [0, 3, 1, 2], [4, 2, 0, 0], [0], 4),
+        # duplicate siblings both match: the longer accepted path wins
+        ([-1, 0, 0, 2], [0, 1, 1, 3], [1, 5, 3, 6], [0, 2, 3], 6),
+        # duplicate siblings, equally long: the first in sibling order wins
+        ([-1, 0, 0], [0, 1, 1], [1, 5, 2], [0, 1], 5),
+        # a chain fully accepted: bonus token
+        (chain_parents(3), [0, 4, 5, 6], [4, 5, 6, 7], [0, 1, 2, 3], 7),
+        # root only
+        ([-1], [0], [3], [0], 3),
+    ],
+)
+def test_verify_tree_greedy(parents, tokens, argmax, path, nxt):
+    logits = peaked(argmax)
+    tokens = torch.tensor(tokens)
+    assert verify_tree_greedy(parents, tokens, logits) == (path, nxt)
+    assert verify_tree_greedy(torch.tensor(parents), tokens, logits.softmax(-1)) == (path, nxt)
+
+
+def test_stochastic_reduces_to_greedy_for_one_hot_p_and_q():
+    """Greedy target policy + deterministic proposals: the sampler must act like greedy."""
+    policy, V = SamplingPolicy(), 8  # at most 8 children per node: distinct tokens fit
+    gen = torch.Generator().manual_seed(3)
+    for _ in range(50):
+        parents = [-1] + [int(torch.randint(i, (), generator=gen)) for i in range(1, 9)]
+        p_nodes = policy.probs(torch.randn(len(parents), V, generator=gen, dtype=F64))
+        best = p_nodes.argmax(-1).tolist()
+        tokens = torch.zeros(len(parents), dtype=torch.long)
+        for u, ch in enumerate(children_lists(parents)):
+            if not ch:
+                continue
+            # distinct sibling tokens (top-k proposals never repeat), usually including the
+            # target's choice so that long accepted paths are exercised too
+            perm = torch.randperm(V, generator=gen).tolist()
+            if torch.rand((), generator=gen) < 0.8:
+                perm.remove(best[u])
+                perm.insert(int(torch.randint(len(ch), (), generator=gen)), best[u])
+            tokens[ch] = torch.tensor(perm[: len(ch)])
+        q_nodes = torch.nn.functional.one_hot(tokens, V).to(F64)
+        greedy = verify_tree_greedy(parents, tokens, p_nodes)
+        assert verify_tree_stochastic(parents, tokens, p_nodes, q_nodes, gen) == greedy
+
+
+@pytest.mark.parametrize("parents", [[0, 0], [-1, 1], [-1, 0, 3, 0], []])
+def test_malformed_trees_are_rejected(parents):
+    with pytest.raises(ValueError, match="parents"):
+        children_lists(parents)
+
+
+def test_row_count_mismatch_is_rejected():
+    parents, V = chain_parents(2), 3
+    with pytest.raises(ValueError, match="rows"):
+        verify_tree_greedy(parents, torch.zeros(3, dtype=torch.long), torch.zeros(2, V))
+    with pytest.raises(ValueError, match="rows"):
+        tree_outcome_distribution(
+            parents, torch.zeros(3, dtype=torch.long), torch.ones(3, V) / V, torch.ones(4, V) / V
+        )

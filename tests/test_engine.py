@@ -1,0 +1,201 @@
+"""The decoding loop is lossless: greedy output equals `model.generate(do_sample=False)`
+token for token, and sampled output follows the target's own distribution."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import make_tiny_model
+from scipy.stats import chisquare
+
+from eagle.engine import ContextOverflowError, DecodeState, DraftTree, Proposer, SpeculativeDecoder
+from eagle.kv_cache import cache_length
+from eagle.proposers import DraftLM, PromptLookupProposer, TemplateProposer
+from eagle.sampling import SamplingPolicy
+from eagle.tree import TreeTemplate
+
+TREES = Path(__file__).resolve().parents[1] / "configs" / "tree"
+
+
+class RandomProposer(Proposer):
+    """Proposes uniformly random tokens on a fixed tree: almost everything is rejected."""
+
+    name = "random"
+
+    def __init__(self, template: TreeTemplate, seed: int = 0):
+        self.template = template
+        self.rng = torch.Generator().manual_seed(seed)
+
+    def propose(self, state: DecodeState) -> DraftTree:
+        n, v = self.template.num_nodes, state.vocab_size
+        tokens = torch.randint(0, v, (n,), generator=self.rng)
+        q = None if state.policy.greedy else torch.full((n, v), 1.0 / v)  # i.i.d. uniform draws
+        return DraftTree(tokens=tokens, parents=tuple(self.template.parents), q=q)
+
+
+def tree(name: str) -> TreeTemplate:
+    return TreeTemplate.from_file(TREES / f"{name}.yaml")
+
+
+def proposers(family: str, target):
+    """Every proposer kind, including an oracle (the target drafting for itself), which
+    accepts whole paths and so exercises the cache compaction of deep, non-contiguous paths."""
+    draft = make_tiny_model(family, seed=1, num_hidden_layers=1)
+    return {
+        "vanilla": None,
+        "random": RandomProposer(tree("eagle_default")),
+        "prompt_lookup": PromptLookupProposer(num_tokens=5, max_ngram=2),
+        "draft_chain": TemplateProposer(DraftLM(draft), tree("chain5")),
+        "draft_tree": TemplateProposer(DraftLM(draft), tree("eagle_default")),
+        "oracle_tree": TemplateProposer(DraftLM(target), tree("eagle_default")),
+        "oracle_static": TemplateProposer(DraftLM(target), tree("specinfer_221")),
+    }
+
+
+def prompts(n: int, vocab: int, seed: int = 0) -> list[list[int]]:
+    """n prompts of different lengths (1..~90), some with repeats so prompt lookup matches."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        length = 1 + (i * 37) % 90
+        base = torch.randint(3, vocab, (max(length // 3, 1),), generator=g).tolist()
+        out.append((base * 3)[:length] if i % 2 else torch.randint(3, vocab, (length,), generator=g).tolist())
+    return out
+
+
+def hf_greedy(model, prompt: list[int], max_new_tokens: int, eos: int | None) -> list[int]:
+    out = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=max_new_tokens,
+                         eos_token_id=eos, pad_token_id=0, attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
+    return out[0, len(prompt):].tolist()
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2"])
+def test_greedy_identical_to_generate(family):
+    target = make_tiny_model(family)
+    vocab = target.config.vocab_size
+    cases = []  # (prompt, max_new_tokens, eos)
+    for i, prompt in enumerate(prompts(20, vocab)):
+        max_new = [1, 2, 7, 24, 40][i % 5]
+        ref = hf_greedy(target, prompt, max_new, eos=None)
+        # every other prompt: make a token that the target emits mid-way the EOS, so that the
+        # stop lands inside an accepted path
+        eos = ref[len(ref) // 2] if i % 2 and len(ref) > 3 else None
+        cases.append((prompt, max_new, eos, hf_greedy(target, prompt, max_new, eos) if eos is not None else ref))
+    for name, proposer in proposers(family, target).items():
+        accepted = 0
+        for prompt, max_new, eos, ref in cases:
+            decoder = SpeculativeDecoder(target, proposer, SamplingPolicy(), eos_token_id=eos if eos is not None else [])
+            res = decoder.generate(prompt, max_new, tree_size_hint=25)
+            assert res.tokens == ref, f"{family}/{name}: prompt of {len(prompt)} tokens, max_new {max_new}, eos {eos}"
+            accepted += sum(r.accepted for r in res.stats.rounds)
+        if name.startswith("oracle"):
+            assert accepted > 100, "the oracle should accept long paths"
+
+
+def test_oracle_accepts_full_depth_and_cache_has_no_branch_trace():
+    target = make_tiny_model("llama")
+    proposer = TemplateProposer(DraftLM(target), tree("eagle_default"))
+    prompt = prompts(3, target.config.vocab_size)[2]
+    decoder = SpeculativeDecoder(target, proposer, eos_token_id=[])
+    lengths = []
+    original = decoder._verify
+
+    def spy(state, tree_, cache, generator):
+        out = original(state, tree_, cache, generator)
+        lengths.append((cache_length(cache), len(state.tokens), len(out[0])))
+        return out
+
+    decoder._verify = spy
+    res = decoder.generate(prompt, 30)
+    assert res.stats.rounds[0].accepted == 5  # the whole depth of the default tree
+    for cache_len, committed_before, path_len in lengths:
+        # the cache holds the committed tokens and the accepted path only: no rejected node
+        assert cache_len == committed_before - 1 + path_len
+
+
+def test_tau_and_stats_are_consistent():
+    target = make_tiny_model("qwen2")
+    decoder = SpeculativeDecoder(target, TemplateProposer(DraftLM(target), tree("chain5")), eos_token_id=[])
+    res = decoder.generate([5, 6, 7], 25)
+    s = res.stats
+    assert len(res.tokens) == 25 == s.new_tokens
+    assert s.tau == pytest.approx(sum(r.committed for r in s.rounds) / len(s.rounds))
+    assert s.tau > 5  # oracle chain of 5: every round commits 6 (the last one may be cut)
+    assert sum(s.accepted_histogram()) == len(s.rounds)
+    assert s.draft_s > 0 and s.verify_s > 0
+
+
+def test_prompt_too_long_is_refused_before_decoding():
+    target = make_tiny_model("llama", max_position_embeddings=64)
+    decoder = SpeculativeDecoder(target)
+    with pytest.raises(ContextOverflowError, match="exceed the target's context of 64"):
+        decoder.generate(list(range(3, 50)), 20, tree_size_hint=25)
+    with pytest.raises(ValueError, match="empty prompt"):
+        decoder.generate([], 5)
+
+
+def test_prompt_lookup_finds_latest_match():
+    pl = PromptLookupProposer(num_tokens=3, max_ngram=2)
+    assert pl.lookup([1, 2, 3, 4, 9, 1, 2, 5, 6, 1, 2]) == [5, 6, 1]
+    assert pl.lookup([1, 2, 3]) == []
+
+
+# ---------------------------------------------------------------------------------------
+# Sampling: the emitted tokens follow the target's own distribution (chi-square).
+
+def exact_joint(model, prompt: list[int], policy: SamplingPolicy, n: int) -> dict[tuple, float]:
+    """P(x1..xn) = prod p(x_i | prompt, x_<i) under the policy, by enumeration."""
+    vocab = model.config.vocab_size
+    out = {}
+    with torch.no_grad():
+        for seq in itertools.product(range(vocab), repeat=n):
+            logits = model(torch.tensor([prompt + list(seq)])).logits[0, len(prompt) - 1:-1]
+            p = policy.probs(logits.double())
+            out[seq] = float(torch.prod(p[torch.arange(n), torch.tensor(seq)]))
+    return out
+
+
+POLICIES = {"t1": SamplingPolicy(temperature=1.0), "topk": SamplingPolicy(temperature=0.8, top_k=3),
+            "topp": SamplingPolicy(temperature=1.0, top_p=0.8)}
+
+
+@pytest.mark.parametrize("policy_name,kind", [("t1", "draft_sample"), ("topk", "draft_sample"),
+                                              ("topp", "draft_sample"), ("t1", "draft_topk"),
+                                              ("topk", "random"), ("topp", "oracle")])
+def test_sampled_tokens_follow_target_distribution(policy_name, kind):
+    policy = POLICIES[policy_name]
+    target = make_tiny_model("llama", vocab_size=5, seed=3)
+    draft = make_tiny_model("llama", vocab_size=5, seed=4, num_hidden_layers=1)
+    small_tree = TreeTemplate.from_paths([[0], [1], [0, 0], [0, 1], [1, 0]], name="small")
+    proposer = {
+        "draft_sample": TemplateProposer(DraftLM(draft), small_tree, proposal="sample"),
+        "draft_topk": TemplateProposer(DraftLM(draft), small_tree, proposal="topk"),
+        "random": RandomProposer(small_tree),
+        "oracle": TemplateProposer(DraftLM(target), small_tree, proposal="sample"),
+    }[kind]
+    prompt, n, runs = [1, 3, 2], 3, 1000
+    decoder = SpeculativeDecoder(target, proposer, policy, eos_token_id=[])
+    g = torch.Generator().manual_seed(1234)
+    counts: dict[tuple, int] = {}
+    for _ in range(runs):
+        seq = tuple(decoder.generate(prompt, n, generator=g).tokens)
+        counts[seq] = counts.get(seq, 0) + 1
+    expected = exact_joint(target, prompt, policy, n)
+    assert set(counts) <= {s for s, pr in expected.items() if pr > 0}, "emitted a sequence of probability 0"
+    # merge rare cells so every expected count is >= 5
+    cells = sorted(expected, key=expected.get, reverse=True)
+    obs, exp, acc_o, acc_e = [], [], 0, 0.0
+    for s in cells:
+        acc_o += counts.get(s, 0)
+        acc_e += expected[s] * runs
+        if acc_e >= 5:
+            obs.append(acc_o)
+            exp.append(acc_e)
+            acc_o, acc_e = 0, 0.0
+    obs[-1] += acc_o
+    exp[-1] += acc_e
+    stat = chisquare(obs, exp)
+    assert stat.pvalue > 1e-3, f"{kind}: chi2 p-value {stat.pvalue:.2e}"
