@@ -1,0 +1,397 @@
+"""The EAGLE drafter computes what EAGLE-1 specifies, and the EAGLE proposer is lossless.
+
+Model: a hand-written forward (fc -> RoPE/GQA attention -> residual -> post-attention
+RMSNorm -> MLP -> residual) in plain torch; cached and tree-masked forwards equal plain
+causal ones. Proposer: tree drafting equals evaluating each path sequentially with the
+parents' predicted features; greedy output equals `generate`; sampled output follows the
+target's distribution; the drafter's cache holds no branch KV between rounds.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import chi2_pvalue, make_tiny_model
+from test_engine import POLICIES, exact_joint, hf_greedy, prompts, tree
+
+from eagle.drafter import DrafterConfig, EagleDrafter
+from eagle.engine import SpeculativeDecoder
+from eagle.kv_cache import tree_attention_mask
+from eagle.proposers import eagle_proposer
+from eagle.proposers.eagle import EagleDraftModel
+from eagle.proposers.template import TemplateProposer
+from eagle.target import target_forward
+from eagle.tree import TreeTemplate
+
+
+def perturbed(drafter: EagleDrafter, seed: int = 1) -> EagleDrafter:
+    """Give the norm weight non-trivial values (a fresh one is all ones)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        w = drafter.layers[0].post_attention_layernorm.weight
+        w.copy_(1 + 0.5 * torch.randn(w.shape, generator=g))
+    return drafter
+
+
+# ---------------------------------------------------------------------------------------
+# The model
+
+
+def hand_forward(d: EagleDrafter, features, input_ids, positions):
+    """EAGLE-1's drafter in plain torch, from the module's weights."""
+    cfg = d.config
+    nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    layer = d.layers[0]
+    attn, mlp = layer.self_attn, layer.mlp
+    b, t, _ = features.shape
+    x = torch.cat([features, d.embed_tokens.weight[input_ids]], -1)  # (B, T, 2H): [f; E(x)]
+    h = x @ d.fc.weight.T + d.fc.bias  # (B, T, H)
+
+    q = (h @ attn.q_proj.weight.T).view(b, t, nh, hd).transpose(1, 2)  # (B, nh, T, hd)
+    k = (h @ attn.k_proj.weight.T).view(b, t, nkv, hd).transpose(1, 2)  # (B, nkv, T, hd)
+    v = (h @ attn.v_proj.weight.T).view(b, t, nkv, hd).transpose(1, 2)
+    inv_freq = 1.0 / cfg.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd)  # (hd/2,)
+    angle = positions.double()[:, None] * inv_freq[None]  # (T, hd/2)
+    cos = torch.cat([angle.cos(), angle.cos()], -1).float()  # (T, hd)
+    sin = torch.cat([angle.sin(), angle.sin()], -1).float()
+
+    def rope(z):  # rotate pairs (i, i + hd/2)
+        z1, z2 = z[..., : hd // 2], z[..., hd // 2:]
+        return z * cos + torch.cat([-z2, z1], -1) * sin
+
+    q, k = rope(q), rope(k)
+    k = k.repeat_interleave(nh // nkv, dim=1)  # GQA: KV head j serves query heads j*g..(j+1)*g-1
+    v = v.repeat_interleave(nh // nkv, dim=1)
+    scores = q @ k.transpose(-1, -2) / math.sqrt(hd)  # (B, nh, T, T)
+    scores = scores.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+    o = (scores.softmax(-1) @ v).transpose(1, 2).reshape(b, t, nh * hd)  # (B, T, nh*hd)
+    h = h + o @ attn.o_proj.weight.T  # no pre-attention norm
+
+    norm = layer.post_attention_layernorm
+    n = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + cfg.rms_norm_eps) * norm.weight
+    m = (F.silu(n @ mlp.gate_proj.weight.T) * (n @ mlp.up_proj.weight.T)) @ mlp.down_proj.weight.T
+    return h + m  # no final norm
+
+
+@pytest.mark.parametrize("family,overrides", [("llama", {}), ("mistral", {"head_dim": 16}),
+                                              ("qwen2", {"rope_theta": 500.0})])
+def test_forward_matches_hand_computation(family, overrides):
+    target = make_tiny_model(family, **overrides)
+    d = perturbed(EagleDrafter.random(target, seed=3))
+    g = torch.Generator().manual_seed(0)
+    feats = torch.randn(2, 7, 32, generator=g)
+    ids = torch.randint(0, 96, (2, 7), generator=g)
+    with torch.no_grad():
+        ours = d(feats, ids)
+        ref = hand_forward(d, feats, ids, torch.arange(7))
+        # explicit positions: RoPE is relative, an offset changes nothing
+        shifted = d(feats, ids, position_ids=torch.arange(5, 12)[None])
+    assert ours.shape == (2, 7, 32)
+    torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(shifted, ref, atol=1e-5, rtol=1e-5)
+    assert d.logits(ours).shape == (2, 7, 96)
+    torch.testing.assert_close(d.logits(ours), target.lm_head(ours))
+
+
+def test_target_modules_are_frozen_and_never_saved():
+    target = make_tiny_model("llama", tie_word_embeddings=False)
+    d = EagleDrafter.random(target)
+    keys = set(d.state_dict())
+    assert not any("embed" in k or "lm_head" in k for k in keys), keys
+    assert keys == {"fc.weight", "fc.bias", "layers.0.post_attention_layernorm.weight",
+                    *(f"layers.0.self_attn.{p}_proj.weight" for p in "qkvo"),
+                    *(f"layers.0.mlp.{p}_proj.weight" for p in ("gate", "up", "down"))}
+    own = {id(p) for p in d.parameters()}
+    assert id(target.lm_head.weight) not in own and id(target.model.embed_tokens.weight) not in own
+    assert d.embed_tokens is target.model.embed_tokens and d.lm_head is target.lm_head
+    assert not d.embed_tokens.weight.requires_grad and not d.lm_head.weight.requires_grad
+
+    feats, ids = torch.randn(1, 5, 32), torch.randint(0, 96, (1, 5))
+    d.logits(d(feats, ids)).logsumexp(-1).sum().backward()
+    assert d.embed_tokens.weight.grad is None and d.lm_head.weight.grad is None
+    assert all(p.grad is not None for p in d.parameters())
+    # moving the drafter leaves the target's modules where the target is
+    d.to(torch.float64)
+    assert target.lm_head.weight.dtype == torch.float32
+    assert d(feats, ids).dtype == torch.float64
+
+
+class FakeTokenizer:
+    def __init__(self, vocab: int, extra: str = ""):
+        self.vocab = {f"t{i}{extra if i == 5 else ''}": i for i in range(vocab)}
+        self.all_special_tokens = ["t0", "t1", "t2"]
+
+    def get_vocab(self):
+        return self.vocab
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2"])
+def test_config_from_target(family):
+    target = make_tiny_model(family, num_key_value_heads=1, rope_theta=2500.0, rms_norm_eps=1e-5)
+    cfg = DrafterConfig.from_target(target, FakeTokenizer(96), path="runs/tiny")
+    tc = target.config
+    assert (cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads, cfg.num_key_value_heads,
+            cfg.head_dim, cfg.vocab_size) == (32, 64, 4, 1, 8, 96)
+    assert cfg.rope_theta == 2500.0 and cfg.rms_norm_eps == 1e-5 and cfg.hidden_act == tc.hidden_act
+    assert cfg.max_position_embeddings == tc.max_position_embeddings
+    assert cfg.target["model_type"] == family and cfg.target["target_path"] == "runs/tiny"
+    assert cfg.target["hidden_size"] == 32 and len(cfg.target["tokenizer_hash"]) == 16
+    assert DrafterConfig.from_dict(cfg.to_dict()) == cfg
+    with pytest.raises(ValueError, match="unknown key"):
+        DrafterConfig.from_dict({**cfg.to_dict(), "num_layers": 2})
+    with pytest.raises(ValueError, match="multiple of num_key_value_heads"):
+        DrafterConfig.from_dict({**cfg.to_dict(), "num_key_value_heads": 3})
+    # the layer is built with the target's GQA shape
+    d = EagleDrafter.random(target)
+    assert d.layers[0].self_attn.k_proj.weight.shape == (8, 32)
+
+
+def test_incremental_decoding_with_cache_equals_full_forward():
+    d = perturbed(EagleDrafter.random(make_tiny_model("qwen2")))
+    g = torch.Generator().manual_seed(1)
+    feats, ids = torch.randn(2, 10, 32, generator=g), torch.randint(0, 96, (2, 10), generator=g)
+    with torch.no_grad():
+        full = d(feats, ids)
+        cache, parts, at = d.new_cache(), [], 0
+        for n in (3, 1, 4, 2):  # chunks of several tokens and single tokens
+            parts.append(d(feats[:, at:at + n], ids[:, at:at + n], cache=cache))
+            at += n
+    assert cache.get_seq_length() == 10
+    torch.testing.assert_close(torch.cat(parts, 1), full, atol=1e-5, rtol=1e-5)
+
+
+def test_tree_mask_forward_equals_sequential_paths():
+    d = perturbed(EagleDrafter.random(make_tiny_model("mistral")))
+    tpl = TreeTemplate.from_paths([[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 1, 0]])
+    parents, depths = tpl.parents, tpl.depths
+    g = torch.Generator().manual_seed(2)
+    prefix, n = 6, tpl.num_nodes
+    pf, pids = torch.randn(1, prefix, 32, generator=g), torch.randint(0, 96, (1, prefix), generator=g)
+    tf, tids = torch.randn(1, n, 32, generator=g), torch.randint(0, 96, (1, n), generator=g)
+    visible = tpl.buffers().attn_mask[1:, 1:]  # (n, n) among the draft nodes
+    with torch.no_grad():
+        cache = d.new_cache()
+        d(pf, pids, cache=cache)
+        mask = tree_attention_mask(prefix, visible, torch.float32)  # (1, 1, n, prefix + n)
+        pos = torch.tensor([prefix + depths[i] - 1 for i in range(1, n + 1)])[None]
+        tree_out = d(tf, tids, position_ids=pos, attention_mask=mask, cache=cache)[0]  # (n, H)
+        for v in range(1, n + 1):
+            path, u = [], v
+            while u > 0:
+                path.insert(0, u - 1)
+                u = parents[u]
+            seq = d(torch.cat([pf, tf[:, path]], 1), torch.cat([pids, tids[:, path]], 1))
+            torch.testing.assert_close(tree_out[v - 1], seq[0, -1], atol=1e-5, rtol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------
+# The proposer
+
+
+def test_tree_drafting_equals_sequential_evaluation_with_parent_features():
+    """Every drafted node's f_hat equals a plain causal drafter run over the committed
+    tokens (with the target's true features) and then the node's path (each node fed its
+    parent's f_hat); children are the top-k of their parent. Checked in every round, so
+    catch-up after partial acceptance and branch-KV removal are covered too."""
+    target = make_tiny_model("llama")
+    d = EagleDrafter.random(target, seed=4)
+    model = EagleDraftModel(d)
+    tpl = tree("eagle_default")
+    proposer = TemplateProposer(model, tpl, name="eagle")
+    calls: dict[str, list] = {"catch_up": [], "step": []}
+    catch_up, step, propose = model.catch_up, model.step, proposer.propose
+
+    def spy_catch_up(state):
+        out = catch_up(state)
+        calls["catch_up"].append(out)
+        return out
+
+    def spy_step(tokens, parent_hidden, position_ids, attention_mask):
+        out = step(tokens, parent_hidden, position_ids, attention_mask)
+        calls["step"].append((parent_hidden, out))
+        return out
+
+    checked = []
+
+    def spy_propose(state):
+        calls["catch_up"].clear()
+        calls["step"].clear()
+        drafted = propose(state)
+        committed = torch.tensor([state.tokens])
+        features = target_forward(target, committed[:, :-1]).features  # (1, L, H): f_0..f_{L-1}
+        root_logits, root_hidden = calls["catch_up"][0]
+        ref = d(features, committed[:, 1:])[0, -1]
+        torch.testing.assert_close(root_hidden, ref, atol=1e-4, rtol=1e-4)
+        hidden, logits = {0: root_hidden}, {0: root_logits}
+        depth_calls = [nodes for nodes in proposer.expanded_by_depth[1:] if nodes]
+        assert len(depth_calls) == len(calls["step"])
+        for nodes, (parent_hidden, (out_logits, out_hidden)) in zip(depth_calls, calls["step"], strict=True):
+            for j, v in enumerate(nodes):
+                assert torch.equal(parent_hidden[j], hidden[tpl.parents[v]])
+                hidden[v], logits[v] = out_hidden[j], out_logits[j]
+                path, u = [], v
+                while u > 0:
+                    path.insert(0, u)
+                    u = tpl.parents[u]
+                feats = torch.cat([features, torch.stack([hidden[tpl.parents[u]] for u in path])[None]], 1)
+                ids = torch.cat([committed[:, 1:], drafted.tokens[[u - 1 for u in path]][None]], 1)
+                ref = d(feats, ids)[0, -1]
+                torch.testing.assert_close(out_hidden[j], ref, atol=1e-4, rtol=1e-4)
+        for v, kids in enumerate(tpl.children):
+            if kids:
+                want = logits[v].topk(len(kids)).indices
+                assert drafted.tokens[[k - 1 for k in kids]].tolist() == want.tolist()
+        checked.append(len(state.tokens))
+        return drafted
+
+    proposer.propose = spy_propose
+    model.catch_up, model.step = spy_catch_up, spy_step
+    prompt = prompts(4, 96)[3]
+    res = SpeculativeDecoder(target, proposer, eos_token_id=[]).generate(prompt, 12, tree_size_hint=25)
+    assert res.tokens == hf_greedy(target, prompt, 12, None)
+    assert len(checked) == len(res.stats.rounds) > 3
+
+
+@pytest.fixture(scope="module")
+def trained_llama():
+    """A tiny Llama target and a drafter trained for a few seconds on the target's own
+    greedy continuations (SmoothL1 on features + 0.1 CE on the target's distribution)."""
+    target = make_tiny_model("llama")
+    g = torch.Generator().manual_seed(0)
+    starts = torch.randint(3, 96, (16, 4), generator=g)
+    with torch.no_grad():
+        seqs = target.generate(starts, do_sample=False, max_new_tokens=44, min_new_tokens=44,
+                               pad_token_id=0, attention_mask=torch.ones_like(starts))
+        feats = target_forward(target, seqs).features  # (B, T, H)
+        p = target.lm_head(feats[:, 1:]).softmax(-1)  # (B, T-1, V)
+    d = EagleDrafter.random(target, seed=0)
+    opt = torch.optim.AdamW(d.parameters(), lr=1e-2)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        for _ in range(60):
+            f_hat = d(feats[:, :-1], seqs[:, 1:])  # [f_{t-1}; E(x_t)] -> f_t
+            loss = F.smooth_l1_loss(f_hat, feats[:, 1:]) + 0.1 * F.cross_entropy(
+                d.logits(f_hat).flatten(0, 1), p.flatten(0, 1))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    return target, d.eval().requires_grad_(False)
+
+
+def greedy_cases(target, n: int, max_news=(1, 2, 9, 20, 32)):
+    """(prompt, max_new_tokens, eos, reference): every other case has an EOS mid-way."""
+    cases = []
+    for i, prompt in enumerate(prompts(n, target.config.vocab_size, seed=7)):
+        max_new = max_news[i % len(max_news)]
+        ref = hf_greedy(target, prompt, max_new, eos=None)
+        eos = ref[len(ref) // 2] if i % 2 and len(ref) > 3 else None
+        cases.append((prompt, max_new, eos, hf_greedy(target, prompt, max_new, eos) if eos is not None else ref))
+    return cases
+
+
+def run_greedy_cases(target, proposer, cases, label: str) -> None:
+    for prompt, max_new, eos, ref in cases:
+        decoder = SpeculativeDecoder(target, proposer, eos_token_id=[] if eos is None else eos)
+        res = decoder.generate(prompt, max_new, tree_size_hint=25)
+        assert res.tokens == ref, f"{label}: prompt of {len(prompt)} tokens, max_new {max_new}, eos {eos}"
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2"])
+def test_greedy_identical_to_generate(family):
+    target = make_tiny_model(family)
+    cases = greedy_cases(target, 10)
+    drafter = EagleDrafter.random(target, seed=1)
+    for name in ("eagle_default", "chain5"):
+        run_greedy_cases(target, eagle_proposer(drafter, tree(name)), cases, f"{family}/{name}")
+
+
+def test_greedy_identical_with_accepting_drafter_and_eos_inside_path(trained_llama):
+    """EOS chosen as a token the decoder accepts mid-path, so the stop must cut the path."""
+    target, drafter = trained_llama
+    inside = 0
+    for name in ("eagle_default", "chain5"):
+        proposer = eagle_proposer(drafter, tree(name))
+        for prompt in prompts(8, 96, seed=9):
+            blocks: list[list[int]] = []
+            free = SpeculativeDecoder(target, proposer, eos_token_id=[]).generate(
+                prompt, 32, on_commit=blocks.append)
+            assert free.tokens == hf_greedy(target, prompt, 32, None), f"{name}: prompt of {len(prompt)}"
+            # a token that first appears inside an accepted path, not at its end
+            at, eos = 0, None
+            for block in blocks:
+                for j, tok in enumerate(block[:-1]):
+                    if eos is None and tok not in free.tokens[:at + j]:
+                        eos = tok
+                at += len(block)
+            if eos is None:
+                continue
+            res = SpeculativeDecoder(target, proposer, eos_token_id=eos).generate(prompt, 32)
+            assert res.tokens == hf_greedy(target, prompt, 32, eos), f"{name}: prompt of {len(prompt)}, eos {eos}"
+            last = res.stats.rounds[-1]
+            assert last.committed < last.accepted + 1  # the accepted path was cut at the EOS
+            inside += 1
+    assert inside >= 4
+
+
+def test_trained_drafter_is_accepted(trained_llama):
+    target, drafter = trained_llama
+    proposer = eagle_proposer(drafter, tree("eagle_default"))
+    committed = rounds = 0
+    for prompt in prompts(6, 96, seed=5):
+        res = SpeculativeDecoder(target, proposer, eos_token_id=[]).generate(prompt, 40)
+        committed += sum(r.committed for r in res.stats.rounds)
+        rounds += len(res.stats.rounds)
+    assert committed / rounds > 1.3  # tau; an untrained drafter gets ~1.05 here
+
+
+def test_drafter_cache_holds_committed_context_only(trained_llama):
+    target, drafter = trained_llama
+    proposer = eagle_proposer(drafter, tree("eagle_default"))
+    model = proposer.model
+    seen = []
+    catch_up, accept = model.catch_up, proposer.accept
+
+    def spy_catch_up(state):
+        out = catch_up(state)
+        assert model.cache_len() == len(state.tokens) - 1  # x_1..x_L: x_0 has no previous feature
+        return out
+
+    def spy_accept(state, tree_, path):
+        accept(state, tree_, path)
+        new = state.new_features.shape[1]  # the block just committed, fed at the next catch-up
+        assert model.cache_len() == len(state.tokens) - 1 - new, "branch KV left in the drafter cache"
+        seen.append(len(path))
+
+    model.catch_up, proposer.accept = spy_catch_up, spy_accept
+    SpeculativeDecoder(target, proposer, eos_token_id=[]).generate(prompts(3, 96)[2], 40)
+    assert len(seen) > 5 and max(seen) > 2  # several rounds, some accepting deep paths
+
+
+# ---------------------------------------------------------------------------------------
+# Sampling: the emitted tokens follow the target's distribution (as in test_engine)
+
+
+@pytest.mark.parametrize("policy_name,proposal", [("t1", "sample"), ("topk", "topk")])
+def test_sampled_tokens_follow_target_distribution(policy_name, proposal):
+    policy = POLICIES[policy_name]
+    target = make_tiny_model("llama", vocab_size=5, seed=3)
+    drafter = EagleDrafter.random(target, seed=5)
+    small_tree = TreeTemplate.from_paths([[0], [1], [0, 0], [0, 1], [1, 0]], name="small")
+    proposer = eagle_proposer(drafter, small_tree, proposal=proposal)
+    prompt, n, runs = [1, 3, 2], 3, 1000
+    decoder = SpeculativeDecoder(target, proposer, policy, eos_token_id=[])
+    g = torch.Generator().manual_seed(1234)
+    counts: dict[tuple, int] = {}
+    accepted = 0
+    for _ in range(runs):
+        res = decoder.generate(prompt, n, generator=g)
+        counts[tuple(res.tokens)] = counts.get(tuple(res.tokens), 0) + 1
+        accepted += sum(r.accepted for r in res.stats.rounds)
+    assert accepted > 0.1 * runs  # drafts are accepted, so the acceptance rule is exercised
+    expected = exact_joint(target, prompt, policy, n)
+    assert set(counts) <= {s for s, pr in expected.items() if pr > 0}, "emitted a sequence of probability 0"
+    pvalue = chi2_pvalue(counts, expected, runs)
+    assert pvalue > 1e-3, f"eagle/{proposal}: chi2 p-value {pvalue:.2e}"
