@@ -278,7 +278,7 @@ class SpeculativeDecoder:
         parents = list(tree.parents)
         tokens = x[0]
         if self.policy.greedy:
-            path, next_token = verify_tree_greedy(parents, tokens, logits)
+            path, next_token = verify_tree_greedy(parents, tokens, logits.float())  # fp32 argmax is faster on CPU
         else:
             p = self.policy.probs(logits.float())
             if tree.size == 0:

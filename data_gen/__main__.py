@@ -1,0 +1,84 @@
+"""Hydra entry point of the feature dump: `python -m data_gen [overrides]`.
+
+    python -m data_gen                                   # tiny preset (configs/data_gen.yaml)
+    python -m data_gen data_gen=sharegpt source.path=conv.json target_path=/models/llama \
+        name=llama-sharegpt device=cuda
+    python -m data_gen source.max_samples=64 name=quick   # any key of the config
+
+Loads the target (`target_path`), builds the token samples of the chosen source
+(`configs/data_gen/`: python_corpus, sharegpt, text), and writes the features with
+`data_gen.features.dump_features` to `out_dir`. Rerunning an interrupted command resumes it.
+Tests call `generate(cfg)` with a composed config.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import hydra
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def pick_device(name: str) -> str:
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return name
+
+
+def generate(cfg: DictConfig) -> dict:
+    """Build the samples and dump the target's features as configured; returns the metadata."""
+    from data_gen.conversations import count_tokens
+    from data_gen.features import dump_features
+    from eagle.target import load_target
+
+    if cfg.get("threads"):
+        torch.set_num_threads(int(cfg.threads))
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if missing:  # `???` in the config: e.g. the sharegpt source's path
+        raise ValueError(f"missing config value(s): {', '.join(missing)} (set them on the command line)")
+    model, tokenizer = load_target(cfg.target_path, dtype=cfg.target_dtype, device=pick_device(cfg.device))
+    samples = instantiate(cfg.source)(tokenizer=tokenizer, max_len=cfg.max_len)
+    counts = count_tokens(samples)
+    print(f"samples: {len(samples['train'])} train ({counts['train']:,} tokens), "
+          f"{len(samples['validation'])} validation ({counts['validation']:,} tokens)")
+    source = OmegaConf.to_container(cfg.source, resolve=True)
+    meta = dump_features(
+        model, tokenizer, samples, cfg.out_dir,
+        target_path=str(cfg.target_path), source=source, max_len=cfg.max_len,
+        shard_size=cfg.shard_size, batch_size=cfg.batch_size, dtype=cfg.dtype,
+        overwrite=cfg.overwrite, fail_after=cfg.get("fail_after"), progress=cfg.progress,
+    )
+    c = meta["counts"]
+    print(f"features: {c['samples']} samples, {c['tokens']:,} tokens, {c['shards']} shards, "
+          f"{c['bytes'] / 2**20:.1f} MiB ({c['bytes_per_token']} B/token) in {cfg.out_dir}")
+    return meta
+
+
+@hydra.main(config_path="../configs", config_name="data_gen", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from data_gen.features import FeatureDumpError
+    from eagle.target import TargetError
+
+    try:
+        generate(cfg)
+    except (FeatureDumpError, TargetError, FileNotFoundError, ValueError, OmegaConfBaseException,
+            HydraException) as exc:  # the user's configuration or files: one line, no trace
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
+        text = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+        print(f"error: {type(exc).__name__}: {text}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PROJECT_ROOT", str(ROOT))  # runs/ under the repo, whatever the cwd
+    main()

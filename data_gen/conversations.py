@@ -1,0 +1,349 @@
+"""Token samples for drafter training: conversations and plain text.
+
+A *sample* is a dict `{"id": str, "input_ids": int32 (T,), "loss_mask": int8 (T,)}` with
+T <= max_len. `loss_mask[t] = 1` marks a token the target itself produces: the assistant
+tokens of a conversation (EAGLE trains on ShareGPT replies only), every token of plain
+text. How training aligns that mask with the drafter's shifted inputs is stated in
+`eagle.drafter_module`.
+
+Sources (each returns `{"train": [...], "validation": [...]}`, in a deterministic order):
+- `sharegpt_samples`: ShareGPT JSON / JSONL (`[{"id", "conversations": [{"from", "value"}]}]`),
+  rendered with the target tokenizer's own chat template;
+- `python_corpus_samples`: the built-in Python stdlib corpus (`data_gen.corpus`), packed into
+  blocks of max_len tokens, like the target's own training blocks;
+- `text_samples`: any file `datasets` can load that has a text column.
+
+The Hydra configs in `configs/data_gen/source/` call these with `_partial_: true`; the
+caller adds `tokenizer` and `max_len` (`python -m data_gen` and the online DataModule).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from data_gen.corpus import build_python_corpus, stable_unit
+
+log = logging.getLogger(__name__)
+
+SPLITS = ("train", "validation")
+# ShareGPT `from` values seen in the wild, mapped to chat-template roles.
+ROLES = {
+    "human": "user", "user": "user",
+    "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant", "bard": "assistant",
+    "bing": "assistant", "model": "assistant",
+    "system": "system",
+}
+GENERATION_TAG = re.compile(r"{%-?\s*generation\s*-?%}")
+
+
+class ConversationError(ValueError):
+    """A conversation file or chat template that cannot be used; the message says why."""
+
+
+# ---------------------------------------------------------------------------- loading
+
+
+def read_json_records(path: str | Path) -> list[dict]:
+    """Records of a JSON list (`.json`) or of JSON lines (`.jsonl`, or a `.json` holding lines)."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"conversation file {path} does not exist")
+    text = path.read_text(encoding="utf-8")
+    stripped = text.lstrip()
+    if stripped.startswith("["):
+        records = json.loads(text)
+    else:
+        records = []
+        for n, line in enumerate(text.splitlines(), 1):
+            if line.strip():
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError as err:
+                    raise ConversationError(f"{path}:{n}: not a JSON line ({err.msg})") from err
+    if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
+        raise ConversationError(f"{path}: expected a list of objects (ShareGPT format)")
+    return records
+
+
+def to_messages(record: dict, where: str = "") -> list[dict[str, str]]:
+    """One ShareGPT record as chat-template messages `[{"role", "content"}]`.
+
+    A top-level `system` string becomes a system message; leading assistant turns (replies to
+    a prompt that was cut off) are dropped, as EAGLE's data script does.
+    """
+    turns = record.get("conversations", record.get("messages"))
+    if not isinstance(turns, list):
+        raise ConversationError(f"{where}: no `conversations` list")
+    messages = []
+    if isinstance(record.get("system"), str) and record["system"]:
+        messages.append({"role": "system", "content": record["system"]})
+    for turn in turns:
+        speaker = turn.get("from", turn.get("role"))
+        content = turn.get("value", turn.get("content"))
+        if speaker not in ROLES:
+            raise ConversationError(f"{where}: unknown speaker {speaker!r} (known: {sorted(ROLES)})")
+        if not isinstance(content, str):
+            raise ConversationError(f"{where}: turn of {speaker!r} has no text value")
+        messages.append({"role": ROLES[speaker], "content": content})
+    head = messages[:1] if messages and messages[0]["role"] == "system" else []
+    body = messages[len(head):]
+    while body and body[0]["role"] == "assistant":
+        body = body[1:]
+    return head + body
+
+
+def load_sharegpt(path: str | Path) -> list[dict[str, Any]]:
+    """ShareGPT conversations as `[{"id": str, "messages": [...]}]`, in file order.
+
+    Conversations without any assistant turn are skipped (they carry no loss)."""
+    out = []
+    for i, record in enumerate(read_json_records(path)):
+        cid = str(record.get("id", i))
+        messages = to_messages(record, where=f"{path} conversation {cid!r}")
+        if any(m["role"] == "assistant" for m in messages):
+            out.append({"id": cid, "messages": messages})
+    return out
+
+
+# -------------------------------------------------------------------------- rendering
+
+
+def has_generation_tags(tokenizer) -> bool:
+    template = getattr(tokenizer, "chat_template", None)
+    return isinstance(template, str) and GENERATION_TAG.search(template) is not None
+
+
+def assistant_char_spans(tokenizer, messages: list[dict]) -> tuple[str, list[tuple[int, int]]]:
+    """The rendered conversation and the character spans of its assistant turns.
+
+    The span of assistant turn i is what the template adds between `messages[:i]` rendered
+    with the generation prompt and `messages[:i+1]`: the reply and its end-of-turn tokens,
+    never the role header. Templates whose renderings are not prefixes of each other (some
+    rewrite earlier turns) fall back to locating the reply text itself.
+    """
+    def render(msgs, gen=False):
+        return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=gen)
+
+    text = render(messages)
+    spans, cursor = [], 0
+    for i, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        prefix, upto = render(messages[:i], gen=True), render(messages[: i + 1])
+        if upto.startswith(prefix) and text.startswith(upto) and len(prefix) >= cursor:
+            start, end = len(prefix), len(upto)
+        else:
+            start = text.find(message["content"], cursor)
+            if start < 0:
+                raise ConversationError("the chat template changes assistant replies; cannot mark them")
+            end = start + len(message["content"])
+        spans.append((start, end))
+        cursor = end
+    return text, spans
+
+
+def render_conversation(tokenizer, messages: list[dict], max_len: int | None = None,
+                        method: str = "auto") -> tuple[np.ndarray, np.ndarray]:
+    """Token ids and loss mask (1 = assistant token) of a conversation, truncated to max_len.
+
+    Args:
+        tokenizer: a Hugging Face tokenizer with a chat template (fast, for offsets).
+        messages: `[{"role": "system"|"user"|"assistant", "content": str}]`.
+        max_len: keep the first max_len tokens (None = all).
+        method: "generation" uses the template's `{% generation %}` marks
+            (`return_assistant_tokens_mask`); "prefix" renders the prefix before each reply
+            and marks the tokens that start inside the reply's characters; "auto" picks
+            "generation" when the template has the marks.
+    Returns:
+        (input_ids int32 (T,), loss_mask int8 (T,))
+    """
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise ConversationError("the tokenizer has no chat template; conversations need one")
+    if method == "auto":
+        method = "generation" if has_generation_tags(tokenizer) else "prefix"
+    if method == "generation":
+        enc = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True,
+                                            return_assistant_tokens_mask=True)
+        ids, mask = list(enc["input_ids"]), list(enc["assistant_masks"])
+    elif method == "prefix":
+        text, spans = assistant_char_spans(tokenizer, messages)
+        # the template writes bos etc. itself: no special tokens added on top
+        enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        ids = list(enc["input_ids"])
+        starts = np.array([s for s, _ in enc["offset_mapping"]])
+        mask = np.zeros(len(ids), dtype=np.int8)
+        for a, b in spans:
+            mask[(starts >= a) & (starts < b)] = 1
+    else:
+        raise ValueError(f"unknown render method {method!r}: auto, generation or prefix")
+    ids, mask = np.asarray(ids, dtype=np.int32), np.asarray(mask, dtype=np.int8)
+    if max_len is not None:
+        ids, mask = ids[:max_len], mask[:max_len]
+    return ids, mask
+
+
+def split_of_id(key: str, val_fraction: float) -> str:
+    return "validation" if stable_unit(key, "val") < val_fraction else "train"
+
+
+def sharegpt_samples(tokenizer, max_len: int, path: str | Path, val_fraction: float = 0.02,
+                     max_samples: int | None = None, max_val_samples: int | None = None,
+                     min_assistant_tokens: int = 1, method: str = "auto") -> dict[str, list[dict]]:
+    """ShareGPT conversations rendered with the tokenizer's chat template.
+
+    Args:
+        tokenizer: the target's tokenizer (its chat template decides the rendering).
+        max_len: tokens per sample (longer conversations are truncated).
+        path: a ShareGPT JSON or JSONL file.
+        val_fraction: share of conversations held out, chosen by a hash of their id.
+        max_samples / max_val_samples: keep the first n of each split (None = all).
+        min_assistant_tokens: drop samples with fewer assistant tokens after truncation.
+        method: see `render_conversation`.
+    """
+    out: dict[str, list[dict]] = {s: [] for s in SPLITS}
+    for conv in load_sharegpt(path):
+        split = split_of_id(conv["id"], val_fraction)
+        cap = max_samples if split == "train" else max_val_samples
+        if cap is not None and len(out[split]) >= cap:
+            continue
+        ids, mask = render_conversation(tokenizer, conv["messages"], max_len, method)
+        if int(mask.sum()) >= min_assistant_tokens and ids.size >= 2:
+            out[split].append({"id": conv["id"], "input_ids": ids, "loss_mask": mask})
+    log.info("sharegpt %s: %d train, %d validation samples", path,
+             len(out["train"]), len(out["validation"]))
+    return out
+
+
+# ------------------------------------------------------------------------------- text
+
+
+def _documents_in_stable_order(keys: list[str]) -> list[int]:
+    """Indices sorted by a hash of each key: a shuffle that never depends on listing order."""
+    return sorted(range(len(keys)), key=lambda i: stable_unit(keys[i], "order"))
+
+
+def pack_documents(tokenizer, docs: Iterable[tuple[str, str]], max_len: int, min_len: int = 2,
+                   pack: bool = True, max_samples: int | None = None,
+                   batch_docs: int = 64) -> list[dict]:
+    """Tokenise `(key, text)` documents into samples of at most max_len tokens, all loss tokens.
+
+    pack=True: one stream `bos doc eos bos doc eos ...` cut into max_len blocks (the last,
+    shorter block is kept if it has min_len tokens), the way the target was trained.
+    pack=False: each document cut on its own. Stops as soon as max_samples exist.
+    """
+    eos = tokenizer.eos_token_id
+    samples: list[dict] = []
+    buf: list[int] = []
+    first_key = None
+
+    def emit(tokens: list[int], key: str) -> None:
+        ids = np.asarray(tokens, dtype=np.int32)
+        samples.append({"id": key, "input_ids": ids, "loss_mask": np.ones(ids.size, np.int8)})
+
+    def batches() -> Iterator[list[tuple[str, str]]]:
+        chunk = []
+        for doc in docs:
+            chunk.append(doc)
+            if len(chunk) == batch_docs:
+                yield chunk
+                chunk = []
+        if chunk:
+            yield chunk
+
+    for chunk in batches():
+        encoded = tokenizer([t for _, t in chunk], add_special_tokens=True)["input_ids"]
+        for (key, _), ids in zip(chunk, encoded):
+            ids = list(ids) + ([eos] if eos is not None else [])
+            if not pack:
+                for j in range(0, len(ids), max_len):
+                    if len(ids[j: j + max_len]) >= min_len:
+                        emit(ids[j: j + max_len], f"{key}#{j // max_len}")
+                continue
+            if not buf:
+                first_key = key
+            buf.extend(ids)
+            while len(buf) >= max_len:
+                emit(buf[:max_len], f"{first_key}+{len(samples)}")
+                buf, first_key = buf[max_len:], key
+        if max_samples is not None and len(samples) >= max_samples:
+            return samples[:max_samples]
+    if pack and len(buf) >= min_len:
+        emit(buf, f"{first_key}+{len(samples)}")
+    return samples if max_samples is None else samples[:max_samples]
+
+
+def python_corpus_samples(tokenizer, max_len: int, val_fraction: float = 0.05,
+                          max_files: int | None = None, cache_dir: str | Path | None = None,
+                          max_samples: int | None = None, max_val_samples: int | None = None,
+                          pack: bool = True) -> dict[str, list[dict]]:
+    """The built-in Python stdlib corpus (split by file, as the target's) as token samples.
+
+    Files are taken in a hash order of their path (not alphabetical), so a `max_samples`
+    cap still spreads over the whole library. Defaults match `configs/data/python_corpus.yaml`,
+    so drafter validation files are also ones the target never trained on.
+    """
+    corpus = build_python_corpus(val_fraction=val_fraction, max_files=max_files, cache_dir=cache_dir)
+    out = {}
+    for split, cap in (("train", max_samples), ("validation", max_val_samples)):
+        paths, texts = corpus[split]["path"], corpus[split]["text"]
+        order = _documents_in_stable_order(paths)
+        docs = ((paths[i], texts[i]) for i in order)
+        out[split] = pack_documents(tokenizer, docs, max_len, pack=pack, max_samples=cap)
+    log.info("python corpus: %d train, %d validation samples of <= %d tokens",
+             len(out["train"]), len(out["validation"]), max_len)
+    return out
+
+
+def text_samples(tokenizer, max_len: int, path: str | Path | None = None, builder: str | None = None,
+                 data_files: Any = None, text_column: str = "text", val_split: str | None = None,
+                 val_fraction: float = 0.02, max_samples: int | None = None,
+                 max_val_samples: int | None = None, pack: bool = True) -> dict[str, list[dict]]:
+    """Any dataset `datasets.load_dataset` reads locally, through its text column.
+
+    Args:
+        path: a file (its suffix picks the builder: .txt, .json/.jsonl, .csv, .parquet) or a
+            folder `load_from_disk` reads.
+        builder / data_files: passed to `load_dataset(builder, data_files=...)` instead.
+        text_column: the column holding the documents.
+        val_split: the split used for validation; None = hold out `val_fraction` of rows by
+            a hash of their index.
+    """
+    import datasets
+
+    if builder is None and path is None:
+        raise ValueError("text source needs `path` or `builder` + `data_files`")
+    if builder is None:
+        p = Path(path)
+        if p.is_dir():
+            ds = datasets.load_from_disk(str(p))
+        else:
+            if not p.exists():
+                raise FileNotFoundError(f"text file {p} does not exist")
+            suffix = p.suffix.lstrip(".").lower()
+            builder = {"txt": "text", "jsonl": "json", "md": "text"}.get(suffix, suffix)
+            ds = datasets.load_dataset(builder, data_files=str(p))
+    else:
+        ds = datasets.load_dataset(builder, data_files=data_files)
+    if isinstance(ds, datasets.Dataset):
+        ds = datasets.DatasetDict({"train": ds})
+    if val_split is not None:
+        parts = {"train": ds["train"], "validation": ds[val_split]}
+        rows = {s: [(f"{s}:{i}", t) for i, t in enumerate(parts[s][text_column])] for s in SPLITS}
+    else:
+        rows = {s: [] for s in SPLITS}
+        for i, t in enumerate(ds["train"][text_column]):
+            rows[split_of_id(str(i), val_fraction)].append((str(i), t))
+    caps = {"train": max_samples, "validation": max_val_samples}
+    return {s: pack_documents(tokenizer, rows[s], max_len, pack=pack, max_samples=caps[s])
+            for s in SPLITS}
+
+
+def count_tokens(samples: dict[str, list[dict]]) -> dict[str, int]:
+    return {s: int(sum(x["input_ids"].size for x in v)) for s, v in samples.items()}

@@ -1,0 +1,123 @@
+"""A byte-level BPE tokenizer trained on the built-in corpus, saved as a Hugging Face one.
+
+Byte-level means every string round-trips exactly (`decode(encode(s)) == s`), including
+indentation, tabs, `\\r\\n` and non-ASCII text. `encode` prepends `<|bos|>`, matching the
+training stream where every file is `<|bos|> file <|eos|>`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable
+from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+
+BOS, EOS, PAD = "<|bos|>", "<|eos|>", "<|pad|>"
+ROLE_TOKENS = {"system": "<|system|>", "user": "<|user|>", "assistant": "<|assistant|>"}
+# Order fixes the ids: pad=0, bos=1, eos=2 (as in the tests' tiny random models).
+SPECIAL_TOKENS = [PAD, BOS, EOS, ROLE_TOKENS["user"], ROLE_TOKENS["assistant"], ROLE_TOKENS["system"]]
+META_FILE = "eagle_tokenizer.json"
+
+# Every turn is `<|role|>\n content`; user/system turns end with a newline, assistant turns
+# with eos (the stop token). `{% generation %}` marks the assistant tokens, so
+# `apply_chat_template(..., return_assistant_tokens_mask=True)` gives the loss mask.
+CHAT_TEMPLATE = (
+    "{{- bos_token -}}"
+    "{%- for message in messages -%}"
+    "{%- if message['role'] == 'assistant' -%}"
+    "{{- '<|assistant|>\n' -}}"
+    "{% generation %}{{- message['content'] + eos_token -}}{% endgeneration %}"
+    "{%- elif message['role'] == 'user' or message['role'] == 'system' -%}"
+    "{{- '<|' + message['role'] + '|>\n' + message['content'] + '\n' -}}"
+    "{%- else -%}"
+    "{{- raise_exception('unknown chat role: ' + message['role']) -}}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|assistant|>\n' -}}{%- endif -%}"
+)
+
+
+def train_bpe_tokenizer(
+    texts: Iterable[str], vocab_size: int = 8192, min_frequency: int = 2
+) -> PreTrainedTokenizerFast:
+    """Train a byte-level BPE on `texts` and wrap it as a Hugging Face fast tokenizer.
+
+    Args:
+        texts: training documents (whole files).
+        vocab_size: final vocabulary size, special tokens and the 256 byte symbols included.
+        min_frequency: a pair must occur this often to be merged.
+    """
+    if vocab_size < 256 + len(SPECIAL_TOKENS):
+        raise ValueError(f"vocab_size must be >= {256 + len(SPECIAL_TOKENS)}, got {vocab_size}")
+    tok = Tokenizer(models.BPE())
+    # No normalizer: any normalisation (NFC, stripping) would break the exact round trip.
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # all 256 bytes, seen or not
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    bos_id = tok.token_to_id(BOS)
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, bos_id)]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=BOS,
+        eos_token=EOS,
+        pad_token=PAD,
+        extra_special_tokens=list(ROLE_TOKENS.values()),
+        clean_up_tokenization_spaces=False,  # decoding must not touch spaces
+        chat_template=CHAT_TEMPLATE,
+    )
+
+
+def tokenizer_sha256(tokenizer: PreTrainedTokenizerBase) -> str:
+    """Hash of the tokenizer's vocabulary, merges and special tokens: equal hash, same ids."""
+    state = json.loads(tokenizer.backend_tokenizer.to_str())
+    state = {k: state[k] for k in ("model", "added_tokens", "pre_tokenizer", "post_processor")}
+    return hashlib.sha256(json.dumps(state, sort_keys=True).encode()).hexdigest()
+
+
+def build_tokenizer(
+    texts: Iterable[str],
+    vocab_size: int = 8192,
+    min_frequency: int = 2,
+    save_dir: str | Path | None = None,
+    corpus_fingerprint: str | None = None,
+) -> PreTrainedTokenizerBase:
+    """Train the tokenizer, or reload it from `save_dir` when it was built there already.
+
+    A tokenizer found in `save_dir` that was trained with another vocab size or on another
+    corpus (`corpus_fingerprint`) is an error rather than silently replaced: models trained
+    with it would no longer match.
+    """
+    params = {
+        "vocab_size": vocab_size,
+        "min_frequency": min_frequency,
+        "corpus_fingerprint": corpus_fingerprint,
+    }
+    if save_dir is not None:
+        save_dir = Path(save_dir)
+        meta_path = save_dir / META_FILE
+        if meta_path.exists():
+            meta = json.loads(meta_path.read_text())
+            if meta["params"] != params:
+                raise ValueError(
+                    f"tokenizer in {save_dir} was trained with {meta['params']}, not {params}: "
+                    "delete that folder or use another data.name"
+                )
+            return AutoTokenizer.from_pretrained(save_dir)
+    tokenizer = train_bpe_tokenizer(texts, vocab_size=vocab_size, min_frequency=min_frequency)
+    if save_dir is not None:
+        tokenizer.save_pretrained(save_dir)
+        meta = {"params": params, "sha256": tokenizer_sha256(tokenizer), "size": len(tokenizer)}
+        (save_dir / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+    return tokenizer

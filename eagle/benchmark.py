@@ -1,0 +1,236 @@
+"""Benchmark: every method on the same target and prompts, in one run.
+
+Speedup = a method's tokens/s divided by vanilla decoding's tokens/s measured in the same
+run (same target, same prompts, same machine state), after a warm-up. We report the
+aggregate (total tokens / total time) and the median over prompts. tau = tokens committed
+per target forward after the prefill, bonus token included.
+
+Output (in `out_dir`): results.json, results.md, speedup.png, tau.png, acceptance.png.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import resource
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from eagle.evalsets import Prompt
+from eagle.methods import Method, Outcome
+from eagle.sampling import SamplingPolicy
+
+
+@dataclass
+class BenchmarkConfig:
+    methods: Sequence[str] = ("vanilla", "eagle")
+    temperatures: Sequence[float] = (0.0, 1.0)
+    max_new_tokens: int = 128
+    warmup: int = 1           # prompts decoded before timing each method (not recorded)
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+
+
+@dataclass
+class MethodResult:
+    method: str
+    dtype: str
+    lossless: bool
+    tau: float
+    tokens_per_s: float
+    tokens_per_s_median: float
+    speedup: float = float("nan")
+    speedup_median: float = float("nan")
+    new_tokens: int = 0
+    seconds: float = 0.0
+    draft_frac: float = 0.0
+    verify_frac: float = 0.0
+    other_frac: float = 0.0
+    accepted_hist: list[int] = field(default_factory=list)
+    acceptance_by_depth: list[float] = field(default_factory=list)  # P(accepted >= d), d = 1..
+    peak_memory_mb: float = 0.0
+    identical_to_reference: float | None = None  # greedy: fraction of prompts equal to vanilla/hf output
+
+
+def encode_prompt(tokenizer, prompt: Prompt) -> list[int]:
+    if not prompt.text.strip():
+        raise ValueError(f"prompt {prompt.id!r} is empty")
+    if prompt.chat and getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt.text}],
+                                            add_generation_prompt=True, tokenize=True)
+        ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+        return list(ids)
+    ids = tokenizer(prompt.text, add_special_tokens=False)["input_ids"]
+    bos = tokenizer.bos_token_id
+    return ([bos] if bos is not None else []) + list(ids)
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # process peak RSS (KB on Linux)
+
+
+def summarise(method: Method, dtype: str, outcomes: list[Outcome]) -> MethodResult:
+    tokens = sum(len(o.tokens) for o in outcomes)
+    seconds = sum(o.seconds for o in outcomes)
+    forwards = sum(o.forwards for o in outcomes)
+    accepted = [a for o in outcomes for a in o.accepted]
+    depth = max(accepted, default=0)
+    hist = [accepted.count(d) for d in range(depth + 1)]
+    draft, verify = sum(o.draft_s for o in outcomes), sum(o.verify_s for o in outcomes)
+    return MethodResult(
+        method=method.name, dtype=dtype, lossless=method.lossless,
+        tau=(tokens - len(outcomes)) / max(forwards, 1),
+        tokens_per_s=tokens / seconds if seconds else 0.0,
+        tokens_per_s_median=statistics.median(len(o.tokens) / o.seconds for o in outcomes),
+        new_tokens=tokens, seconds=seconds,
+        draft_frac=draft / seconds if seconds else 0.0, verify_frac=verify / seconds if seconds else 0.0,
+        other_frac=max(0.0, 1 - (draft + verify) / seconds) if seconds and (draft or verify) else 0.0,
+        accepted_hist=hist,
+        acceptance_by_depth=[sum(hist[d:]) / max(len(accepted), 1) for d in range(1, depth + 1)],
+    )
+
+
+def run_benchmark(eval_sets: dict[str, list[Prompt]], tokenizer, build: Callable[[str], tuple[Method, str]],
+                  cfg: BenchmarkConfig, target_name: str, out_dir: str | Path, device=None) -> dict:
+    """Run every method on every eval set and temperature; write results into `out_dir`.
+
+    Args:
+        eval_sets: name -> prompts.
+        build: method name -> (method, dtype name); called once per method, cached here.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    device = torch.device(device or "cpu")
+    methods: dict[str, tuple[Method, str]] = {}
+    runs = []
+    total = sum(len(p) for p in eval_sets.values()) * len(cfg.temperatures) * len(cfg.methods)
+    bar = tqdm(total=total, desc="benchmark", unit="prompt")
+    for set_name, prompts in eval_sets.items():
+        encoded = [encode_prompt(tokenizer, p) for p in prompts]
+        for temperature in cfg.temperatures:
+            policy = SamplingPolicy(temperature=temperature, top_k=cfg.top_k if temperature else 0,
+                                    top_p=cfg.top_p if temperature else 1.0)
+            results: dict[str, MethodResult] = {}
+            outputs: dict[str, list[list[int]]] = {}
+            for name in cfg.methods:
+                if name not in methods:
+                    methods[name] = build(name)
+                method, dtype = methods[name]
+                bar.set_postfix_str(f"{set_name} T={temperature} {name}")
+                generator = torch.Generator().manual_seed(cfg.seed)
+                for ids in encoded[: cfg.warmup]:
+                    method.generate(ids, min(cfg.max_new_tokens, 16), policy, generator)
+                if device.type == "cuda":
+                    torch.cuda.reset_peak_memory_stats(device)
+                outcomes = []
+                for ids in encoded:
+                    if device.type == "cuda":
+                        torch.cuda.synchronize(device)
+                    outcomes.append(method.generate(ids, cfg.max_new_tokens, policy, generator))
+                    bar.update(1)
+                result = summarise(method, dtype, outcomes)
+                result.peak_memory_mb = peak_memory_mb(device)
+                results[name], outputs[name] = result, [o.tokens for o in outcomes]
+            _relate(results, outputs, greedy=policy.greedy)
+            runs.append({"eval_set": set_name, "temperature": float(temperature), "target": target_name,
+                         "num_prompts": len(prompts), "max_new_tokens": cfg.max_new_tokens,
+                         "methods": {k: asdict(v) for k, v in results.items()}})
+    bar.close()
+    report = {"runs": runs, "config": asdict(cfg) | {"methods": list(cfg.methods),
+                                                      "temperatures": list(cfg.temperatures)},
+              "machine": {"platform": platform.platform(), "processor": platform.processor(),
+                          "torch": torch.__version__, "threads": torch.get_num_threads(),
+                          "device": str(device)},
+              "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+    write_report(report, out_dir)
+    return report
+
+
+def _relate(results: dict[str, MethodResult], outputs: dict[str, list[list[int]]], greedy: bool) -> None:
+    """Speedups against vanilla of the same run; greedy outputs against a reference of the same dtype."""
+    base = results.get("vanilla")
+    for r in results.values():
+        if base is not None and base.tokens_per_s:
+            r.speedup = r.tokens_per_s / base.tokens_per_s
+            r.speedup_median = r.tokens_per_s_median / base.tokens_per_s_median
+    if not greedy:
+        return
+    for name, r in results.items():
+        ref = next((k for k in ("vanilla", "hf_generate") if k in results and k != name
+                    and results[k].dtype == r.dtype), None)
+        if ref is not None:
+            same = sum(a == b for a, b in zip(outputs[name], outputs[ref]))
+            r.identical_to_reference = same / max(len(outputs[name]), 1)
+
+
+def markdown_table(report: dict) -> str:
+    lines = []
+    for run in report["runs"]:
+        lines += [f"### {run['eval_set']}, temperature {run['temperature']:g} "
+                  f"({run['num_prompts']} prompts, {run['max_new_tokens']} new tokens, target {run['target']})", "",
+                  "| method | dtype | tau | tokens/s | speedup | median speedup | draft / verify / other | "
+                  "lossless | identical (greedy) |",
+                  "|---|---|---:|---:|---:|---:|---|---|---:|"]
+        for m in run["methods"].values():
+            split = (f"{m['draft_frac']:.0%} / {m['verify_frac']:.0%} / {m['other_frac']:.0%}"
+                     if m["draft_frac"] or m["verify_frac"] else "-")
+            ident = "-" if m["identical_to_reference"] is None else f"{m['identical_to_reference']:.0%}"
+            lines.append(f"| {m['method']} | {m['dtype']} | {m['tau']:.2f} | {m['tokens_per_s']:.1f} | "
+                         f"{m['speedup']:.2f}x | {m['speedup_median']:.2f}x | {split} | "
+                         f"{'yes' if m['lossless'] else 'NO (lossy)'} | {ident} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write_report(report: dict, out_dir: Path) -> None:
+    (out_dir / "results.json").write_text(json.dumps(report, indent=2))
+    (out_dir / "results.md").write_text(markdown_table(report))
+    plot_report(report, out_dir)
+
+
+def plot_report(report: dict, out_dir: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = report["runs"]
+    for key, fname, label in (("speedup", "speedup.png", "speedup over vanilla (x)"),
+                              ("tau", "tau.png", "tau (tokens per target forward)")):
+        fig, ax = plt.subplots(figsize=(8, 4))
+        names = list(dict.fromkeys(m for r in runs for m in r["methods"]))
+        width = 0.8 / max(len(runs), 1)
+        for i, run in enumerate(runs):
+            values = [run["methods"].get(n, {}).get(key, float("nan")) for n in names]
+            ax.bar([j + i * width for j in range(len(names))], values, width,
+                   label=f"{run['eval_set']} T={run['temperature']:g}")
+        ax.set_xticks([j + width * (len(runs) - 1) / 2 for j in range(len(names))], names, rotation=20)
+        ax.set_ylabel(label)
+        if key == "speedup":
+            ax.axhline(1.0, color="gray", lw=0.8, ls="--")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out_dir / fname, dpi=120)
+        plt.close(fig)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for run in runs:
+        for name, m in run["methods"].items():
+            if m["acceptance_by_depth"]:
+                ax.plot(range(1, len(m["acceptance_by_depth"]) + 1), m["acceptance_by_depth"], marker="o",
+                        label=f"{name} {run['eval_set']} T={run['temperature']:g}")
+    ax.set_xlabel("draft depth d")
+    ax.set_ylabel("P(accepted length >= d)")
+    ax.set_ylim(0, 1)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out_dir / "acceptance.png", dpi=120)
+    plt.close(fig)

@@ -1,0 +1,173 @@
+"""Decoding methods by name, behind one interface, so the benchmark runs them side by side.
+
+Engine methods (exact, through `eagle.engine.SpeculativeDecoder`):
+  vanilla, eagle, draft (classic speculative decoding with a small LM), prompt_lookup.
+Hugging Face peers (through `model.generate`):
+  hf_generate, hf_assisted (assisted generation with the same small LM), hf_prompt_lookup.
+
+Every method reports tau the same way: tokens committed per target forward after the
+prefill (for HF methods, target forwards are counted with a forward hook).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from eagle.engine import DecodeStats, Proposer, SpeculativeDecoder
+from eagle.sampling import SamplingPolicy
+
+ENGINE_METHODS = ("vanilla", "eagle", "draft", "prompt_lookup")
+HF_METHODS = ("hf_generate", "hf_assisted", "hf_prompt_lookup")
+METHODS = ENGINE_METHODS + HF_METHODS
+
+
+class MethodError(ValueError):
+    """A method that cannot be built as configured."""
+
+
+@dataclass
+class Outcome:
+    """One generation: the new tokens and where the time went."""
+
+    tokens: list[int]
+    seconds: float
+    forwards: int                     # target forwards after the prefill
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    accepted: list[int] = field(default_factory=list)  # draft tokens accepted per round
+
+    @property
+    def tau(self) -> float:
+        return (len(self.tokens) - 1) / max(self.forwards, 1)
+
+
+class Method:
+    """A named way to decode with a target."""
+
+    name: str = "method"
+    lossless: bool = True  # distribution-preserving by construction (proved by the test suite)
+
+    def __init__(self, name: str, target: nn.Module, eos_token_id):
+        self.name, self.target, self.eos_token_id = name, target, eos_token_id
+
+    def generate(self, prompt: list[int], max_new_tokens: int, policy: SamplingPolicy,
+                 generator: torch.Generator | None = None, on_commit=None) -> Outcome:
+        raise NotImplementedError
+
+
+class EngineMethod(Method):
+    """A proposer run by the speculative loop (vanilla when `proposer` is None)."""
+
+    def __init__(self, name: str, target: nn.Module, eos_token_id, proposer: Proposer | None = None,
+                 tree_size: int = 0):
+        super().__init__(name, target, eos_token_id)
+        self.proposer, self.tree_size = proposer, tree_size
+
+    def generate(self, prompt, max_new_tokens, policy, generator=None, on_commit=None) -> Outcome:
+        decoder = SpeculativeDecoder(self.target, self.proposer, policy, eos_token_id=self.eos_token_id)
+        res = decoder.generate(prompt, max_new_tokens, generator=generator, tree_size_hint=self.tree_size,
+                               on_commit=on_commit)
+        return outcome_from_stats(res.tokens, res.stats)
+
+
+def outcome_from_stats(tokens: list[int], stats: DecodeStats) -> Outcome:
+    return Outcome(tokens=tokens, seconds=stats.total_s, forwards=len(stats.rounds), draft_s=stats.draft_s,
+                   verify_s=stats.verify_s, accepted=[r.accepted for r in stats.rounds])
+
+
+class HFMethod(Method):
+    """`model.generate` with optional assisted generation or prompt lookup."""
+
+    def __init__(self, name: str, target: nn.Module, eos_token_id, **generate_kwargs):
+        super().__init__(name, target, eos_token_id)
+        self.generate_kwargs = generate_kwargs
+        self._forwards = 0
+
+    def _count(self, module, args):
+        self._forwards += 1
+
+    def generate(self, prompt, max_new_tokens, policy, generator=None, on_commit=None) -> Outcome:
+        device = next(self.target.parameters()).device
+        ids = torch.tensor([prompt], device=device)
+        sampling = {"do_sample": False} if policy.greedy else {
+            "do_sample": True, "temperature": policy.temperature, "top_k": policy.top_k, "top_p": policy.top_p}
+        if generator is not None and not policy.greedy:
+            torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=generator)))
+        eos = self.eos_token_id if self.eos_token_id is not None else []
+        self._forwards = 0
+        hook = self.target.register_forward_pre_hook(self._count)  # counts target forwards for tau
+        start = time.perf_counter()
+        try:
+            with torch.inference_mode():
+                out = self.target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                                           eos_token_id=eos, pad_token_id=eos if isinstance(eos, int) else 0,
+                                           **sampling, **self.generate_kwargs)
+        finally:
+            hook.remove()
+        seconds = time.perf_counter() - start
+        tokens = out[0, len(prompt):].tolist()
+        if on_commit:
+            on_commit(tokens)
+        return Outcome(tokens=tokens, seconds=seconds, forwards=max(self._forwards - 1, 1))
+
+
+@dataclass
+class MethodSpec:
+    """Everything needed to build any method (unused fields are ignored)."""
+
+    tree: str = "eagle_default"          # tree template name or path for eagle
+    draft_tree: str = "chain5"           # template for the draft LM (classic SD drafts a chain)
+    proposal: str = "topk"               # "topk" | "sample": how children are drawn under sampling
+    drafter: str | None = None           # EAGLE checkpoint directory
+    random_drafter: bool = False         # explicit: decode with an untrained drafter (losslessness checks)
+    draft_lm: str | None = None          # small LM directory for draft / hf_assisted
+    prompt_lookup_tokens: int = 10
+    prompt_lookup_ngram: int = 3
+    tree_dirs: tuple[str, ...] = ()
+
+
+def build_method(name: str, target: nn.Module, tokenizer, spec: MethodSpec, target_path: str | None = None,
+                 draft_model: nn.Module | None = None) -> Method:
+    """Build a method by name; raises MethodError naming what is missing."""
+    from eagle.proposers import DraftLM, PromptLookupProposer, TemplateProposer
+    from eagle.tree import resolve_tree
+
+    eos = tokenizer.eos_token_id if tokenizer is not None else None
+    if name not in METHODS:
+        raise MethodError(f"unknown method {name!r}; choose one of {', '.join(METHODS)}")
+    if name == "vanilla":
+        return EngineMethod(name, target, eos)
+    if name == "prompt_lookup":
+        proposer = PromptLookupProposer(num_tokens=spec.prompt_lookup_tokens, max_ngram=spec.prompt_lookup_ngram)
+        return EngineMethod(name, target, eos, proposer, tree_size=spec.prompt_lookup_tokens)
+    if name == "hf_generate":
+        return HFMethod(name, target, eos)
+    if name == "hf_prompt_lookup":
+        return HFMethod(name, target, eos, prompt_lookup_num_tokens=spec.prompt_lookup_tokens)
+    if name in ("draft", "hf_assisted"):
+        if draft_model is None:
+            raise MethodError(f"method {name!r} needs a small draft LM (set draft_lm to a model directory)")
+        if name == "hf_assisted":
+            return HFMethod(name, target, eos, assistant_model=draft_model)
+        template = resolve_tree(spec.draft_tree, spec.tree_dirs)
+        proposer = TemplateProposer(DraftLM(draft_model), template, proposal=spec.proposal, name="draft")
+        return EngineMethod(name, target, eos, proposer, tree_size=template.num_nodes)
+    # eagle
+    from eagle.checkpoint import load_drafter
+    from eagle.drafter import EagleDrafter
+    from eagle.proposers.eagle import eagle_proposer
+
+    template = resolve_tree(spec.tree, spec.tree_dirs)
+    if spec.random_drafter:
+        drafter = EagleDrafter.random(target, tokenizer, target_path)
+    elif spec.drafter:
+        drafter = load_drafter(spec.drafter, target, tokenizer, target_path)
+    else:
+        raise MethodError("method 'eagle' needs a trained drafter (drafter_path=DIR) or, explicitly, random_drafter=true")
+    drafter.to(next(target.parameters()).dtype)
+    return EngineMethod(name, target, eos, eagle_proposer(drafter, template, proposal=spec.proposal),
+                        tree_size=template.num_nodes)

@@ -1,0 +1,91 @@
+"""The built-in corpus: the stdlib's .py files, split deterministically by file."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from data_gen.corpus import (
+    build_python_corpus,
+    corpus_fingerprint,
+    list_python_files,
+    select_files,
+    split_of,
+)
+
+
+@pytest.fixture(scope="module")
+def stdlib_corpus():
+    return build_python_corpus(val_fraction=0.05)
+
+
+def test_split_is_deterministic_disjoint_and_complete(stdlib_corpus):
+    again = build_python_corpus(val_fraction=0.05)
+    train, val = list(stdlib_corpus["train"]["path"]), list(stdlib_corpus["validation"]["path"])
+    assert train == list(again["train"]["path"]) and val == list(again["validation"]["path"])
+    assert corpus_fingerprint(stdlib_corpus) == corpus_fingerprint(again)
+    assert not set(train) & set(val)
+    assert sorted(train + val) == list_python_files()
+    assert 0.03 < len(val) / (len(train) + len(val)) < 0.08  # ~5% of ~1,800 files
+    assert not any("site-packages" in p or "dist-packages" in p for p in train + val)
+    assert all(not p.startswith("/") for p in train)  # relative paths
+
+
+def test_split_ignores_listing_order():
+    paths = list_python_files()
+    shuffled = paths[:]
+    random.Random(0).shuffle(shuffled)
+    assert [split_of(p, 0.05) for p in paths] == [split_of(p, 0.05) for p in sorted(shuffled)]
+    assert select_files(shuffled, 40) == select_files(paths, 40)
+
+
+def test_reads_bytes_faithfully_and_skips_third_party(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "site-packages").mkdir()
+    (tmp_path / "a.py").write_bytes(b"x = 1\r\ny = 'caf\xc3\xa9'\n")
+    (tmp_path / "pkg" / "latin1.py").write_bytes(b"# -*- coding: latin-1 -*-\ns = '\xe9'\n")
+    (tmp_path / "site-packages" / "third.py").write_text("import numpy\n")
+    (tmp_path / "notes.txt").write_text("not python\n")
+    for i in range(20):  # so that both splits get files
+        (tmp_path / f"m{i:02d}.py").write_text(f"value = {i}\n")
+    assert list_python_files(tmp_path)[:2] == ["a.py", "m00.py"]
+    assert "site-packages/third.py" not in list_python_files(tmp_path)
+    corpus = build_python_corpus(val_fraction=0.3, root=tmp_path)
+    rows = {
+        path: text
+        for split in ("train", "validation")
+        for path, text in zip(corpus[split]["path"], corpus[split]["text"])
+    }
+    assert len(rows) == 22
+    assert rows["a.py"] == "x = 1\r\ny = 'café'\n"  # \r\n kept, UTF-8 decoded
+    assert rows["pkg/latin1.py"] == "# -*- coding: latin-1 -*-\ns = '\ufffd'\n"  # not UTF-8
+
+
+def test_small_roots_and_cache(tmp_path):
+    root = tmp_path / "src"
+    root.mkdir()
+    for i in range(40):
+        (root / f"m{i:02d}.py").write_text(f"value = {i}\n")
+    cache = tmp_path / "cache"
+    first = build_python_corpus(val_fraction=0.3, root=root, cache_dir=cache)
+    assert (cache / "corpus_meta.json").exists()
+    cached = build_python_corpus(val_fraction=0.3, root=root, cache_dir=cache)
+    assert corpus_fingerprint(first) == corpus_fingerprint(cached)
+    assert len(first["train"]) + len(first["validation"]) == 40
+    with pytest.raises(ValueError, match="was built with"):
+        build_python_corpus(val_fraction=0.2, root=root, cache_dir=cache)
+    with pytest.raises(ValueError, match="split is empty"):
+        build_python_corpus(val_fraction=0.01, root=root, max_files=3)
+    with pytest.raises(ValueError, match="val_fraction"):
+        build_python_corpus(val_fraction=1.5, root=root)
+
+
+def test_max_files_subset_is_fixed(stdlib_corpus):
+    a = build_python_corpus(val_fraction=0.25, max_files=48)
+    b = build_python_corpus(val_fraction=0.25, max_files=48)
+    assert len(a["train"]) + len(a["validation"]) == 48
+    assert list(a["validation"]["path"]) == list(b["validation"]["path"])
+    assert len(a["validation"]) > 0
+    all_paths = set(stdlib_corpus["train"]["path"]) | set(stdlib_corpus["validation"]["path"])
+    assert set(a["train"]["path"]) <= all_paths

