@@ -124,11 +124,12 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         print(f"resuming from {ckpt_path}")
     step0 = 0
     if ckpt_path:
-        step0 = torch.load(ckpt_path, map_location="cpu", weights_only=False)["global_step"]
+        step0 = torch.load(ckpt_path, map_location="cpu", weights_only=False, mmap=True)["global_step"]
 
     t0 = time.perf_counter()
     trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
-    train_time = time.perf_counter() - t0
+    run_time = time.perf_counter() - t0
+    train_time = module.train_time_s()  # across resumed runs
     if not debug:
         trainer.save_checkpoint(last_ckpt)  # the resume point is the final step, always
 
@@ -140,7 +141,6 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     dm_cfg = cfg.data.datamodule
     tokens_per_step = dm_cfg.batch_size * dm_cfg.block_size * cfg.trainer.accumulate_grad_batches
     steps = trainer.global_step
-    tokens_this_run = (steps - step0) * tokens_per_step
 
     model = module.model.float().eval()
     samples = greedy_samples(model, tokenizer, list(cfg.samples.prompts), cfg.samples.max_new_tokens)
@@ -162,8 +162,9 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         "tokens_per_step": tokens_per_step,
         "tokens_seen": steps * tokens_per_step,
         "resumed_from_step": step0,
-        "train_time_s": round(train_time, 2),  # this invocation's fit() only
-        "tokens_per_s": round(tokens_this_run / train_time, 1) if train_time > 0 else None,
+        "train_time_s": round(train_time, 2),  # fit() wall-clock, validation included, all runs
+        "train_time_this_run_s": round(run_time, 2),
+        "tokens_per_s": round(steps * tokens_per_step / train_time, 1) if train_time > 0 else None,
         "val_tokens": int(datamodule.val_targets().size),
         "val_loss": val_loss,
         "val_ppl": math.exp(min(val_loss, 50.0)),
@@ -188,6 +189,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         "steps": steps,
         "tokens_seen": sidecar["tokens_seen"],
         "train_time_s": train_time,
+        "tokens_per_s": sidecar["tokens_per_s"],
         "model_dir": str(model_dir),
         "run_dir": str(run_dir),
     }

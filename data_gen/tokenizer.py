@@ -7,13 +7,14 @@ training stream where every file is `<|bos|> file <|eos|>`.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Iterable
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+
+from eagle.target import tokenizer_hash
 
 BOS, EOS, PAD = "<|bos|>", "<|eos|>", "<|pad|>"
 ROLE_TOKENS = {"system": "<|system|>", "user": "<|user|>", "assistant": "<|assistant|>"}
@@ -80,10 +81,8 @@ def train_bpe_tokenizer(
 
 
 def tokenizer_sha256(tokenizer: PreTrainedTokenizerBase) -> str:
-    """Hash of the tokenizer's vocabulary, merges and special tokens: equal hash, same ids."""
-    state = json.loads(tokenizer.backend_tokenizer.to_str())
-    state = {k: state[k] for k in ("model", "added_tokens", "pre_tokenizer", "post_processor")}
-    return hashlib.sha256(json.dumps(state, sort_keys=True).encode()).hexdigest()
+    """The full-length `eagle.target.tokenizer_hash` (equal hash, same ids)."""
+    return tokenizer_hash(tokenizer, length=64)
 
 
 def build_tokenizer(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, Sampler
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
+
+from eagle.schedules import lr_multiplier
 
 log = logging.getLogger(__name__)
 
@@ -71,14 +74,6 @@ def init_residual_projections(
     return changed
 
 
-def warmup_cosine(step: int, warmup_steps: int, total_steps: int, min_lr_ratio: float) -> float:
-    """LR multiplier: linear warmup from 0 to 1, then cosine decay to `min_lr_ratio`."""
-    if step < warmup_steps:
-        return (step + 1) / warmup_steps
-    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
-    return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-
 class CausalLMModule(L.LightningModule):
     """Next-token training of a Hugging Face causal LM.
 
@@ -114,6 +109,22 @@ class CausalLMModule(L.LightningModule):
             init_residual_projections(self.model, residual_init)
         self._val_nll = 0.0  # summed over the epoch's target tokens
         self._val_count = 0
+        self._time_before = 0.0  # fit() seconds of earlier runs, restored from the checkpoint
+        self._fit_t0: float | None = None
+
+    def train_time_s(self) -> float:
+        """Wall-clock seconds spent in fit() (validation included), across resumed runs."""
+        now = time.perf_counter() - self._fit_t0 if self._fit_t0 is not None else 0.0
+        return self._time_before + now
+
+    def on_fit_start(self) -> None:
+        self._fit_t0 = time.perf_counter()
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["train_time_s"] = self.train_time_s()
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self._time_before = float(checkpoint.get("train_time_s", 0.0))
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids=input_ids, use_cache=False).logits
@@ -169,7 +180,7 @@ class CausalLMModule(L.LightningModule):
             raise ValueError("the LR schedule needs a finite trainer.max_steps (or max_epochs)")
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer,
-            lambda step: warmup_cosine(step, hp.warmup_steps, int(total), hp.min_lr_ratio),
+            lambda step: lr_multiplier(step, hp.warmup_steps, int(total), "cosine", hp.min_lr_ratio),
         )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 

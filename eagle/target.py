@@ -138,11 +138,17 @@ def target_identity(model: nn.Module, tokenizer=None, path: str | None = None) -
     return ident
 
 
-def tokenizer_hash(tokenizer) -> str:
-    """A stable hash of the vocabulary and special tokens: two tokenizers with the same hash
-    map text to the same ids."""
+def tokenizer_hash(tokenizer, length: int = 16) -> str:
+    """A stable hash of what maps text to ids: two tokenizers with the same hash give the
+    same ids. Fast tokenizers hash their model (vocabulary and merges), added tokens and
+    pre/post-processing; others their vocabulary and special tokens."""
     import hashlib
 
-    vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
-    blob = json.dumps([vocab, tokenizer.all_special_tokens], ensure_ascii=False).encode()
-    return hashlib.sha256(blob).hexdigest()[:16]
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        state = json.loads(backend.to_str())
+        blob = {k: state.get(k) for k in ("model", "added_tokens", "pre_tokenizer", "post_processor")}
+    else:
+        blob = {"vocab": sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1]),
+                "special": tokenizer.all_special_tokens}
+    return hashlib.sha256(json.dumps(blob, sort_keys=True, ensure_ascii=False).encode()).hexdigest()[:length]

@@ -18,7 +18,8 @@ from data_gen.features import FeatureDumpError, FeatureShards
 from data_gen.tokenizer import train_bpe_tokenizer
 from eagle import metrics
 from eagle.checkpoint import load_drafter
-from eagle.drafter_module import EagleDrafterModule, collate, lr_multiplier, shift_batch
+from eagle.drafter_module import EagleDrafterModule, collate, shift_batch
+from eagle.schedules import lr_multiplier
 from eagle.target import load_target
 from train import train
 
