@@ -1,6 +1,6 @@
 """Decode with any method (streaming), or benchmark every method side by side.
 
-    python decode.py prompt="def fib(n):" method=eagle      # streams each accepted block
+    python decode.py "prompt='def fib(n):'" method=eagle    # streams each accepted block
     python decode.py method=vanilla temperature=0.8 top_p=0.95
     python decode.py mode=benchmark                         # writes results.json/.md + plots
 
