@@ -54,7 +54,7 @@ class Models:
         cfg = self.cfg
         target, tokenizer = self.target(dtype)
         spec = MethodSpec(tree=cfg.tree, draft_tree=cfg.draft_tree, proposal=cfg.proposal,
-                          drafter=cfg.drafter_path, random_drafter=cfg.random_drafter, draft_lm=cfg.draft_lm,
+                          drafter=cfg.drafter_path, random_drafter=cfg.random_drafter,
                           prompt_lookup_tokens=cfg.prompt_lookup_tokens,
                           prompt_lookup_ngram=cfg.prompt_lookup_ngram, tree_dirs=(str(TREE_DIR),))
         draft = self.draft(dtype) if name in ("draft", "hf_assisted") else None

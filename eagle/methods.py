@@ -124,7 +124,6 @@ class MethodSpec:
     proposal: str = "topk"               # "topk" | "sample": how children are drawn under sampling
     drafter: str | None = None           # EAGLE checkpoint directory
     random_drafter: bool = False         # explicit: decode with an untrained drafter (losslessness checks)
-    draft_lm: str | None = None          # small LM directory for draft / hf_assisted
     prompt_lookup_tokens: int = 10
     prompt_lookup_ngram: int = 3
     tree_dirs: tuple[str, ...] = ()
