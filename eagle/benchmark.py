@@ -55,6 +55,8 @@ class MethodResult:
     other_frac: float = 0.0
     accepted_hist: list[int] = field(default_factory=list)
     acceptance_by_depth: list[float] = field(default_factory=list)  # P(accepted >= d), d = 1..
+    tree_parents: list[int] | None = None  # the fixed draft tree (node 0 = root), if the method has one
+    acceptance_by_node: list[float] | None = None  # P(node i on the accepted path), i = 0..N, full-tree rounds
     peak_memory_mb: float = 0.0
     identical_to_reference: float | None = None  # greedy: fraction of prompts equal to vanilla/hf output
 
@@ -78,6 +80,21 @@ def peak_memory_mb(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # process peak RSS (KB on Linux)
 
 
+def acceptance_by_node(parents: Sequence[int], outcomes: list[Outcome]) -> list[float]:
+    """Share of rounds in which each node of a fixed tree lies on the accepted path (the root:
+    1.0). Only rounds that scored the whole tree count (the last round may draft fewer)."""
+    n = len(parents)
+    hits, rounds = [0] * n, 0
+    for o in outcomes:
+        for path, size in zip(o.paths, o.tree_sizes):
+            if size != n - 1:
+                continue
+            rounds += 1
+            for i in path:
+                hits[i] += 1
+    return [h / max(rounds, 1) for h in hits]
+
+
 def summarise(method: Method, dtype: str, outcomes: list[Outcome]) -> MethodResult:
     tokens = sum(len(o.tokens) for o in outcomes)
     seconds = sum(o.seconds for o in outcomes)
@@ -96,6 +113,8 @@ def summarise(method: Method, dtype: str, outcomes: list[Outcome]) -> MethodResu
         other_frac=max(0.0, 1 - (draft + verify) / seconds) if seconds and (draft or verify) else 0.0,
         accepted_hist=hist,
         acceptance_by_depth=[sum(hist[d:]) / max(len(accepted), 1) for d in range(1, depth + 1)],
+        tree_parents=list(method.tree_parents) if method.tree_parents else None,
+        acceptance_by_node=acceptance_by_node(method.tree_parents, outcomes) if method.tree_parents else None,
     )
 
 

@@ -102,6 +102,7 @@ class RoundStats:
     tree_size: int
     draft_s: float
     verify_s: float
+    path: tuple[int, ...] = (0,)  # accepted node indices from the root (0), in tree order
 
 
 @dataclass
@@ -242,7 +243,8 @@ class SpeculativeDecoder:
             if on_commit:
                 on_commit(block)
             stats.rounds.append(RoundStats(accepted=len(path) - 1, committed=len(block),
-                                           tree_size=tree.size, draft_s=t1 - t0, verify_s=t2 - t1))
+                                           tree_size=tree.size, draft_s=t1 - t0, verify_s=t2 - t1,
+                                           path=tuple(path)))
             if done:
                 break
             self.proposer.accept(state, tree, path)

@@ -39,6 +39,8 @@ class Outcome:
     draft_s: float = 0.0
     verify_s: float = 0.0
     accepted: list[int] = field(default_factory=list)  # draft tokens accepted per round
+    paths: list[tuple[int, ...]] = field(default_factory=list)  # accepted node indices per round
+    tree_sizes: list[int] = field(default_factory=list)  # draft nodes scored per round
 
     @property
     def tau(self) -> float:
@@ -50,6 +52,7 @@ class Method:
 
     name: str = "method"
     lossless: bool = True  # distribution-preserving by construction (proved by the test suite)
+    tree_parents: tuple[int, ...] | None = None  # the fixed draft tree's parent list, if any
 
     def __init__(self, name: str, target: nn.Module, eos_token_id):
         self.name, self.target, self.eos_token_id = name, target, eos_token_id
@@ -63,9 +66,9 @@ class EngineMethod(Method):
     """A proposer run by the speculative loop (vanilla when `proposer` is None)."""
 
     def __init__(self, name: str, target: nn.Module, eos_token_id, proposer: Proposer | None = None,
-                 tree_size: int = 0):
+                 tree_size: int = 0, tree_parents: tuple[int, ...] | None = None):
         super().__init__(name, target, eos_token_id)
-        self.proposer, self.tree_size = proposer, tree_size
+        self.proposer, self.tree_size, self.tree_parents = proposer, tree_size, tree_parents
 
     def generate(self, prompt, max_new_tokens, policy, generator=None, on_commit=None) -> Outcome:
         decoder = SpeculativeDecoder(self.target, self.proposer, policy, eos_token_id=self.eos_token_id)
@@ -76,7 +79,8 @@ class EngineMethod(Method):
 
 def outcome_from_stats(tokens: list[int], stats: DecodeStats) -> Outcome:
     return Outcome(tokens=tokens, seconds=stats.total_s, forwards=len(stats.rounds), draft_s=stats.draft_s,
-                   verify_s=stats.verify_s, accepted=[r.accepted for r in stats.rounds])
+                   verify_s=stats.verify_s, accepted=[r.accepted for r in stats.rounds],
+                   paths=[r.path for r in stats.rounds], tree_sizes=[r.tree_size for r in stats.rounds])
 
 
 class HFMethod(Method):
@@ -154,7 +158,8 @@ def build_method(name: str, target: nn.Module, tokenizer, spec: MethodSpec, targ
             return HFMethod(name, target, eos, assistant_model=draft_model)
         template = resolve_tree(spec.draft_tree, spec.tree_dirs)
         proposer = TemplateProposer(DraftLM(draft_model), template, proposal=spec.proposal, name="draft")
-        return EngineMethod(name, target, eos, proposer, tree_size=template.num_nodes)
+        return EngineMethod(name, target, eos, proposer, tree_size=template.num_nodes,
+                            tree_parents=tuple(template.parents))
     # eagle
     from eagle.checkpoint import load_drafter
     from eagle.drafter import EagleDrafter
@@ -169,4 +174,4 @@ def build_method(name: str, target: nn.Module, tokenizer, spec: MethodSpec, targ
         raise MethodError("method 'eagle' needs a trained drafter (drafter_path=DIR) or, explicitly, random_drafter=true")
     drafter.to(next(target.parameters()).dtype)
     return EngineMethod(name, target, eos, eagle_proposer(drafter, template, proposal=spec.proposal),
-                        tree_size=template.num_nodes)
+                        tree_size=template.num_nodes, tree_parents=tuple(template.parents))

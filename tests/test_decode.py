@@ -65,9 +65,24 @@ def test_benchmark_every_method_writes_report(models, tmp_path):
     greedy = report["runs"][0]["methods"]
     for name in METHODS:  # all fp32 here: every method must reproduce the reference text
         assert greedy[name]["identical_to_reference"] == 1.0, name
+    eagle = greedy["eagle"]
+    parents, by_node = eagle["tree_parents"], eagle["acceptance_by_node"]
+    assert len(by_node) == len(parents) and by_node[0] == 1.0
+    assert all(by_node[i] <= by_node[p] + 1e-12 for i, p in enumerate(parents) if p >= 0)
+    assert greedy["vanilla"]["acceptance_by_node"] is None
     assert "| eagle |" in (out / "results.md").read_text()
     for png in ("speedup.png", "tau.png", "acceptance.png"):
         assert (out / png).stat().st_size > 1000
+
+
+def test_acceptance_by_node_counts_full_tree_rounds():
+    from eagle.benchmark import acceptance_by_node
+    from eagle.methods import Outcome
+
+    parents = [-1, 0, 0, 1]  # root; two children; a grandchild under node 1
+    a = Outcome(tokens=[0] * 5, seconds=1.0, forwards=3, paths=[(0, 1, 3), (0, 2), (0,)], tree_sizes=[3, 3, 3])
+    b = Outcome(tokens=[0] * 2, seconds=1.0, forwards=2, paths=[(0, 1), (0, 2)], tree_sizes=[3, 1])  # 2nd: cut tree
+    assert acceptance_by_node(parents, [a, b]) == [1.0, 0.5, 0.25, 0.25]
 
 
 def test_greedy_methods_identical_to_hf_generate(models, tmp_path):
