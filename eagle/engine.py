@@ -9,6 +9,10 @@ Each round:
      correction, or the bonus token at a leaf), greedy or by SpecInfer's multi-round rule;
   4. only the accepted path's KV stays in the target cache; the proposer is told the path.
 
+How the target runs and keeps its KV is the runner's business (`eagle.target_runner`): a
+growing Hugging Face cache (`DynamicRunner`, the default) or a preallocated, position-indexed
+one with fixed shapes that can be compiled (`StaticRunner`). The loop is the same.
+
 Vanilla decoding is a proposer that drafts nothing: the same loop, cache and forward, so
 speed ratios compare like with like. `tau` = tokens committed per verification forward
 (bonus/correction token included; the prefill forward is not a round).
@@ -24,13 +28,10 @@ import torch
 from torch import Tensor, nn
 
 from eagle.acceptance import verify_tree_greedy, verify_tree_stochastic
-from eagle.kv_cache import cache_length, keep_path, new_cache, tree_attention_mask
 from eagle.sampling import SamplingPolicy
-from eagle.target import target_forward
+from eagle.target_runner import ContextOverflowError, DynamicRunner, TargetRunner
 
-
-class ContextOverflowError(ValueError):
-    """The request cannot fit in the target's context (said before decoding starts)."""
+__all__ = ["ContextOverflowError", "DecodeState", "DraftTree", "Proposer", "SpeculativeDecoder"]
 
 
 @dataclass
@@ -69,6 +70,7 @@ class DecodeState:
     policy: SamplingPolicy
     vocab_size: int
     generator: torch.Generator | None = None
+    max_len: int = 0  # slots of the target's cache for this sequence: static draft caches match it
 
 
 class Proposer:
@@ -143,20 +145,6 @@ class DecodeResult:
     stats: DecodeStats
 
 
-def _tree_geometry(parents: Sequence[int], device) -> tuple[Tensor, Tensor, bool]:
-    """(ancestor-or-self mask (n, n) bool, depths (n,) long, is_chain) of a parent list."""
-    n = len(parents)
-    mask = torch.zeros(n, n, dtype=torch.bool)
-    depth = [0] * n
-    for i, par in enumerate(parents):
-        if par >= 0:
-            mask[i] = mask[par]
-            depth[i] = depth[par] + 1
-        mask[i, i] = True
-    is_chain = all(par == i - 1 for i, par in enumerate(parents))
-    return mask.to(device), torch.tensor(depth, device=device), is_chain
-
-
 class SpeculativeDecoder:
     """Decode a target with any proposer, exactly (greedy or sampled).
 
@@ -165,11 +153,14 @@ class SpeculativeDecoder:
         proposer: the drafting method; None means vanilla decoding.
         policy: the sampling policy for both p (target) and q (proposer).
         eos_token_id: one id or several; decoding stops after the first one emitted.
+        runner: how the target runs and keeps its KV; None is a fresh `DynamicRunner`.
     """
 
     def __init__(self, target: nn.Module, proposer: Proposer | None = None,
-                 policy: SamplingPolicy | None = None, eos_token_id: int | Sequence[int] | None = None):
+                 policy: SamplingPolicy | None = None, eos_token_id: int | Sequence[int] | None = None,
+                 runner: TargetRunner | None = None):
         self.target = target
+        self.runner = runner or DynamicRunner(target)
         self.proposer = proposer or VanillaProposer()
         self.policy = policy or SamplingPolicy()
         if eos_token_id is None:
@@ -177,7 +168,6 @@ class SpeculativeDecoder:
         eos = [] if eos_token_id is None else ([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id))
         self.eos = set(eos)
         self.max_context = getattr(target.config, "max_position_embeddings", None)
-        self._geometry: dict[tuple[int, ...], tuple[Tensor, Tensor, bool]] = {}
 
     def check_fits(self, prompt_len: int, max_new_tokens: int, tree_size: int) -> None:
         if prompt_len == 0:
@@ -188,11 +178,6 @@ class SpeculativeDecoder:
                 f"prompt ({prompt_len}) + max_new_tokens ({max_new_tokens}) + tree ({tree_size + 1}) = {need} "
                 f"tokens exceed the target's context of {self.max_context}")
 
-    def geometry(self, parents: tuple[int, ...], device) -> tuple[Tensor, Tensor, bool]:
-        if parents not in self._geometry:
-            self._geometry[parents] = _tree_geometry(parents, device)
-        return self._geometry[parents]
-
     @torch.inference_mode()
     def generate(self, input_ids: Tensor | Sequence[int], max_new_tokens: int,
                  generator: torch.Generator | None = None, tree_size_hint: int = 0,
@@ -202,18 +187,18 @@ class SpeculativeDecoder:
         `on_commit` receives each committed block of tokens (streaming output).
         """
         ids = torch.as_tensor(input_ids, dtype=torch.long).reshape(-1).tolist()
-        self.check_fits(len(ids), max_new_tokens, tree_size_hint)
+        tree_size = max(tree_size_hint, self.runner.tree_size)
+        self.check_fits(len(ids), max_new_tokens, tree_size)
         device = next(self.target.parameters()).device
-        policy, stats = self.policy, DecodeStats(prompt_len=len(ids))
+        policy, stats, runner = self.policy, DecodeStats(prompt_len=len(ids)), self.runner
         start = time.perf_counter()
 
         # Prefill: the whole prompt enters the cache; its last logits give the first token.
-        cache = new_cache(self.target)
-        out = target_forward(self.target, torch.tensor([ids], device=device), cache,
-                             logits_slice=slice(-1, None))
+        out = runner.prefill(torch.tensor([ids], device=device), len(ids) + max_new_tokens + tree_size + 1)
         first = self._sample(out.logits[0, -1], generator)
         state = DecodeState(tokens=ids + [first], prompt_len=len(ids), new_features=out.features,
-                            policy=policy, vocab_size=out.logits.shape[-1], generator=generator)
+                            policy=policy, vocab_size=out.logits.shape[-1], generator=generator,
+                            max_len=runner.capacity)
         new_tokens = [first]
         if on_commit:
             on_commit([first])
@@ -226,8 +211,9 @@ class SpeculativeDecoder:
         while True:
             t0 = time.perf_counter()
             tree = self.proposer.propose(state)
+            _sync(device)  # GPU work is asynchronous: charge drafting kernels to drafting
             t1 = time.perf_counter()
-            path, next_token, features = self._verify(state, tree, cache, generator)
+            path, next_token, features = self._verify(state, tree, generator)
             t2 = time.perf_counter()
 
             block = tree.tokens[[i - 1 for i in path[1:]]].tolist() + [next_token]
@@ -248,6 +234,7 @@ class SpeculativeDecoder:
             if done:
                 break
             self.proposer.accept(state, tree, path)
+            _sync(device)
             stats.rounds[-1].draft_s += time.perf_counter() - t2  # proposer bookkeeping is drafting work
         stats.total_s = time.perf_counter() - start
         return DecodeResult(tokens=new_tokens, stats=stats)
@@ -257,7 +244,7 @@ class SpeculativeDecoder:
             return int(logits.argmax())
         return int(self.policy.sample(self.policy.probs(logits.float()), generator))
 
-    def _verify(self, state: DecodeState, tree: DraftTree, cache, generator):
+    def _verify(self, state: DecodeState, tree: DraftTree, generator):
         """Score root + tree in one target forward, accept a path, keep only its KV.
 
         Returns:
@@ -265,17 +252,9 @@ class SpeculativeDecoder:
             emitted after them, and the target features of the path's nodes (1, len(path), H).
         """
         device = next(self.target.parameters()).device
-        prefix = cache_length(cache)
         root = torch.tensor([state.tokens[-1]], device=device)
         x = torch.cat([root, tree.tokens.to(device)])[None]  # (1, n)
-        anc, depth, is_chain = self.geometry(tree.parents, device)
-        if is_chain:  # the causal mask and default positions are the tree's: skip building them
-            out = target_forward(self.target, x, cache)
-        else:
-            dtype = next(self.target.parameters()).dtype
-            mask = tree_attention_mask(prefix, anc, dtype)
-            out = target_forward(self.target, x, cache, attention_mask=mask,
-                                 position_ids=(prefix + depth)[None])
+        out = self.runner.verify(x, tree.parents)
         logits = out.logits[0]  # (n, V)
         parents = list(tree.parents)
         tokens = x[0]
@@ -290,5 +269,10 @@ class SpeculativeDecoder:
             else:
                 q_full = torch.cat([torch.zeros_like(p[:1]), tree.q.to(p)])  # (n, V)
             path, next_token = verify_tree_stochastic(parents, tokens, p, q_full, generator)
-        keep_path(cache, prefix, path)
+        self.runner.commit(path)
         return path, int(next_token), out.features[:, path]
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

@@ -1,5 +1,6 @@
 """The decoding loop is lossless: greedy output equals `model.generate(do_sample=False)`
-token for token, and sampled output follows the target's own distribution."""
+token for token, and sampled output follows the target's own distribution, with either
+target runner (a growing Hugging Face cache, or the static position-indexed one)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ import torch
 from conftest import chi2_pvalue, make_tiny_model
 
 from eagle.engine import ContextOverflowError, DecodeState, DraftTree, Proposer, SpeculativeDecoder
-from eagle.kv_cache import cache_length
 from eagle.proposers import DraftLM, PromptLookupProposer, TemplateProposer
 from eagle.sampling import SamplingPolicy
+from eagle.target_runner import DynamicRunner, StaticRunner
 from eagle.tree import TreeTemplate
 
 TREES = Path(__file__).resolve().parents[1] / "configs" / "tree"
@@ -37,6 +38,19 @@ class RandomProposer(Proposer):
 
 def tree(name: str) -> TreeTemplate:
     return TreeTemplate.from_file(TREES / f"{name}.yaml")
+
+
+def make_runner(cache: str, target, proposer=None):
+    """A target runner of kind `cache`; the static one is sized for `proposer`'s largest tree
+    (prompt lookup's trees vary in size, so they are padded to it)."""
+    if cache == "dynamic":
+        return DynamicRunner(target)
+    size = 0
+    if isinstance(proposer, PromptLookupProposer):
+        size = proposer.num_tokens
+    elif proposer is not None:
+        size = proposer.template.num_nodes
+    return StaticRunner(target, tree_size=size)
 
 
 def proposers(family: str, target):
@@ -71,8 +85,9 @@ def hf_greedy(model, prompt: list[int], max_new_tokens: int, eos: int | None) ->
     return out[0, len(prompt):].tolist()
 
 
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
 @pytest.mark.parametrize("family", ["llama", "mistral", "qwen2"])
-def test_greedy_identical_to_generate(family):
+def test_greedy_identical_to_generate(family, cache):
     target = make_tiny_model(family)
     vocab = target.config.vocab_size
     cases = []  # (prompt, max_new_tokens, eos)
@@ -85,34 +100,49 @@ def test_greedy_identical_to_generate(family):
         cases.append((prompt, max_new, eos, hf_greedy(target, prompt, max_new, eos) if eos is not None else ref))
     for name, proposer in proposers(family, target).items():
         accepted = 0
+        runner = make_runner(cache, target, proposer)  # one per proposer: stale slots of earlier prompts stay
         for prompt, max_new, eos, ref in cases:
-            decoder = SpeculativeDecoder(target, proposer, SamplingPolicy(), eos_token_id=eos if eos is not None else [])
+            decoder = SpeculativeDecoder(target, proposer, SamplingPolicy(), eos_token_id=eos if eos is not None else [],
+                                         runner=runner)
             res = decoder.generate(prompt, max_new, tree_size_hint=25)
-            assert res.tokens == ref, f"{family}/{name}: prompt of {len(prompt)} tokens, max_new {max_new}, eos {eos}"
+            assert res.tokens == ref, f"{family}/{name}/{cache}: prompt of {len(prompt)} tokens, max_new {max_new}, eos {eos}"
             accepted += sum(r.accepted for r in res.stats.rounds)
         if name.startswith("oracle"):
             assert accepted > 100, "the oracle should accept long paths"
 
 
-def test_oracle_accepts_full_depth_and_cache_has_no_branch_trace():
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_oracle_accepts_full_depth_and_cache_has_no_branch_trace(cache):
+    """After every round the committed KV equals that of a clean forward over the committed
+    tokens: rejected branches left nothing in it (and the static cache erased nothing: stale
+    slots past the committed length are only hidden)."""
     target = make_tiny_model("llama")
+    # the oracle accepts rank-0 paths (nodes 1, 5, 13, ...: moved down in the cache) and rejects the rest
     proposer = TemplateProposer(DraftLM(target), tree("eagle_default"))
-    prompt = prompts(3, target.config.vocab_size)[2]
-    decoder = SpeculativeDecoder(target, proposer, eos_token_id=[])
-    lengths = []
-    original = decoder._verify
+    runner = make_runner(cache, target, proposer)
+    decoder = SpeculativeDecoder(target, proposer, eos_token_id=[], runner=runner)
+    original, stale, checked = decoder._verify, [], []
 
-    def spy(state, tree_, cache, generator):
-        out = original(state, tree_, cache, generator)
-        lengths.append((cache_length(cache), len(state.tokens), len(out[0])))
+    def spy(state, tree_, generator):
+        out = original(state, tree_, generator)
+        path = out[0]
+        committed = state.tokens + tree_.tokens[[i - 1 for i in path[1:]]].tolist()  # root included
+        assert runner.length == len(committed)  # the committed tokens and the accepted path only
+        clean = DynamicRunner(target)
+        clean.prefill(torch.tensor([committed]), len(committed))
+        for layer in range(target.config.num_hidden_layers):
+            for got, want in zip(runner.committed_kv(layer), clean.committed_kv(layer)):
+                torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        if cache == "static":  # the rejected nodes' KV is still there, hidden by the mask
+            stale.append(bool(runner.cache.kv[:, :, :, :, runner.length:runner.length + tree_.size].abs().sum() > 0))
+        checked.append(len(path))
         return out
 
     decoder._verify = spy
-    res = decoder.generate(prompt, 30)
+    res = decoder.generate(prompts(3, target.config.vocab_size)[2], 30)
     assert res.stats.rounds[0].accepted == 5  # the whole depth of the default tree
-    for cache_len, committed_before, path_len in lengths:
-        # the cache holds the committed tokens and the accepted path only: no rejected node
-        assert cache_len == committed_before - 1 + path_len
+    assert len(checked) == len(res.stats.rounds) > 3
+    assert all(stale)
 
 
 def test_tau_and_stats_are_consistent():
@@ -161,10 +191,11 @@ POLICIES = {"t1": SamplingPolicy(temperature=1.0), "topk": SamplingPolicy(temper
             "topp": SamplingPolicy(temperature=1.0, top_p=0.8)}
 
 
-@pytest.mark.parametrize("policy_name,kind", [("t1", "draft_sample"), ("topk", "draft_sample"),
-                                              ("topp", "draft_sample"), ("t1", "draft_topk"),
-                                              ("topk", "random"), ("topp", "oracle")])
-def test_sampled_tokens_follow_target_distribution(policy_name, kind):
+@pytest.mark.parametrize("policy_name,kind,cache", [
+    ("t1", "draft_sample", "dynamic"), ("topk", "draft_sample", "dynamic"), ("topp", "draft_sample", "dynamic"),
+    ("t1", "draft_topk", "dynamic"), ("topk", "random", "dynamic"), ("topp", "oracle", "dynamic"),
+    ("topk", "random", "static")])
+def test_sampled_tokens_follow_target_distribution(policy_name, kind, cache):
     policy = POLICIES[policy_name]
     target = make_tiny_model("llama", vocab_size=5, seed=3)
     draft = make_tiny_model("llama", vocab_size=5, seed=4, num_hidden_layers=1)
@@ -176,7 +207,7 @@ def test_sampled_tokens_follow_target_distribution(policy_name, kind):
         "oracle": TemplateProposer(DraftLM(target), small_tree, proposal="sample"),
     }[kind]
     prompt, n, runs = [1, 3, 2], 3, 1000
-    decoder = SpeculativeDecoder(target, proposer, policy, eos_token_id=[])
+    decoder = SpeculativeDecoder(target, proposer, policy, eos_token_id=[], runner=make_runner(cache, target, proposer))
     g = torch.Generator().manual_seed(1234)
     counts: dict[tuple, int] = {}
     for _ in range(runs):
@@ -185,4 +216,4 @@ def test_sampled_tokens_follow_target_distribution(policy_name, kind):
     expected = exact_joint(target, prompt, policy, n)
     assert set(counts) <= {s for s, pr in expected.items() if pr > 0}, "emitted a sequence of probability 0"
     pvalue = chi2_pvalue(counts, expected, runs)
-    assert pvalue > 1e-3, f"{kind}: chi2 p-value {pvalue:.2e}"
+    assert pvalue > 1e-3, f"{kind}/{cache}: chi2 p-value {pvalue:.2e}"

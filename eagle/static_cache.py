@@ -1,0 +1,116 @@
+"""A preallocated, position-indexed KV cache for static-shape decoding (gpt-fast style).
+
+Every layer's keys and values live in one buffer of fixed length `max_len`. A forward of n
+tokens writes their KV at slots the caller chooses (`prepare`), and attention always reads
+all `max_len` slots through an additive mask of that fixed width, so each forward's shapes
+depend on n and `max_len` only: a compiler (and CUDA graphs) sees the same graph every round.
+
+Nothing is ever erased. Slots past the committed length hold stale KV (rejected tree nodes,
+padding, an earlier sequence); the mask hides them and later writes overwrite them. After a
+verification `move` copies the accepted path's KV down next to the committed prefix.
+
+Hugging Face attention layers talk to it like any cache object: `update(key, value,
+layer_idx, ...)` stores the new KV and returns the full buffers. The model itself never
+builds a mask or positions from it: the caller always passes a 4-D mask and position ids,
+which every transformers 5.x release uses as given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+
+def window_mask(start: Tensor | int, visible: Tensor, max_len: int, dtype: torch.dtype) -> Tensor:
+    """Additive mask (1, 1, m, max_len) for m queries on a position-indexed cache.
+
+    Slots before `start` (the committed context) are visible to every query; the S slots
+    start..start+S-1 follow `visible` (m, S) bool; every later slot is hidden. `start` may be
+    a 0-d tensor, so one compiled graph serves every committed length.
+    """
+    s = visible.shape[1]
+    rel = torch.arange(max_len, device=visible.device) - start  # (max_len,) slot relative to start
+    inside = (rel >= 0) & (rel < s)
+    seen = (visible[:, rel.clamp(0, s - 1)] & inside) | (rel < 0)  # (m, max_len)
+    mask = torch.zeros(seen.shape, dtype=dtype, device=visible.device)
+    return mask.masked_fill(~seen, torch.finfo(dtype).min)[None, None]  # min, not -inf: no all -inf row
+
+
+class StaticKVCache:
+    """K/V of every layer in one buffer (L, 2, 1, H_kv, max_len, D), indexed by slot.
+
+    Args:
+        num_layers, kv_heads, head_dim: the attention shape of the model it serves.
+        max_len: slots per layer; fixed for the cache's lifetime.
+    """
+
+    def __init__(self, num_layers: int, kv_heads: int, head_dim: int, max_len: int,
+                 dtype: torch.dtype, device: torch.device | str):
+        self.max_len, self.dtype = max_len, dtype
+        self.kv = torch.zeros(num_layers, 2, 1, kv_heads, max_len, head_dim, dtype=dtype, device=device)
+        # a fixed address: compiled graphs (and CUDA graphs) mutate it in place instead of copying it
+        torch._dynamo.mark_static_address(self.kv)
+        self.slots = torch.zeros(0, dtype=torch.long, device=device)  # where the next forward writes
+        self.length = 0  # committed entries (slots 0..length-1); bookkeeping of the owner
+
+    @classmethod
+    def for_config(cls, config, max_len: int, dtype: torch.dtype, device, num_layers: int | None = None):
+        """Sized for a Hugging Face decoder config (Llama, Mistral, Qwen2 and look-alikes)."""
+        heads = config.num_attention_heads
+        return cls(num_layers=num_layers or config.num_hidden_layers,
+                   kv_heads=getattr(config, "num_key_value_heads", None) or heads,
+                   head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
+                   max_len=max_len, dtype=dtype, device=device)
+
+    def fits(self, num_layers: int, max_len: int, dtype: torch.dtype, device) -> bool:
+        return (self.kv.shape[0] == num_layers and self.max_len == max_len and self.dtype == dtype
+                and self.kv.device == torch.device(device))
+
+    def prepare(self, start: Tensor | int, visible: Tensor) -> Tensor:
+        """Aim the next forward's n = visible.shape[0] writes at the last n of the S slots after
+        `start`, and return that forward's mask (1, 1, n, max_len) (see `window_mask`)."""
+        n, s = visible.shape
+        self.slots = start + (s - n) + torch.arange(n, device=self.kv.device)  # (n,)
+        return window_mask(start, visible, self.max_len, self.dtype)
+
+    def update(self, key_states: Tensor, value_states: Tensor, layer_idx: int, *args, **kwargs):
+        """Called by each attention layer with its new (1, H_kv, n, D) keys and values;
+        returns the whole layer (1, H_kv, max_len, D) for attention under the mask."""
+        keys, values = self.kv[layer_idx, 0], self.kv[layer_idx, 1]
+        keys.index_copy_(2, self.slots, key_states)
+        values.index_copy_(2, self.slots, value_states)
+        return keys, values
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.length
+
+    def move(self, src: Tensor, dst_start: int) -> None:
+        """Copy the entries at slots `src` (k,) to slots dst_start..dst_start+k-1, all layers at
+        once (a gather, then an index copy: overlapping ranges are safe)."""
+        dst = torch.arange(dst_start, dst_start + src.numel(), device=self.kv.device)
+        self.kv.index_copy_(4, dst, self.kv.index_select(4, src.to(self.kv.device)))
+
+
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # torch.compile modes that capture CUDA graphs
+
+
+def compile_static(fn: Callable, mode: str | None) -> Callable:
+    """`fn` compiled for fixed shapes (a new shape compiles a new graph, never a dynamic one).
+
+    mode None returns `fn` unchanged (eager). With CUDA graphs ("reduce-overhead") each call
+    starts a new graph step and its tensor outputs are cloned: a later replay overwrites a
+    graph's outputs, and callers keep some (features, drafted hidden states) across calls.
+    """
+    if mode is None:
+        return fn
+    compiled = torch.compile(fn, mode=None if mode == "default" else mode, dynamic=False)
+    if mode not in CUDA_GRAPH_MODES:
+        return compiled
+
+    def run(*args):
+        torch.compiler.cudagraph_mark_step_begin()
+        return tuple(t.clone() for t in compiled(*args))
+
+    return run

@@ -1,0 +1,227 @@
+"""How the decoding loop runs the target and keeps its KV: two interchangeable runners.
+
+The loop (`eagle.engine`) asks a runner for three things:
+  prefill(prompt)         the prompt's KV enters the cache; logits of its last position and
+                          the features of every position come back;
+  verify(root + tree)     one forward of the root and the draft tree on top of the committed
+                          cache (tree mask, positions = committed length + depth); the logits
+                          and features of every node come back;
+  commit(path)            only the accepted path joins the committed cache.
+
+`DynamicRunner` uses a Hugging Face `DynamicCache` that grows by the tree every round and is
+compacted and cropped afterwards (`eagle.kv_cache.keep_path`); every round has new shapes.
+`StaticRunner` uses a preallocated, position-indexed `StaticKVCache`: the tree is padded to
+a fixed width, attention always spans the whole buffer, and rejected nodes are hidden by the
+mask rather than erased, so every round runs the same graph, which `torch.compile` (and CUDA
+graphs) can capture. Both give the same tokens: the tests run every exactness test on both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from eagle.kv_cache import cache_length, keep_path, new_cache, tree_attention_mask
+from eagle.static_cache import StaticKVCache, compile_static
+from eagle.target import TargetOutput, target_forward
+
+
+class ContextOverflowError(ValueError):
+    """The request cannot fit in the target's context (said before decoding starts)."""
+
+
+@dataclass(frozen=True)
+class TreeGeometry:
+    ancestors: Tensor  # (n, n) bool: node i sees node j (ancestor or self)
+    depth: Tensor      # (n,) long: position offset of each node from the root
+    is_chain: bool     # node i's parent is i - 1 for every i: plain causal attention
+
+
+def tree_geometry(parents: Sequence[int], device, width: int | None = None) -> TreeGeometry:
+    """The geometry of a parent list, padded to `width` nodes: padding nodes see only
+    themselves (no real node sees them) and sit at depth 0."""
+    n = len(parents)
+    width = n if width is None else width
+    anc = torch.eye(width, dtype=torch.bool)
+    depth = [0] * width
+    for i, par in enumerate(parents):
+        if par >= 0:
+            anc[i] |= anc[par]
+            depth[i] = depth[par] + 1
+    is_chain = all(par == i - 1 for i, par in enumerate(parents))
+    return TreeGeometry(anc.to(device), torch.tensor(depth, device=device), is_chain)
+
+
+def sliding_window(config) -> int | None:
+    """The attention window of a config whose layers use one, else None."""
+    window = getattr(config, "sliding_window", None)
+    types = getattr(config, "layer_types", None)
+    if not window or getattr(config, "use_sliding_window", True) is False or (
+            types and "sliding_attention" not in types):
+        return None
+    return int(window)
+
+
+class TargetRunner:
+    """Runs the target for the decoding loop; `length` = tokens in the committed cache."""
+
+    length: int = 0
+    tree_size: int = 0  # draft nodes every verification is padded to (0: any size, unpadded)
+
+    def __init__(self, target: nn.Module):
+        self.target = target
+        self.device = next(target.parameters()).device
+        self._geometry: dict[tuple[int, ...], TreeGeometry] = {}
+
+    def geometry(self, parents: tuple[int, ...], width: int | None = None) -> TreeGeometry:
+        if parents not in self._geometry:
+            self._geometry[parents] = tree_geometry(parents, self.device, width)
+        return self._geometry[parents]
+
+    def prefill(self, ids: Tensor, max_len: int) -> TargetOutput:
+        """Fill the cache with the prompt ids (1, T) for a sequence that may reach `max_len`
+        tokens (tree included). Returns logits (1, 1, V) of the last position and features (1, T, H)."""
+        raise NotImplementedError
+
+    @property
+    def capacity(self) -> int:
+        """Most tokens (tree included) the current sequence may reach."""
+        raise NotImplementedError
+
+    def verify(self, tokens: Tensor, parents: tuple[int, ...]) -> TargetOutput:
+        """Score root + tree tokens (1, n) with parent list `parents` (len n) on top of the
+        committed cache. Returns logits (1, n, V) and features (1, n, H)."""
+        raise NotImplementedError
+
+    def commit(self, path: list[int]) -> None:
+        """Keep the KV of tree nodes `path` (increasing indices, root first) after the
+        committed prefix; nothing else of the last verification stays visible."""
+        raise NotImplementedError
+
+    def committed_kv(self, layer: int) -> tuple[Tensor, Tensor]:
+        """Keys and values (1, H_kv, length, D) of the committed tokens in one layer."""
+        raise NotImplementedError
+
+
+class DynamicRunner(TargetRunner):
+    """A Hugging Face `DynamicCache`: the tree's KV is appended, then compacted and cropped."""
+
+    def __init__(self, target: nn.Module):
+        super().__init__(target)
+        self.cache = None
+        self._capacity = self._prefix = 0
+
+    @property
+    def length(self) -> int:
+        return cache_length(self.cache)
+
+    @property
+    def capacity(self) -> int:
+        return self._capacity
+
+    def prefill(self, ids: Tensor, max_len: int) -> TargetOutput:
+        self.cache, self._capacity = new_cache(self.target), max_len
+        return target_forward(self.target, ids.to(self.device), self.cache, logits_slice=slice(-1, None))
+
+    def verify(self, tokens: Tensor, parents: tuple[int, ...]) -> TargetOutput:
+        geo = self.geometry(parents)
+        self._prefix = prefix = self.length  # the cache grows by the tree until `commit`
+        if geo.is_chain:  # the causal mask and default positions are the tree's: skip building them
+            return target_forward(self.target, tokens, self.cache)
+        dtype = next(self.target.parameters()).dtype
+        mask = tree_attention_mask(prefix, geo.ancestors, dtype)
+        return target_forward(self.target, tokens, self.cache, attention_mask=mask,
+                              position_ids=(prefix + geo.depth)[None])
+
+    def commit(self, path: list[int]) -> None:
+        keep_path(self.cache, self._prefix, path)
+
+    def committed_kv(self, layer: int) -> tuple[Tensor, Tensor]:
+        kv = self.cache.layers[layer]
+        return kv.keys[:, :, :self.length], kv.values[:, :, :self.length]
+
+
+class StaticRunner(TargetRunner):
+    """A preallocated, position-indexed cache; every verification has the same shapes.
+
+    Args:
+        target: a Hugging Face causal LM (eval mode).
+        tree_size: draft nodes per verification; smaller trees are padded to it (vanilla: 0).
+        max_len: fixed slots per layer; None sizes the buffer per sequence, rounded up to a
+            multiple of `bucket` (each new size is a new graph under compile).
+        compile_mode: None (eager), "default", or "reduce-overhead" (CUDA graphs); see
+            `eagle.static_cache.compile_static`. The prefill always runs eagerly.
+    """
+
+    def __init__(self, target: nn.Module, tree_size: int = 0, max_len: int | None = None,
+                 bucket: int = 256, compile_mode: str | None = None):
+        super().__init__(target)
+        if max_len is not None and max_len < 1:
+            raise ValueError(f"static cache max_len must be positive, got {max_len}")
+        self.tree_size = tree_size
+        self.width = tree_size + 1  # root + tree, every round
+        self.max_len, self.bucket = max_len, bucket
+        self.cache: StaticKVCache | None = None
+        self.window = sliding_window(target.config)
+        self._forward = compile_static(self._scores, compile_mode)
+
+    @property
+    def length(self) -> int:
+        return 0 if self.cache is None else self.cache.length
+
+    @property
+    def capacity(self) -> int:
+        return 0 if self.cache is None else self.cache.max_len
+
+    def _allocate(self, need: int) -> None:
+        size = self.max_len or -(-need // self.bucket) * self.bucket
+        if need > size:
+            raise ContextOverflowError(f"the request needs {need} cache slots (prompt + new tokens + tree) but "
+                                       f"the static cache holds {size}; raise its max_len")
+        if self.window is not None and size > self.window:
+            raise ValueError(f"the static cache ({size} slots) is longer than the target's sliding window "
+                             f"({self.window}); its full-width mask would attend past the window")
+        dtype = next(self.target.parameters()).dtype
+        if self.cache is None or not self.cache.fits(self.target.config.num_hidden_layers, size, dtype, self.device):
+            self.cache = StaticKVCache.for_config(self.target.config, size, dtype, self.device)
+        self.cache.length = 0
+
+    def _scores(self, ids: Tensor, start: Tensor, visible: Tensor, offsets: Tensor) -> tuple[Tensor, Tensor]:
+        """ids (1, n) written at the last n of the S slots after `start`, seeing what `visible`
+        (n, S) allows besides the committed context, at positions start + offsets (n,)."""
+        mask = self.cache.prepare(start, visible)  # (1, 1, n, max_len)
+        out = target_forward(self.target, ids, self.cache, attention_mask=mask,
+                             position_ids=(start + offsets)[None])
+        return out.logits, out.features
+
+    def prefill(self, ids: Tensor, max_len: int) -> TargetOutput:
+        self._allocate(max_len)
+        t = ids.shape[1]
+        causal = torch.ones(t, t, dtype=torch.bool, device=self.device).tril()
+        mask = self.cache.prepare(0, causal)
+        out = target_forward(self.target, ids.to(self.device), self.cache, attention_mask=mask,
+                             position_ids=torch.arange(t, device=self.device)[None], logits_slice=slice(-1, None))
+        self.cache.length = t
+        return out
+
+    def verify(self, tokens: Tensor, parents: tuple[int, ...]) -> TargetOutput:
+        n = tokens.shape[1]
+        if n > self.width:
+            raise ValueError(f"a tree of {n - 1} draft nodes does not fit this static runner's {self.width - 1}")
+        geo = self.geometry(parents, self.width)
+        ids = torch.cat([tokens, tokens[:, :1].expand(1, self.width - n)], 1)  # (1, width): padded with the root
+        start = torch.tensor(self.length, device=self.device)
+        logits, features = self._forward(ids, start, geo.ancestors, geo.depth)
+        return TargetOutput(logits=logits[:, :n], features=features[:, :n])
+
+    def commit(self, path: list[int]) -> None:
+        if path != list(range(len(path))):  # a chain's accepted prefix is already in place
+            src = torch.tensor(path, device=self.device) + self.length
+            self.cache.move(src, self.length)
+        self.cache.length += len(path)
+
+    def committed_kv(self, layer: int) -> tuple[Tensor, Tensor]:
+        return self.cache.kv[layer, 0, :, :, :self.length], self.cache.kv[layer, 1, :, :, :self.length]
