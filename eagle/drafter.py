@@ -232,8 +232,9 @@ class EagleDrafter(nn.Module):
             position_ids: (B|1, T); default arange(T) after the cache's length.
             attention_mask: None for causal attention (over the cache too), or an additive float
                 mask (B|1, 1, T, S) with S = cache length + T (0 visible, very negative hidden).
-            cache: a transformers `DynamicCache` (see `new_cache`) that receives this call's KV,
-                or None.
+            cache: a transformers `DynamicCache` (see `new_cache`) or an
+                `eagle.static_cache.StaticKVCache` (then with explicit positions and mask) that
+                receives this call's KV, or None.
         Returns:
             (B, T, H) predicted features f_hat_t.
         """

@@ -54,12 +54,13 @@ def tree_attention_mask(prefix_len: int, tree_mask: Tensor, dtype: torch.dtype) 
     """Additive float mask for n tree tokens on top of `prefix_len` committed tokens.
 
     Args:
-        tree_mask: (n, n) bool, node i may see node j (ancestor or self).
+        tree_mask: (n, S) bool, node i may see tree entry j (ancestor or self); the S >= n
+            tree entries follow the prefix in the cache, these n nodes being the last ones.
     Returns:
-        (1, 1, n, prefix_len + n): 0 where visible, the dtype's minimum elsewhere (not -inf, so a
+        (1, 1, n, prefix_len + S): 0 where visible, the dtype's minimum elsewhere (not -inf, so a
         kernel never meets a row of only -inf).
     """
-    n = tree_mask.shape[0]
-    mask = torch.zeros(1, 1, n, prefix_len + n, dtype=dtype, device=tree_mask.device)
+    n, s = tree_mask.shape
+    mask = torch.zeros(1, 1, n, prefix_len + s, dtype=dtype, device=tree_mask.device)
     mask[0, 0, :, prefix_len:].masked_fill_(~tree_mask, torch.finfo(dtype).min)
     return mask

@@ -4,7 +4,8 @@ Model: a hand-written forward (fc -> RoPE/GQA attention -> residual -> post-atte
 RMSNorm -> MLP -> residual) in plain torch; cached and tree-masked forwards equal plain
 causal ones. Proposer: tree drafting equals evaluating each path sequentially with the
 parents' predicted features; greedy output equals `generate`; sampled output follows the
-target's distribution; the drafter's cache holds no branch KV between rounds.
+target's distribution; the drafter's cache holds no branch KV between rounds. The proposer
+tests run with the growing caches and with the static ones (drafter and target).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import chi2_pvalue, make_tiny_model
-from test_engine import POLICIES, exact_joint, hf_greedy, prompts, tree
+from test_engine import POLICIES, exact_joint, hf_greedy, make_runner, prompts, tree
 
 from eagle.drafter import DrafterConfig, EagleDrafter
 from eagle.engine import SpeculativeDecoder
@@ -191,15 +192,22 @@ def test_tree_mask_forward_equals_sequential_paths():
 # The proposer
 
 
-def test_tree_drafting_equals_sequential_evaluation_with_parent_features():
+def eagle_setup(cache: str, target, drafter, template: TreeTemplate, proposal: str = "topk"):
+    """(proposer, target runner): both caches growing, or both static."""
+    proposer = eagle_proposer(drafter, template, proposal=proposal, static=cache == "static")
+    return proposer, make_runner(cache, target, proposer)
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_tree_drafting_equals_sequential_evaluation_with_parent_features(cache):
     """Every drafted node's f_hat equals a plain causal drafter run over the committed
     tokens (with the target's true features) and then the node's path (each node fed its
     parent's f_hat); children are the top-k of their parent. Checked in every round, so
     catch-up after partial acceptance and branch-KV removal are covered too."""
     target = make_tiny_model("llama")
     d = EagleDrafter.random(target, seed=4)
-    model = EagleDraftModel(d)
     tpl = tree("eagle_default")
+    model = EagleDraftModel(d, static=cache == "static", catch_up_width=tpl.depth + 1)
     proposer = TemplateProposer(model, tpl, name="eagle")
     calls: dict[str, list] = {"catch_up": [], "step": []}
     catch_up, step, propose = model.catch_up, model.step, proposer.propose
@@ -209,8 +217,8 @@ def test_tree_drafting_equals_sequential_evaluation_with_parent_features():
         calls["catch_up"].append(out)
         return out
 
-    def spy_step(tokens, parent_hidden, position_ids, attention_mask):
-        out = step(tokens, parent_hidden, position_ids, attention_mask)
+    def spy_step(tokens, parent_hidden, position_ids, visible):
+        out = step(tokens, parent_hidden, position_ids, visible)
         calls["step"].append((parent_hidden, out))
         return out
 
@@ -250,7 +258,8 @@ def test_tree_drafting_equals_sequential_evaluation_with_parent_features():
     proposer.propose = spy_propose
     model.catch_up, model.step = spy_catch_up, spy_step
     prompt = prompts(4, 96)[3]
-    res = SpeculativeDecoder(target, proposer, eos_token_id=[]).generate(prompt, 12, tree_size_hint=25)
+    runner = make_runner(cache, target, proposer)
+    res = SpeculativeDecoder(target, proposer, eos_token_id=[], runner=runner).generate(prompt, 12, tree_size_hint=25)
     assert res.tokens == hf_greedy(target, prompt, 12, None)
     assert len(checked) == len(res.stats.rounds) > 3
 
@@ -292,31 +301,34 @@ def greedy_cases(target, n: int, max_news=(1, 2, 9, 20, 32)):
     return cases
 
 
-def run_greedy_cases(target, proposer, cases, label: str) -> None:
+def run_greedy_cases(target, proposer, runner, cases, label: str) -> None:
     for prompt, max_new, eos, ref in cases:
-        decoder = SpeculativeDecoder(target, proposer, eos_token_id=[] if eos is None else eos)
+        decoder = SpeculativeDecoder(target, proposer, eos_token_id=[] if eos is None else eos, runner=runner)
         res = decoder.generate(prompt, max_new, tree_size_hint=25)
         assert res.tokens == ref, f"{label}: prompt of {len(prompt)} tokens, max_new {max_new}, eos {eos}"
 
 
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
 @pytest.mark.parametrize("family", ["llama", "mistral", "qwen2"])
-def test_greedy_identical_to_generate(family):
+def test_greedy_identical_to_generate(family, cache):
     target = make_tiny_model(family)
     cases = greedy_cases(target, 10)
     drafter = EagleDrafter.random(target, seed=1)
     for name in ("eagle_default", "chain5"):
-        run_greedy_cases(target, eagle_proposer(drafter, tree(name)), cases, f"{family}/{name}")
+        proposer, runner = eagle_setup(cache, target, drafter, tree(name))
+        run_greedy_cases(target, proposer, runner, cases, f"{family}/{name}/{cache}")
 
 
-def test_greedy_identical_with_accepting_drafter_and_eos_inside_path(trained_llama):
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_greedy_identical_with_accepting_drafter_and_eos_inside_path(trained_llama, cache):
     """EOS chosen as a token the decoder accepts mid-path, so the stop must cut the path."""
     target, drafter = trained_llama
     inside = 0
     for name in ("eagle_default", "chain5"):
-        proposer = eagle_proposer(drafter, tree(name))
+        proposer, runner = eagle_setup(cache, target, drafter, tree(name))
         for prompt in prompts(8, 96, seed=9):
             blocks: list[list[int]] = []
-            free = SpeculativeDecoder(target, proposer, eos_token_id=[]).generate(
+            free = SpeculativeDecoder(target, proposer, eos_token_id=[], runner=runner).generate(
                 prompt, 32, on_commit=blocks.append)
             assert free.tokens == hf_greedy(target, prompt, 32, None), f"{name}: prompt of {len(prompt)}"
             # a token that first appears inside an accepted path, not at its end
@@ -328,7 +340,7 @@ def test_greedy_identical_with_accepting_drafter_and_eos_inside_path(trained_lla
                 at += len(block)
             if eos is None:
                 continue
-            res = SpeculativeDecoder(target, proposer, eos_token_id=eos).generate(prompt, 32)
+            res = SpeculativeDecoder(target, proposer, eos_token_id=eos, runner=runner).generate(prompt, 32)
             assert res.tokens == hf_greedy(target, prompt, 32, eos), f"{name}: prompt of {len(prompt)}, eos {eos}"
             last = res.stats.rounds[-1]
             assert last.committed < last.accepted + 1  # the accepted path was cut at the EOS
@@ -347,9 +359,10 @@ def test_trained_drafter_is_accepted(trained_llama):
     assert committed / rounds > 1.3  # tau; an untrained drafter gets ~1.05 here
 
 
-def test_drafter_cache_holds_committed_context_only(trained_llama):
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_drafter_cache_holds_committed_context_only(trained_llama, cache):
     target, drafter = trained_llama
-    proposer = eagle_proposer(drafter, tree("eagle_default"))
+    proposer, runner = eagle_setup(cache, target, drafter, tree("eagle_default"))
     model = proposer.model
     seen = []
     catch_up, accept = model.catch_up, proposer.accept
@@ -366,7 +379,7 @@ def test_drafter_cache_holds_committed_context_only(trained_llama):
         seen.append(len(path))
 
     model.catch_up, proposer.accept = spy_catch_up, spy_accept
-    SpeculativeDecoder(target, proposer, eos_token_id=[]).generate(prompts(3, 96)[2], 40)
+    SpeculativeDecoder(target, proposer, eos_token_id=[], runner=runner).generate(prompts(3, 96)[2], 40)
     assert len(seen) > 5 and max(seen) > 2  # several rounds, some accepting deep paths
 
 
@@ -374,15 +387,16 @@ def test_drafter_cache_holds_committed_context_only(trained_llama):
 # Sampling: the emitted tokens follow the target's distribution (as in test_engine)
 
 
-@pytest.mark.parametrize("policy_name,proposal", [("t1", "sample"), ("topk", "topk")])
-def test_sampled_tokens_follow_target_distribution(policy_name, proposal):
+@pytest.mark.parametrize("policy_name,proposal,cache", [("t1", "sample", "dynamic"), ("topk", "topk", "dynamic"),
+                                                        ("t1", "sample", "static")])
+def test_sampled_tokens_follow_target_distribution(policy_name, proposal, cache):
     policy = POLICIES[policy_name]
     target = make_tiny_model("llama", vocab_size=5, seed=3)
     drafter = EagleDrafter.random(target, seed=5)
     small_tree = TreeTemplate.from_paths([[0], [1], [0, 0], [0, 1], [1, 0]], name="small")
-    proposer = eagle_proposer(drafter, small_tree, proposal=proposal)
+    proposer, runner = eagle_setup(cache, target, drafter, small_tree, proposal=proposal)
     prompt, n, runs = [1, 3, 2], 3, 1000
-    decoder = SpeculativeDecoder(target, proposer, policy, eos_token_id=[])
+    decoder = SpeculativeDecoder(target, proposer, policy, eos_token_id=[], runner=runner)
     g = torch.Generator().manual_seed(1234)
     counts: dict[tuple, int] = {}
     accepted = 0
@@ -394,4 +408,4 @@ def test_sampled_tokens_follow_target_distribution(policy_name, proposal):
     expected = exact_joint(target, prompt, policy, n)
     assert set(counts) <= {s for s, pr in expected.items() if pr > 0}, "emitted a sequence of probability 0"
     pvalue = chi2_pvalue(counts, expected, runs)
-    assert pvalue > 1e-3, f"eagle/{proposal}: chi2 p-value {pvalue:.2e}"
+    assert pvalue > 1e-3, f"eagle/{proposal}/{cache}: chi2 p-value {pvalue:.2e}"

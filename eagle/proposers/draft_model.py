@@ -7,7 +7,7 @@ import torch
 from torch import Tensor, nn
 
 from eagle.engine import DecodeState
-from eagle.kv_cache import cache_length, crop, new_cache
+from eagle.kv_cache import cache_length, crop, new_cache, tree_attention_mask
 from eagle.target import target_forward
 
 
@@ -39,7 +39,9 @@ class DraftLM:
         return out.logits[0, -1], None
 
     def step(self, tokens: Tensor, parent_hidden: Tensor | None, position_ids: Tensor,
-             attention_mask: Tensor) -> tuple[Tensor, None]:
-        out = target_forward(self.model, tokens[None], self.cache, attention_mask=attention_mask,
+             visible: Tensor) -> tuple[Tensor, None]:
+        committed = self.cache_len() - (visible.shape[1] - len(tokens))  # earlier steps' nodes follow it
+        mask = tree_attention_mask(committed, visible, self.dtype)
+        out = target_forward(self.model, tokens[None], self.cache, attention_mask=mask,
                              position_ids=position_ids[None])
         return out.logits[0], None

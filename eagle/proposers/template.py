@@ -18,7 +18,6 @@ import torch
 from torch import Tensor
 
 from eagle.engine import DecodeState, DraftTree, Proposer
-from eagle.kv_cache import tree_attention_mask
 from eagle.tree import TreeTemplate
 
 PROPOSALS = ("topk", "sample")
@@ -33,9 +32,11 @@ class TreeDraftModel(Protocol):
         Returns: the root's next-token logits (V,) and its hidden output (H,) or None."""
 
     def step(self, tokens: Tensor, parent_hidden: Tensor | None, position_ids: Tensor,
-             attention_mask: Tensor) -> tuple[Tensor, Tensor | None]:
-        """Score n draft nodes (n,) on top of the cache; their KV is appended temporarily.
+             visible: Tensor) -> tuple[Tensor, Tensor | None]:
+        """Score n draft nodes (n,) on top of the committed cache; their KV is kept until `rollback`.
 
+        `visible` (n, S) bool: which of this round's S branch entries (those of earlier steps,
+        then these n nodes, in order after the committed cache) each node sees.
         Returns: logits (n, V) and hidden outputs (n, H) or None."""
 
     def cache_len(self) -> int: ...
@@ -74,6 +75,11 @@ class TemplateProposer(Proposer):
         # nodes with children, grouped by depth: only these need a draft forward
         self.expanded_by_depth = [[i for i in range(1, len(parents)) if depths[i] == d and template.children[i]]
                                   for d in range(template.depth + 1)]
+        # what each depth's nodes see of the branch entries forwarded so far (theirs last)
+        self.visible_by_depth, seen = [], []
+        for nodes in self.expanded_by_depth:
+            seen = seen + nodes
+            self.visible_by_depth.append(self.ancestors[nodes][:, seen])  # (m, len(seen)) ancestor-or-self
         self._committed = 0
 
     def reset(self, state: DecodeState) -> None:
@@ -86,7 +92,7 @@ class TemplateProposer(Proposer):
     def propose(self, state: DecodeState) -> DraftTree:
         tpl, model, policy = self.template, self.model, state.policy
         root_logits, root_hidden = model.catch_up(state)
-        self._committed = base = model.cache_len()
+        self._committed = model.cache_len()
         root_pos = len(state.tokens) - 1
         n = tpl.num_nodes + 1
         tokens = torch.empty(n, dtype=torch.long, device=root_logits.device)
@@ -94,7 +100,6 @@ class TemplateProposer(Proposer):
         q = None if policy.greedy else torch.zeros(n, root_logits.shape[-1], device=root_logits.device)
         logits = {0: root_logits}
         hidden = {0: root_hidden}
-        forwarded: list[int] = []  # node ids whose KV sits after `base`, in order
         for depth in range(1, tpl.depth + 1):
             for parent in [0] if depth == 1 else self.expanded_by_depth[depth - 1]:
                 kids = tpl.children[parent]
@@ -104,19 +109,16 @@ class TemplateProposer(Proposer):
             nodes = self.expanded_by_depth[depth] if depth < tpl.depth else []
             if not nodes:
                 continue
-            seen = forwarded + nodes
-            visible = self.ancestors[nodes][:, seen]  # (m, len(seen)) ancestor-or-self
-            mask = tree_attention_mask(base + len(forwarded), visible[:, -len(nodes):], model.dtype)
-            mask[0, 0, :, base:base + len(forwarded)].masked_fill_(
-                ~visible[:, :len(forwarded)], torch.finfo(model.dtype).min)
             parent_hidden = None if root_hidden is None else torch.stack(
                 [hidden[self.parents[v]] for v in nodes])
             pos = torch.full((len(nodes),), root_pos + depth, dtype=torch.long, device=tokens.device)
-            out_logits, out_hidden = model.step(tokens[nodes], parent_hidden, pos, mask)
+            if self.visible_by_depth[depth].device != tokens.device:  # once: the template is fixed
+                self.visible_by_depth = [v.to(tokens.device) for v in self.visible_by_depth]
+            visible = self.visible_by_depth[depth]
+            out_logits, out_hidden = model.step(tokens[nodes], parent_hidden, pos, visible)
             for j, v in enumerate(nodes):
                 logits[v] = out_logits[j]
                 hidden[v] = None if out_hidden is None else out_hidden[j]
-            forwarded = seen
         return DraftTree(tokens=tokens[1:], parents=self.parents, q=None if q is None else q[1:])
 
     def _choose(self, logits: Tensor, m: int, state: DecodeState) -> tuple[Tensor, Tensor | None]:
