@@ -3,8 +3,10 @@
     python decode.py "prompt='def fib(n):'" method=eagle    # streams each accepted block
     python decode.py method=vanilla temperature=0.8 top_p=0.95
     python decode.py mode=benchmark                         # writes results.json/.md + plots
+    python decode.py method=eagle_static compile=true       # static caches, compiled forwards
 
-Methods: vanilla | eagle | draft | prompt_lookup | hf_generate | hf_assisted | hf_prompt_lookup.
+Methods: vanilla | eagle | draft | prompt_lookup | vanilla_static | eagle_static | hf_generate |
+hf_assisted | hf_prompt_lookup.
 The benchmark prints its output folder as its last line.
 """
 
@@ -56,9 +58,18 @@ class Models:
         spec = MethodSpec(tree=cfg.tree, draft_tree=cfg.draft_tree, proposal=cfg.proposal,
                           drafter=cfg.drafter_path, random_drafter=cfg.random_drafter,
                           prompt_lookup_tokens=cfg.prompt_lookup_tokens,
-                          prompt_lookup_ngram=cfg.prompt_lookup_ngram, tree_dirs=(str(TREE_DIR),))
+                          prompt_lookup_ngram=cfg.prompt_lookup_ngram, tree_dirs=(str(TREE_DIR),),
+                          static_max_len=cfg.static_max_len, compile_mode=compile_mode(cfg))
         draft = self.draft(dtype) if name in ("draft", "hf_assisted") else None
         return build_method(name, target, tokenizer, spec, target_path=str(cfg.target), draft_model=draft)
+
+
+def compile_mode(cfg: DictConfig) -> str | None:
+    """`compile=true`: CUDA graphs on a GPU (the per-token launch overhead is what they remove),
+    plain inductor code elsewhere."""
+    if not cfg.compile:
+        return None
+    return "reduce-overhead" if str(cfg.device).startswith("cuda") else "default"
 
 
 def generate(cfg: DictConfig) -> None:

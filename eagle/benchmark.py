@@ -3,9 +3,12 @@
 Speedup = a method's tokens/s divided by vanilla decoding's tokens/s measured in the same
 run (same target, same prompts, same machine state), after a warm-up. We report the
 aggregate (total tokens / total time) and the median over prompts. tau = tokens committed
-per target forward after the prefill, bonus token included.
+per target forward after the prefill, bonus token included. When the run also has
+`vanilla_static` (static cache, compiled when the run compiles), `speedup_vs_static` is the
+same ratio against it: the fastest plain decoding is the baseline a user compares with.
 
-Output (in `out_dir`): results.json, results.md, speedup.png, tau.png, acceptance.png.
+Output (in `out_dir`): results.json, results.md, speedup.png, tau.png, acceptance.png, and
+speedup_vs_static.png when the run has vanilla_static.
 """
 
 from __future__ import annotations
@@ -46,13 +49,19 @@ class MethodResult:
     tau: float
     tokens_per_s: float
     tokens_per_s_median: float
-    speedup: float = float("nan")
+    speedup: float = float("nan")  # over vanilla (eager, growing cache)
     speedup_median: float = float("nan")
+    speedup_vs_static: float = float("nan")  # over vanilla_static, when the run has it
+    speedup_vs_static_median: float = float("nan")
     new_tokens: int = 0
     seconds: float = 0.0
     draft_frac: float = 0.0
     verify_frac: float = 0.0
     other_frac: float = 0.0
+    ms_per_token: float = 0.0
+    ms_per_round: float = 0.0  # per target forward after the prefill (prefill time included)
+    draft_ms_per_round: float = 0.0
+    verify_ms_per_round: float = 0.0
     accepted_hist: list[int] = field(default_factory=list)
     acceptance_by_depth: list[float] = field(default_factory=list)  # P(accepted >= d), d = 1..
     tree_parents: list[int] | None = None  # the fixed draft tree (node 0 = root), if the method has one
@@ -111,6 +120,8 @@ def summarise(method: Method, dtype: str, outcomes: list[Outcome]) -> MethodResu
         new_tokens=tokens, seconds=seconds,
         draft_frac=draft / seconds if seconds else 0.0, verify_frac=verify / seconds if seconds else 0.0,
         other_frac=max(0.0, 1 - (draft + verify) / seconds) if seconds and (draft or verify) else 0.0,
+        ms_per_token=1000 * seconds / max(tokens, 1), ms_per_round=1000 * seconds / max(forwards, 1),
+        draft_ms_per_round=1000 * draft / max(forwards, 1), verify_ms_per_round=1000 * verify / max(forwards, 1),
         accepted_hist=hist,
         acceptance_by_depth=[sum(hist[d:]) / max(len(accepted), 1) for d in range(1, depth + 1)],
         tree_parents=list(method.tree_parents) if method.tree_parents else None,
@@ -175,17 +186,21 @@ def run_benchmark(eval_sets: dict[str, list[Prompt]], tokenizer, build: Callable
 
 
 def _relate(results: dict[str, MethodResult], outputs: dict[str, list[list[int]]], greedy: bool) -> None:
-    """Speedups against vanilla of the same run; greedy outputs against a reference of the same dtype."""
-    base = results.get("vanilla")
-    for r in results.values():
-        if base is not None and base.tokens_per_s:
-            r.speedup = r.tokens_per_s / base.tokens_per_s
-            r.speedup_median = r.tokens_per_s_median / base.tokens_per_s_median
+    """Speedups against vanilla (and vanilla_static) of the same run; greedy outputs against a
+    reference of the same dtype, of the same cache kind when there is one."""
+    for base_name, key in (("vanilla", "speedup"), ("vanilla_static", "speedup_vs_static")):
+        base = results.get(base_name)
+        if base is None or not base.tokens_per_s:
+            continue
+        for r in results.values():
+            setattr(r, key, r.tokens_per_s / base.tokens_per_s)
+            setattr(r, key + "_median", r.tokens_per_s_median / base.tokens_per_s_median)
     if not greedy:
         return
     for name, r in results.items():
-        ref = next((k for k in ("vanilla", "hf_generate") if k in results and k != name
-                    and results[k].dtype == r.dtype), None)
+        order = ("vanilla_static", "vanilla", "hf_generate") if name.endswith("_static") else (
+            "vanilla", "hf_generate", "vanilla_static")
+        ref = next((k for k in order if k in results and k != name and results[k].dtype == r.dtype), None)
         if ref is not None:
             same = sum(a == b for a, b in zip(outputs[name], outputs[ref]))
             r.identical_to_reference = same / max(len(outputs[name]), 1)
@@ -194,18 +209,23 @@ def _relate(results: dict[str, MethodResult], outputs: dict[str, list[list[int]]
 def markdown_table(report: dict) -> str:
     lines = []
     for run in report["runs"]:
+        static = "vanilla_static" in run["methods"]  # the compiled/static baseline is in this run
         lines += [f"### {run['eval_set']}, temperature {run['temperature']:g} "
                   f"({run['num_prompts']} prompts, {run['max_new_tokens']} new tokens, target {run['target']})", "",
-                  "| method | dtype | tau | tokens/s | speedup | median speedup | draft / verify / other | "
+                  "| method | dtype | tau | tokens/s | ms/token | " + ("speedup vs static | " if static else "")
+                  + "speedup | median speedup | draft / verify / other | ms/round (draft + verify) | "
                   "lossless | identical (greedy) |",
-                  "|---|---|---:|---:|---:|---:|---|---|---:|"]
+                  "|---|---|---:|---:|---:|" + ("---:|" if static else "") + "---:|---:|---|---|---|---:|"]
         for m in run["methods"].values():
             split = (f"{m['draft_frac']:.0%} / {m['verify_frac']:.0%} / {m['other_frac']:.0%}"
                      if m["draft_frac"] or m["verify_frac"] else "-")
+            per_round = (f"{m['ms_per_round']:.2f} ({m['draft_ms_per_round']:.2f} + {m['verify_ms_per_round']:.2f})"
+                         if m["draft_frac"] or m["verify_frac"] else "-")
             ident = "-" if m["identical_to_reference"] is None else f"{m['identical_to_reference']:.0%}"
+            vs_static = f"{m['speedup_vs_static']:.2f}x | " if static else ""
             lines.append(f"| {m['method']} | {m['dtype']} | {m['tau']:.2f} | {m['tokens_per_s']:.1f} | "
-                         f"{m['speedup']:.2f}x | {m['speedup_median']:.2f}x | {split} | "
-                         f"{'yes' if m['lossless'] else 'NO (lossy)'} | {ident} |")
+                         f"{m['ms_per_token']:.2f} | {vs_static}{m['speedup']:.2f}x | {m['speedup_median']:.2f}x | "
+                         f"{split} | {per_round} | {'yes' if m['lossless'] else 'NO (lossy)'} | {ident} |")
         lines.append("")
     return "\n".join(lines)
 
@@ -223,8 +243,11 @@ def plot_report(report: dict, out_dir: Path) -> None:
     import matplotlib.pyplot as plt
 
     runs = report["runs"]
-    for key, fname, label in (("speedup", "speedup.png", "speedup over vanilla (x)"),
-                              ("tau", "tau.png", "tau (tokens per target forward)")):
+    plots = [("speedup", "speedup.png", "speedup over vanilla (x)"),
+             ("tau", "tau.png", "tau (tokens per target forward)")]
+    if any("vanilla_static" in r["methods"] for r in runs):
+        plots.append(("speedup_vs_static", "speedup_vs_static.png", "speedup over vanilla_static (x)"))
+    for key, fname, label in plots:
         fig, ax = plt.subplots(figsize=(8, 4))
         names = list(dict.fromkeys(m for r in runs for m in r["methods"]))
         width = 0.8 / max(len(runs), 1)
@@ -234,7 +257,7 @@ def plot_report(report: dict, out_dir: Path) -> None:
                    label=f"{run['eval_set']} T={run['temperature']:g}")
         ax.set_xticks([j + width * (len(runs) - 1) / 2 for j in range(len(names))], names, rotation=20)
         ax.set_ylabel(label)
-        if key == "speedup":
+        if key.startswith("speedup"):
             ax.axhline(1.0, color="gray", lw=0.8, ls="--")
         ax.legend(fontsize=8)
         fig.tight_layout()

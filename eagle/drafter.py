@@ -246,7 +246,9 @@ class EagleDrafter(nn.Module):
             raise ValueError(f"attention_mask must be an additive float mask (B|1, 1, T, S), got shape "
                              f"{tuple(attention_mask.shape)}")
         dtype, device = self.dtype, self.device
-        past = 0 if cache is None else int(cache.get_seq_length())
+        # read only when needed: under torch.compile the read would tie the graph to one length
+        past = 0 if cache is None or (position_ids is not None and attention_mask is not None) else int(
+            cache.get_seq_length())
         emb = self.embed_tokens(input_ids.to(self.embed_tokens.weight.device))  # (B, T, H)
         x = torch.cat([features.to(device, dtype), emb.to(device, dtype)], dim=-1)  # (B, T, 2H)
         h = self.fc(x)  # (B, T, H)

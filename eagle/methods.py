@@ -1,7 +1,9 @@
 """Decoding methods by name, behind one interface, so the benchmark runs them side by side.
 
 Engine methods (exact, through `eagle.engine.SpeculativeDecoder`):
-  vanilla, eagle, draft (classic speculative decoding with a small LM), prompt_lookup.
+  vanilla, eagle, draft (classic speculative decoding with a small LM), prompt_lookup;
+  vanilla_static, eagle_static: the same on preallocated, position-indexed caches with fixed
+  shapes every round (`eagle.target_runner.StaticRunner`), optionally compiled.
 Hugging Face peers (through `model.generate`):
   hf_generate, hf_assisted (assisted generation with the same small LM), hf_prompt_lookup.
 
@@ -19,8 +21,9 @@ from torch import nn
 
 from eagle.engine import DecodeStats, Proposer, SpeculativeDecoder
 from eagle.sampling import SamplingPolicy
+from eagle.target_runner import StaticRunner, TargetRunner
 
-ENGINE_METHODS = ("vanilla", "eagle", "draft", "prompt_lookup")
+ENGINE_METHODS = ("vanilla", "eagle", "draft", "prompt_lookup", "vanilla_static", "eagle_static")
 HF_METHODS = ("hf_generate", "hf_assisted", "hf_prompt_lookup")
 METHODS = ENGINE_METHODS + HF_METHODS
 
@@ -63,15 +66,21 @@ class Method:
 
 
 class EngineMethod(Method):
-    """A proposer run by the speculative loop (vanilla when `proposer` is None)."""
+    """A proposer run by the speculative loop (vanilla when `proposer` is None).
+
+    `runner`: kept across generations (a static runner's buffers and compiled graphs are
+    reused); None gives every generation a fresh growing cache."""
 
     def __init__(self, name: str, target: nn.Module, eos_token_id, proposer: Proposer | None = None,
-                 tree_size: int = 0, tree_parents: tuple[int, ...] | None = None):
+                 tree_size: int = 0, tree_parents: tuple[int, ...] | None = None,
+                 runner: TargetRunner | None = None):
         super().__init__(name, target, eos_token_id)
         self.proposer, self.tree_size, self.tree_parents = proposer, tree_size, tree_parents
+        self.runner = runner
 
     def generate(self, prompt, max_new_tokens, policy, generator=None, on_commit=None) -> Outcome:
-        decoder = SpeculativeDecoder(self.target, self.proposer, policy, eos_token_id=self.eos_token_id)
+        decoder = SpeculativeDecoder(self.target, self.proposer, policy, eos_token_id=self.eos_token_id,
+                                     runner=self.runner)
         res = decoder.generate(prompt, max_new_tokens, generator=generator, tree_size_hint=self.tree_size,
                                on_commit=on_commit)
         return outcome_from_stats(res.tokens, res.stats)
@@ -131,6 +140,8 @@ class MethodSpec:
     prompt_lookup_tokens: int = 10
     prompt_lookup_ngram: int = 3
     tree_dirs: tuple[str, ...] = ()
+    static_max_len: int | None = None    # *_static: cache slots; None = per sequence, rounded up to 256
+    compile_mode: str | None = None      # *_static: None (eager), "default", "reduce-overhead" (CUDA graphs)
 
 
 def build_method(name: str, target: nn.Module, tokenizer, spec: MethodSpec, target_path: str | None = None,
@@ -144,6 +155,9 @@ def build_method(name: str, target: nn.Module, tokenizer, spec: MethodSpec, targ
         raise MethodError(f"unknown method {name!r}; choose one of {', '.join(METHODS)}")
     if name == "vanilla":
         return EngineMethod(name, target, eos)
+    if name == "vanilla_static":
+        return EngineMethod(name, target, eos, runner=StaticRunner(
+            target, tree_size=0, max_len=spec.static_max_len, compile_mode=spec.compile_mode))
     if name == "prompt_lookup":
         proposer = PromptLookupProposer(num_tokens=spec.prompt_lookup_tokens, max_ngram=spec.prompt_lookup_ngram)
         return EngineMethod(name, target, eos, proposer, tree_size=spec.prompt_lookup_tokens)
@@ -160,7 +174,7 @@ def build_method(name: str, target: nn.Module, tokenizer, spec: MethodSpec, targ
         proposer = TemplateProposer(DraftLM(draft_model), template, proposal=spec.proposal, name="draft")
         return EngineMethod(name, target, eos, proposer, tree_size=template.num_nodes,
                             tree_parents=tuple(template.parents))
-    # eagle
+    # eagle, eagle_static
     from eagle.checkpoint import load_drafter
     from eagle.drafter import EagleDrafter
     from eagle.proposers.eagle import eagle_proposer
@@ -171,7 +185,13 @@ def build_method(name: str, target: nn.Module, tokenizer, spec: MethodSpec, targ
     elif spec.drafter:
         drafter = load_drafter(spec.drafter, target, tokenizer, target_path)
     else:
-        raise MethodError("method 'eagle' needs a trained drafter (drafter_path=DIR) or, explicitly, random_drafter=true")
+        raise MethodError(f"method {name!r} needs a trained drafter (drafter_path=DIR) or, explicitly, "
+                          "random_drafter=true")
     drafter.to(next(target.parameters()).dtype)
-    return EngineMethod(name, target, eos, eagle_proposer(drafter, template, proposal=spec.proposal),
-                        tree_size=template.num_nodes, tree_parents=tuple(template.parents))
+    static = name == "eagle_static"
+    compile_mode = spec.compile_mode if static else None
+    proposer = eagle_proposer(drafter, template, proposal=spec.proposal, static=static, compile_mode=compile_mode)
+    runner = StaticRunner(target, tree_size=template.num_nodes, max_len=spec.static_max_len,
+                          compile_mode=compile_mode) if static else None
+    return EngineMethod(name, target, eos, proposer, tree_size=template.num_nodes,
+                        tree_parents=tuple(template.parents), runner=runner)

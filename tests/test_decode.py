@@ -50,7 +50,8 @@ def test_benchmark_every_method_writes_report(models, tmp_path):
 
     out = tmp_path / "bench"
     cfg = decode_cfg(models, tmp_path, "mode=benchmark", f"benchmark.eval_sets=[{models / 'prompts.jsonl'}]",
-                     f"benchmark.out_dir={out}", "benchmark.dtypes.eagle=float32")
+                     f"benchmark.out_dir={out}", "benchmark.dtypes.eagle=float32",
+                     "benchmark.dtypes.eagle_static=float32")
     decode(cfg)
     report = json.loads((out / "results.json").read_text())
     assert [(r["eval_set"], r["temperature"]) for r in report["runs"]] == [("prompts", 0.0), ("prompts", 1.0)]
@@ -62,6 +63,10 @@ def test_benchmark_every_method_writes_report(models, tmp_path):
             assert m["tokens_per_s"] > 0 and isinstance(m["speedup"], float)
             assert isinstance(m["lossless"], bool)
         assert run["methods"]["vanilla"]["speedup"] == pytest.approx(1.0)
+        assert run["methods"]["vanilla_static"]["speedup_vs_static"] == pytest.approx(1.0)
+        eagle_static = run["methods"]["eagle_static"]
+        assert eagle_static["speedup_vs_static"] > 0 and eagle_static["ms_per_round"] > 0
+        assert eagle_static["draft_ms_per_round"] + eagle_static["verify_ms_per_round"] <= eagle_static["ms_per_round"]
     greedy = report["runs"][0]["methods"]
     for name in METHODS:  # all fp32 here: every method must reproduce the reference text
         assert greedy[name]["identical_to_reference"] == 1.0, name
@@ -70,8 +75,9 @@ def test_benchmark_every_method_writes_report(models, tmp_path):
     assert len(by_node) == len(parents) and by_node[0] == 1.0
     assert all(by_node[i] <= by_node[p] + 1e-12 for i, p in enumerate(parents) if p >= 0)
     assert greedy["vanilla"]["acceptance_by_node"] is None
-    assert "| eagle |" in (out / "results.md").read_text()
-    for png in ("speedup.png", "tau.png", "acceptance.png"):
+    table = (out / "results.md").read_text()
+    assert "| eagle |" in table and "| eagle_static |" in table and "speedup vs static" in table
+    for png in ("speedup.png", "tau.png", "acceptance.png", "speedup_vs_static.png"):
         assert (out / png).stat().st_size > 1000
 
 
