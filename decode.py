@@ -4,14 +4,17 @@
     python decode.py method=vanilla temperature=0.8 top_p=0.95
     python decode.py mode=benchmark                         # writes results.json/.md + plots
     python decode.py method=eagle_static compile=true       # static caches, compiled forwards
+    python decode.py mode=timing device=cuda compile=true timing.tau_from=runs/bench/X/results.json
+                                                            # 7B-shaped random weights: round cost
 
 Methods: vanilla | eagle | draft | prompt_lookup | vanilla_static | eagle_static | hf_generate |
 hf_assisted | hf_prompt_lookup.
-The benchmark prints its output folder as its last line.
+The benchmark and the timing print their output folder as their last line.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -24,6 +27,7 @@ from eagle.evalsets import Prompt, load_eval_set
 from eagle.methods import METHODS, MethodError, MethodSpec, build_method
 from eagle.sampling import SamplingPolicy
 from eagle.target import load_target, resolve_dtype
+from eagle.timing import project, random_target, time_methods, weights_gb, write_timing
 from train import ROOT, run_cli
 
 TREE_DIR = ROOT / "configs" / "tree"
@@ -121,16 +125,49 @@ def benchmark(cfg: DictConfig) -> Path:
     return out_dir
 
 
+def timing(cfg: DictConfig) -> Path:
+    """Time methods on a random-weight target of `timing.shape` (see eagle/timing.py)."""
+    tcfg = cfg.timing
+    for name in tcfg.methods:
+        if name not in ("vanilla", "eagle", "vanilla_static", "eagle_static"):
+            raise MethodError(f"timing runs vanilla, eagle, vanilla_static and eagle_static, not {name!r}")
+    results = None
+    if tcfg.tau_from:
+        path = Path(tcfg.tau_from)
+        if not path.is_file():
+            raise FileNotFoundError(f"timing.tau_from: {path} does not exist (a benchmark's results.json)")
+        results = json.loads(path.read_text())
+    shape = OmegaConf.to_container(tcfg.shape, resolve=True)
+    target = random_target(shape, tcfg.dtype, cfg.device, seed=cfg.seed)
+    spec = MethodSpec(tree=cfg.tree, random_drafter=True, tree_dirs=(str(TREE_DIR),),
+                      static_max_len=tcfg.max_len, compile_mode=compile_mode(cfg))
+    methods = {name: build_method(name, target, None, spec) for name in tcfg.methods}
+    timed = time_methods(target, methods, tcfg.prompt_len, tcfg.new_tokens, tcfg.repeats, seed=cfg.seed)
+    gb = weights_gb(target)
+    report = {"kind": "timing", "shape_name": tcfg.shape_name, "shape": shape,
+              "params_b": sum(p.numel() for p in target.parameters()) / 1e9, "dtype": tcfg.dtype,
+              "device": torch.cuda.get_device_name(cfg.device) if str(cfg.device).startswith("cuda") else str(cfg.device),
+              "compile_mode": compile_mode(cfg), "tree": cfg.tree, "prompt_len": tcfg.prompt_len,
+              "new_tokens": tcfg.new_tokens, "repeats": tcfg.repeats, "weights_gb": gb,
+              "bandwidth_gb_s": tcfg.bandwidth_gb_s, "floor_ms_per_token": 1000 * gb / tcfg.bandwidth_gb_s,
+              "methods": timed, "tau_from": str(tcfg.tau_from) if tcfg.tau_from else None,
+              "projection": project(timed, results) if results is not None else None,
+              "torch": torch.__version__}
+    out_dir = write_timing(report, tcfg.out_dir)
+    print((out_dir / "timing.md").read_text())
+    return out_dir
+
+
 def decode(cfg: DictConfig):
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
     if cfg.mode == "generate":
         return generate(cfg)
-    if cfg.mode == "benchmark":
-        out_dir = benchmark(cfg)
+    if cfg.mode in ("benchmark", "timing"):
+        out_dir = benchmark(cfg) if cfg.mode == "benchmark" else timing(cfg)
         print(out_dir.resolve())
         return out_dir
-    raise ValueError(f"unknown mode {cfg.mode!r}: use generate or benchmark")
+    raise ValueError(f"unknown mode {cfg.mode!r}: use generate, benchmark or timing")
 
 
 @hydra.main(config_path="configs", config_name="decode", version_base="1.3")

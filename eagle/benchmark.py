@@ -59,7 +59,7 @@ class MethodResult:
     verify_frac: float = 0.0
     other_frac: float = 0.0
     ms_per_token: float = 0.0
-    ms_per_round: float = 0.0  # per target forward after the prefill (prefill time included)
+    ms_per_round: float = 0.0  # per target forward after the prefill, prefill time excluded (HF methods: included)
     draft_ms_per_round: float = 0.0
     verify_ms_per_round: float = 0.0
     accepted_hist: list[int] = field(default_factory=list)
@@ -112,6 +112,7 @@ def summarise(method: Method, dtype: str, outcomes: list[Outcome]) -> MethodResu
     depth = max(accepted, default=0)
     hist = [accepted.count(d) for d in range(depth + 1)]
     draft, verify = sum(o.draft_s for o in outcomes), sum(o.verify_s for o in outcomes)
+    rounds_s = seconds - sum(o.prefill_s for o in outcomes)
     return MethodResult(
         method=method.name, dtype=dtype, lossless=method.lossless,
         tau=(tokens - len(outcomes)) / max(forwards, 1),
@@ -120,7 +121,7 @@ def summarise(method: Method, dtype: str, outcomes: list[Outcome]) -> MethodResu
         new_tokens=tokens, seconds=seconds,
         draft_frac=draft / seconds if seconds else 0.0, verify_frac=verify / seconds if seconds else 0.0,
         other_frac=max(0.0, 1 - (draft + verify) / seconds) if seconds and (draft or verify) else 0.0,
-        ms_per_token=1000 * seconds / max(tokens, 1), ms_per_round=1000 * seconds / max(forwards, 1),
+        ms_per_token=1000 * seconds / max(tokens, 1), ms_per_round=1000 * rounds_s / max(forwards, 1),
         draft_ms_per_round=1000 * draft / max(forwards, 1), verify_ms_per_round=1000 * verify / max(forwards, 1),
         accepted_hist=hist,
         acceptance_by_depth=[sum(hist[d:]) / max(len(accepted), 1) for d in range(1, depth + 1)],

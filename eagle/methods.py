@@ -40,6 +40,7 @@ class Outcome:
     seconds: float
     forwards: int                     # target forwards after the prefill
     draft_s: float = 0.0
+    prefill_s: float = 0.0            # engine methods: the prompt's forward and first token (HF: 0, unknown)
     verify_s: float = 0.0
     accepted: list[int] = field(default_factory=list)  # draft tokens accepted per round
     paths: list[tuple[int, ...]] = field(default_factory=list)  # accepted node indices per round
@@ -88,6 +89,7 @@ class EngineMethod(Method):
 
 def outcome_from_stats(tokens: list[int], stats: DecodeStats) -> Outcome:
     return Outcome(tokens=tokens, seconds=stats.total_s, forwards=len(stats.rounds), draft_s=stats.draft_s,
+                   prefill_s=stats.prefill_s,
                    verify_s=stats.verify_s, accepted=[r.accepted for r in stats.rounds],
                    paths=[r.path for r in stats.rounds], tree_sizes=[r.tree_size for r in stats.rounds])
 

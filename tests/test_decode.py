@@ -143,3 +143,31 @@ def test_cli_unknown_method_is_one_line(models, tmp_path):
 def test_eval_sets_ship_with_packages():
     assert len(load_eval_set("humaneval")) == 164
     assert len(load_eval_set("mtbench", limit=5)) == 5
+
+
+def test_timing_mode_times_rounds_and_labels_the_projection(models, tmp_path):
+    """mode=timing: random weights at a (here tiny) shape, no checkpoint; the projection divides
+    the timed eagle_static round by a benchmark's tau and says it is a projection."""
+    from decode import decode
+
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps({"runs": [
+        {"eval_set": "humaneval", "temperature": 0.0, "target": "t", "methods": {"eagle_static": {"tau": 4.0}}},
+        {"eval_set": "humaneval", "temperature": 1.0, "target": "t", "methods": {"vanilla": {"tau": 1.0}}}]}))
+    shape = ["timing.shape.hidden_size=32", "timing.shape.intermediate_size=64", "timing.shape.num_hidden_layers=2",
+             "timing.shape.num_attention_heads=4", "timing.shape.num_key_value_heads=2", "timing.shape.vocab_size=96"]
+    out = tmp_path / "timing"
+    cfg = decode_cfg(models, tmp_path, "mode=timing", *shape, "timing.shape_name=tiny", "timing.new_tokens=10",
+                     "timing.prompt_len=5", "timing.repeats=1", "timing.max_len=64", f"timing.tau_from={results}",
+                     f"timing.out_dir={out}")
+    decode(cfg)
+    report = json.loads((out / "timing.json").read_text())
+    assert set(report["methods"]) == {"vanilla_static", "eagle_static", "vanilla", "eagle"}
+    for m in report["methods"].values():
+        assert m["new_tokens"] == 10 and m["ms_per_round"] > 0
+    (row,) = report["projection"]  # only the run that measured an EAGLE tau
+    assert row["kind"] == "projection" and row["tau"] == 4.0
+    assert row["projected_ms_per_token"] == pytest.approx(report["methods"]["eagle_static"]["ms_per_round"] / 4)
+    assert "Projection** (not a measurement)" in (out / "timing.md").read_text()
+    with pytest.raises(MethodError, match="timing runs"):
+        decode(decode_cfg(models, tmp_path, "mode=timing", *shape, "timing.methods=[draft]"))

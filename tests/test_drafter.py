@@ -25,6 +25,7 @@ from eagle.proposers import eagle_proposer
 from eagle.proposers.eagle import EagleDraftModel
 from eagle.proposers.template import TemplateProposer
 from eagle.target import target_forward
+from eagle.target_runner import StaticRunner
 from eagle.tree import TreeTemplate
 
 
@@ -409,3 +410,17 @@ def test_sampled_tokens_follow_target_distribution(policy_name, proposal, cache)
     assert set(counts) <= {s for s, pr in expected.items() if pr > 0}, "emitted a sequence of probability 0"
     pvalue = chi2_pvalue(counts, expected, runs)
     assert pvalue > 1e-3, f"eagle/{proposal}/{cache}: chi2 p-value {pvalue:.2e}"
+
+
+@pytest.mark.slow
+def test_compiled_static_decoding_identical_to_generate(trained_llama):
+    """torch.compile (inductor on the CPU, ~20 s of compiling) of the static target and drafter
+    passes changes no token: vanilla and EAGLE, trees and chains, EOS inside a path."""
+    target, drafter = trained_llama
+    cases = greedy_cases(target, 6)
+    for name in ("eagle_default", "chain5"):
+        template = tree(name)
+        proposer = eagle_proposer(drafter, template, static=True, compile_mode="default")
+        runner = StaticRunner(target, tree_size=template.num_nodes, compile_mode="default")
+        run_greedy_cases(target, proposer, runner, cases, f"compiled/{name}")
+    run_greedy_cases(target, None, StaticRunner(target, compile_mode="default"), cases, "compiled/vanilla")
