@@ -68,11 +68,13 @@ class StaticKVCache:
         return (self.kv.shape[0] == num_layers and self.max_len == max_len and self.dtype == dtype
                 and self.kv.device == torch.device(device))
 
-    def prepare(self, start: Tensor | int, visible: Tensor) -> Tensor:
-        """Aim the next forward's n = visible.shape[0] writes at the last n of the S slots after
-        `start`, and return that forward's mask (1, 1, n, max_len) (see `window_mask`)."""
+    def prepare(self, start: Tensor | int, visible: Tensor, write_at: Tensor | int | None = None) -> Tensor:
+        """Aim the next forward's n = visible.shape[0] writes at slots write_at..write_at+n-1
+        (default: the last n of the S slots after `start`), and return that forward's mask
+        (1, 1, n, max_len) (see `window_mask`)."""
         n, s = visible.shape
-        self.slots = start + (s - n) + torch.arange(n, device=self.kv.device)  # (n,)
+        write_at = start + (s - n) if write_at is None else write_at
+        self.slots = write_at + torch.arange(n, device=self.kv.device)  # (n,)
         return window_mask(start, visible, self.max_len, self.dtype)
 
     def update(self, key_states: Tensor, value_states: Tensor, layer_idx: int, *args, **kwargs):

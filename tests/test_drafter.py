@@ -22,7 +22,7 @@ from eagle.drafter import DrafterConfig, EagleDrafter
 from eagle.engine import SpeculativeDecoder
 from eagle.kv_cache import tree_attention_mask
 from eagle.proposers import eagle_proposer
-from eagle.proposers.eagle import EagleDraftModel
+from eagle.proposers.eagle import EagleDraftModel, pass_shape
 from eagle.proposers.template import TemplateProposer
 from eagle.target import target_forward
 from eagle.target_runner import StaticRunner
@@ -193,13 +193,25 @@ def test_tree_mask_forward_equals_sequential_paths():
 # The proposer
 
 
+def draft_model(cache: str, drafter, template: TreeTemplate) -> EagleDraftModel:
+    """dynamic | static | padded: static with every pass padded to one shape, as compiled
+    (here run eagerly, so the padding is tested without compiling)."""
+    return EagleDraftModel(drafter, static=cache != "dynamic",
+                           pass_shape=pass_shape(template) if cache == "padded" else None)
+
+
 def eagle_setup(cache: str, target, drafter, template: TreeTemplate, proposal: str = "topk"):
     """(proposer, target runner): both caches growing, or both static."""
-    proposer = eagle_proposer(drafter, template, proposal=proposal, static=cache == "static")
-    return proposer, make_runner(cache, target, proposer)
+    proposer = TemplateProposer(draft_model(cache, drafter, template), template, proposal=proposal, name="eagle")
+    return proposer, make_runner("dynamic" if cache == "dynamic" else "static", target, proposer)
 
 
-@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_pass_shape_fits_every_pass_of_a_round():
+    assert pass_shape(tree("eagle_default")) == (6, 10)  # catch-up of 6; depths feed 4, 4, 1, 1 of 10 expanded
+    assert pass_shape(tree("chain5")) == (6, 6)  # the catch-up sees up to 6 entries; 4 nodes expanded
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static", "padded"])
 def test_tree_drafting_equals_sequential_evaluation_with_parent_features(cache):
     """Every drafted node's f_hat equals a plain causal drafter run over the committed
     tokens (with the target's true features) and then the node's path (each node fed its
@@ -208,7 +220,7 @@ def test_tree_drafting_equals_sequential_evaluation_with_parent_features(cache):
     target = make_tiny_model("llama")
     d = EagleDrafter.random(target, seed=4)
     tpl = tree("eagle_default")
-    model = EagleDraftModel(d, static=cache == "static", catch_up_width=tpl.depth + 1)
+    model = draft_model(cache, d, tpl)
     proposer = TemplateProposer(model, tpl, name="eagle")
     calls: dict[str, list] = {"catch_up": [], "step": []}
     catch_up, step, propose = model.catch_up, model.step, proposer.propose
@@ -259,7 +271,7 @@ def test_tree_drafting_equals_sequential_evaluation_with_parent_features(cache):
     proposer.propose = spy_propose
     model.catch_up, model.step = spy_catch_up, spy_step
     prompt = prompts(4, 96)[3]
-    runner = make_runner(cache, target, proposer)
+    runner = make_runner("dynamic" if cache == "dynamic" else "static", target, proposer)
     res = SpeculativeDecoder(target, proposer, eos_token_id=[], runner=runner).generate(prompt, 12, tree_size_hint=25)
     assert res.tokens == hf_greedy(target, prompt, 12, None)
     assert len(checked) == len(res.stats.rounds) > 3
@@ -309,7 +321,7 @@ def run_greedy_cases(target, proposer, runner, cases, label: str) -> None:
         assert res.tokens == ref, f"{label}: prompt of {len(prompt)} tokens, max_new {max_new}, eos {eos}"
 
 
-@pytest.mark.parametrize("cache", ["dynamic", "static"])
+@pytest.mark.parametrize("cache", ["dynamic", "static", "padded"])
 @pytest.mark.parametrize("family", ["llama", "mistral", "qwen2"])
 def test_greedy_identical_to_generate(family, cache):
     target = make_tiny_model(family)
@@ -320,7 +332,7 @@ def test_greedy_identical_to_generate(family, cache):
         run_greedy_cases(target, proposer, runner, cases, f"{family}/{name}/{cache}")
 
 
-@pytest.mark.parametrize("cache", ["dynamic", "static"])
+@pytest.mark.parametrize("cache", ["dynamic", "static", "padded"])
 def test_greedy_identical_with_accepting_drafter_and_eos_inside_path(trained_llama, cache):
     """EOS chosen as a token the decoder accepts mid-path, so the stop must cut the path."""
     target, drafter = trained_llama
@@ -389,7 +401,7 @@ def test_drafter_cache_holds_committed_context_only(trained_llama, cache):
 
 
 @pytest.mark.parametrize("policy_name,proposal,cache", [("t1", "sample", "dynamic"), ("topk", "topk", "dynamic"),
-                                                        ("t1", "sample", "static")])
+                                                        ("t1", "sample", "padded")])
 def test_sampled_tokens_follow_target_distribution(policy_name, proposal, cache):
     policy = POLICIES[policy_name]
     target = make_tiny_model("llama", vocab_size=5, seed=3)

@@ -38,20 +38,20 @@ class EagleDraftModel:
     Args:
         drafter: the trained drafter.
         static: keep the drafter's KV in a preallocated, position-indexed `StaticKVCache`
-            (sized like the target's for each sequence) instead of a growing `DynamicCache`;
-            every catch-up after the first is padded to `catch_up_width` tokens, so each
-            drafter pass of a round has the same shapes every round.
-        catch_up_width: the most tokens a round can commit (the tree's depth + 1).
+            (sized like the target's for each sequence) instead of a growing `DynamicCache`.
         compile_mode: with `static`, compile the drafter pass (`eagle.static_cache.compile_static`).
+        pass_shape: (rows, window) every compiled pass is padded to: the most tokens one pass
+            feeds (catch-up: depth + 1; a depth's expanded nodes) and the most branch entries
+            it sees. One graph then serves the catch-up and every depth; a longer pass (the
+            prompt's catch-up) runs eagerly.
     """
 
-    def __init__(self, drafter: EagleDrafter, static: bool = False, catch_up_width: int = 1,
-                 compile_mode: str | None = None):
-        if compile_mode is not None and not static:
-            raise ValueError("compiling the drafter needs its static cache (static=True)")
-        self.drafter, self.static, self.catch_up_width = drafter, static, catch_up_width
+    def __init__(self, drafter: EagleDrafter, static: bool = False, compile_mode: str | None = None,
+                 pass_shape: tuple[int, int] | None = None):
+        if compile_mode is not None and (not static or pass_shape is None):
+            raise ValueError("compiling the drafter needs its static cache and a pass_shape")
+        self.drafter, self.static, self.pass_shape = drafter, static, pass_shape
         self.cache = None
-        self._causal = torch.ones(catch_up_width, catch_up_width, dtype=torch.bool, device=drafter.device).tril()
         self._scores_fixed = compile_static(self._scores, compile_mode)
 
     @property
@@ -94,23 +94,15 @@ class EagleDraftModel:
                 f"{len(state.tokens)} tokens need {start - 1} (was reset() called for this sequence?)")
         device = self.drafter.device
         ids = torch.tensor([state.tokens[start:]], device=device)  # (1, k)
+        pos = torch.arange(start, len(state.tokens), device=device)  # (k,)
         if not self.static:
-            pos = torch.arange(start, len(state.tokens), device=device)[None]  # (1, k)
-            hidden = self.drafter(features, ids, position_ids=pos, cache=self.cache)  # (1, k, H)
+            hidden = self.drafter(features, ids, position_ids=pos[None], cache=self.cache)  # (1, k, H)
             last = hidden[0, -1]  # (H,) f_hat of the root
             return self.drafter.logits(last), last
-        width = max(k, self.catch_up_width)  # the prompt's catch-up is longer: it runs once, unpadded
-        self._check_room(have + width)
-        if width > k:  # pad to a fixed width; the padding's KV lands where this round's branch will be written
-            features = torch.cat([features, features.new_zeros(1, width - k, features.shape[-1])], 1)
-            ids = torch.cat([ids, ids[:, -1:].expand(1, width - k)], 1)
-        causal = self._causal if width == self.catch_up_width else torch.ones(
-            width, width, dtype=torch.bool, device=device).tril()
-        pos = torch.arange(start, start + width, device=device)  # (width,)
-        scores = self._scores_fixed if width == self.catch_up_width else self._scores
-        hidden, logits = scores(features, ids, torch.tensor(have, device=device), causal, pos)
+        causal = torch.ones(k, k, dtype=torch.bool, device=device).tril()
+        hidden, logits = self._pass(features, ids, have, causal, pos, write_at=have)
         self.cache.length = have + k
-        return logits[k - 1], hidden[k - 1]
+        return logits[-1], hidden[-1]
 
     def step(self, tokens: Tensor, parent_hidden: Tensor | None, position_ids: Tensor,
              visible: Tensor) -> tuple[Tensor, Tensor]:
@@ -122,14 +114,12 @@ class EagleDraftModel:
         """
         if parent_hidden is None:
             raise ValueError("the EAGLE drafter needs its parents' predicted features")
-        committed = self.cache_len()
-        if self.static:
-            self._check_room(committed + visible.shape[1])
-            hidden, logits = self._scores_fixed(parent_hidden[None], tokens[None],
-                                                torch.tensor(committed, device=tokens.device), visible, position_ids)
+        committed, (n, s) = self.cache_len(), visible.shape
+        if self.static:  # earlier steps' nodes sit in the s - n slots after the committed entries
+            hidden, logits = self._pass(parent_hidden[None], tokens[None], committed, visible, position_ids,
+                                        write_at=committed + s - n)
             return logits, hidden
-        committed -= visible.shape[1] - len(tokens)  # earlier steps' nodes sit after the committed entries
-        mask = tree_attention_mask(committed, visible, self.dtype)
+        mask = tree_attention_mask(committed - (s - n), visible, self.dtype)
         hidden = self.drafter(parent_hidden[None], tokens[None], position_ids=position_ids[None],
                               attention_mask=mask, cache=self.cache)  # (1, n, H)
         return self.drafter.logits(hidden[0]), hidden[0]
@@ -142,25 +132,57 @@ class EagleDraftModel:
             raise ValueError("the static drafter cache needs the sequence's max_len (DecodeState.max_len)")
         self.cache = StaticKVCache.for_config(self.drafter.llama_config, max_len, self.dtype, self.drafter.device)
 
+    def _pass(self, features: Tensor, ids: Tensor, start: int, visible: Tensor, positions: Tensor,
+              write_at: int) -> tuple[Tensor, Tensor]:
+        """A static-cache pass (see `_scores`), padded to `pass_shape` when it has one and the
+        pass fits in it (padding rows see nothing of the branch and write past this pass's slots,
+        where later passes overwrite them). Returns f_hat (n, H) and logits (n, V)."""
+        (n, s), device = visible.shape, self.drafter.device
+        rows, window = self.pass_shape or (0, 0)
+        if n > rows or s > window:  # no fixed shape (not compiled), or a long prompt's catch-up
+            self._check_room(write_at + n)
+            return self._scores(features, ids, torch.tensor(start, device=device), visible, positions,
+                                torch.tensor(write_at, device=device))
+        self._check_room(max(write_at + rows, start + window))
+        pad = rows - n
+        features = torch.cat([features, features.new_zeros(1, pad, features.shape[-1])], 1)  # (1, rows, H)
+        ids = torch.cat([ids, ids[:, :1].expand(1, pad)], 1)  # (1, rows)
+        positions = torch.cat([positions, positions[:1].expand(pad)])  # (rows,)
+        padded = torch.zeros(rows, window, dtype=torch.bool, device=device)
+        padded[:n, :s] = visible
+        hidden, logits = self._scores_fixed(features, ids, torch.tensor(start, device=device), padded, positions,
+                                            torch.tensor(write_at, device=device))
+        return hidden[:n], logits[:n]
+
     def _check_room(self, need: int) -> None:
         if need > self.cache.max_len:
             raise RuntimeError(f"the static drafter cache ({self.cache.max_len} slots) cannot hold {need} entries; "
                                "size it for prompt + new tokens + tree (DecodeState.max_len)")
 
-    def _scores(self, features: Tensor, ids: Tensor, start: Tensor, visible: Tensor,
-                positions: Tensor) -> tuple[Tensor, Tensor]:
-        """One static-cache drafter pass: features (1, n, H) and ids (1, n) written at the last n
-        of the S slots after `start`, seeing the committed entries and what `visible` (n, S)
-        allows, at `positions` (n,). Returns f_hat (n, H) and logits (n, V)."""
-        mask = self.cache.prepare(start, visible)  # (1, 1, n, max_len)
+    def _scores(self, features: Tensor, ids: Tensor, start: Tensor, visible: Tensor, positions: Tensor,
+                write_at: Tensor) -> tuple[Tensor, Tensor]:
+        """One static-cache drafter pass: features (1, n, H) and ids (1, n) written at slots
+        write_at..write_at+n-1, at `positions` (n,), each seeing the committed entries (slots
+        before `start`) and what `visible` (n, S) allows of the S slots from `start`.
+        Returns f_hat (n, H) and logits (n, V)."""
+        mask = self.cache.prepare(start, visible, write_at)  # (1, 1, n, max_len)
         hidden = self.drafter(features, ids, position_ids=positions[None], attention_mask=mask, cache=self.cache)
         return hidden[0], self.drafter.logits(hidden[0])
+
+
+def pass_shape(template: TreeTemplate) -> tuple[int, int]:
+    """(rows, window) that fit every drafter pass of a round on `template`: the catch-up feeds up
+    to depth + 1 tokens; depth d feeds its expanded nodes and sees all expanded nodes so far."""
+    expanded = [i for i in range(1, template.num_nodes + 1) if template.children[i]]
+    per_depth = [sum(template.depths[i] == d for i in expanded) for d in range(1, template.depth + 1)]
+    return max([template.depth + 1, *per_depth]), max(template.depth + 1, len(expanded))
 
 
 def eagle_proposer(drafter: EagleDrafter, template: TreeTemplate, proposal: str = "topk", static: bool = False,
                    compile_mode: str | None = None) -> TemplateProposer:
     """EAGLE-1: the drafter fills `template` (top-k per expanded node, or draws under sampling
     with `proposal="sample"`); verification by `eagle.engine.SpeculativeDecoder` keeps it exact.
-    `static` / `compile_mode`: see `EagleDraftModel`."""
-    model = EagleDraftModel(drafter, static=static, catch_up_width=template.depth + 1, compile_mode=compile_mode)
+    `static` / `compile_mode`: see `EagleDraftModel` (compiled passes share one padded shape)."""
+    shape = pass_shape(template) if compile_mode is not None else None
+    model = EagleDraftModel(drafter, static=static, compile_mode=compile_mode, pass_shape=shape)
     return TemplateProposer(model, template, proposal=proposal, name="eagle")
