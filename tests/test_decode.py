@@ -169,5 +169,14 @@ def test_timing_mode_times_rounds_and_labels_the_projection(models, tmp_path):
     assert row["kind"] == "projection" and row["tau"] == 4.0
     assert row["projected_ms_per_token"] == pytest.approx(report["methods"]["eagle_static"]["ms_per_round"] / 4)
     assert "Projection** (not a measurement)" in (out / "timing.md").read_text()
+    # timing.measured: no timing again, only the projection from another benchmark
+    results.write_text(json.dumps({"runs": [
+        {"eval_set": "mtbench", "temperature": 0.0, "target": "t", "methods": {"eagle": {"tau": 2.0}}}]}))
+    again = tmp_path / "again"
+    decode(decode_cfg(models, tmp_path, "mode=timing", f"timing.measured={out / 'timing.json'}",
+                      f"timing.tau_from={results}", f"timing.out_dir={again}"))
+    (row,) = json.loads((again / "timing.json").read_text())["projection"]
+    assert row["eval_set"] == "mtbench" and row["tau_method"] == "eagle"
+    assert row["round_ms"] == report["methods"]["eagle_static"]["ms_per_round"]
     with pytest.raises(MethodError, match="timing runs"):
         decode(decode_cfg(models, tmp_path, "mode=timing", *shape, "timing.methods=[draft]"))

@@ -68,7 +68,7 @@ def drafter_cfg(tmp_path: Path, target_dir: Path, features_dir: Path | None, *ov
 
 
 def test_drafter_configs_compose():
-    for name in ("drafter_tiny", "drafter_test"):
+    for name in ("drafter_tiny", "drafter_test", "drafter_gpu"):
         cfg = compose_train([f"experiment={name}", "paths.root_dir=/nowhere"])
         OmegaConf.resolve(cfg)
         assert cfg.task_name == name and "model" not in cfg
@@ -84,6 +84,11 @@ def test_drafter_configs_compose():
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):  # data_gen's default dump
         assert compose("data_gen", overrides=["paths.root_dir=/nowhere"]).out_dir == \
             tiny.data.datamodule.features_dir
+    gpu = compose_train(["experiment=drafter_gpu", "paths.root_dir=/nowhere"])
+    assert gpu.drafter.target_path == "/nowhere/runs/target_gpu/model" and gpu.trainer.accelerator == "gpu"
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):  # the dump scripts/gpu_bench.sh writes
+        assert compose("data_gen", overrides=["paths.root_dir=/nowhere", "name=target_gpu-python_stdlib"]).out_dir == \
+            gpu.data.datamodule.features_dir
     online = compose_train(["experiment=drafter_test", "data=online"])
     assert online.data.datamodule._target_ == "eagle.drafter_module.OnlineDataModule"
     assert online.data.datamodule.source._target_ == "data_gen.conversations.python_corpus_samples"

