@@ -9,6 +9,10 @@ Nothing is ever erased. Slots past the committed length hold stale KV (rejected 
 padding, an earlier sequence); the mask hides them and later writes overwrite them. After a
 verification `move` copies the accepted path's KV down next to the committed prefix.
 
+Each layer's keys and values are tensors of their own, as in Hugging Face's `StaticCache`:
+a compiled graph then updates them in place. (Views of one shared buffer compile into a copy
+of the whole buffer per write: on the CPU that made compiled decoding 4x slower than eager.)
+
 Hugging Face attention layers talk to it like any cache object: `update(key, value,
 layer_idx, ...)` stores the new KV and returns the full buffers. The model itself never
 builds a mask or positions from it: the caller always passes a 4-D mask and position ids,
@@ -39,7 +43,7 @@ def window_mask(start: Tensor | int, visible: Tensor, max_len: int, dtype: torch
 
 
 class StaticKVCache:
-    """K/V of every layer in one buffer (L, 2, 1, H_kv, max_len, D), indexed by slot.
+    """Keys and values (1, H_kv, max_len, D) of every layer, indexed by slot.
 
     Args:
         num_layers, kv_heads, head_dim: the attention shape of the model it serves.
@@ -48,10 +52,13 @@ class StaticKVCache:
 
     def __init__(self, num_layers: int, kv_heads: int, head_dim: int, max_len: int,
                  dtype: torch.dtype, device: torch.device | str):
-        self.max_len, self.dtype = max_len, dtype
-        self.kv = torch.zeros(num_layers, 2, 1, kv_heads, max_len, head_dim, dtype=dtype, device=device)
-        # a fixed address: compiled graphs (and CUDA graphs) mutate it in place instead of copying it
-        torch._dynamo.mark_static_address(self.kv)
+        self.max_len, self.dtype, self.device = max_len, dtype, torch.device(device)
+        shape = (1, kv_heads, max_len, head_dim)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        for t in self.keys + self.values:
+            # fixed addresses: compiled graphs (and CUDA graphs) mutate them in place, never copy them
+            torch._dynamo.mark_static_address(t)
         self.slots = torch.zeros(0, dtype=torch.long, device=device)  # where the next forward writes
         self.length = 0  # committed entries (slots 0..length-1); bookkeeping of the owner
 
@@ -65,8 +72,8 @@ class StaticKVCache:
                    max_len=max_len, dtype=dtype, device=device)
 
     def fits(self, num_layers: int, max_len: int, dtype: torch.dtype, device) -> bool:
-        return (self.kv.shape[0] == num_layers and self.max_len == max_len and self.dtype == dtype
-                and self.kv.device == torch.device(device))
+        return (len(self.keys) == num_layers and self.max_len == max_len and self.dtype == dtype
+                and self.device == torch.device(device))
 
     def prepare(self, start: Tensor | int, visible: Tensor, write_at: Tensor | int | None = None) -> Tensor:
         """Aim the next forward's n = visible.shape[0] writes at slots write_at..write_at+n-1
@@ -74,13 +81,13 @@ class StaticKVCache:
         (1, 1, n, max_len) (see `window_mask`)."""
         n, s = visible.shape
         write_at = start + (s - n) if write_at is None else write_at
-        self.slots = write_at + torch.arange(n, device=self.kv.device)  # (n,)
+        self.slots = write_at + torch.arange(n, device=self.device)  # (n,)
         return window_mask(start, visible, self.max_len, self.dtype)
 
     def update(self, key_states: Tensor, value_states: Tensor, layer_idx: int, *args, **kwargs):
         """Called by each attention layer with its new (1, H_kv, n, D) keys and values;
         returns the whole layer (1, H_kv, max_len, D) for attention under the mask."""
-        keys, values = self.kv[layer_idx, 0], self.kv[layer_idx, 1]
+        keys, values = self.keys[layer_idx], self.values[layer_idx]
         keys.index_copy_(2, self.slots, key_states)
         values.index_copy_(2, self.slots, value_states)
         return keys, values
@@ -88,11 +95,11 @@ class StaticKVCache:
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.length
 
-    def move(self, src: Tensor, dst_start: int) -> None:
-        """Copy the entries at slots `src` (k,) to slots dst_start..dst_start+k-1, all layers at
-        once (a gather, then an index copy: overlapping ranges are safe)."""
-        dst = torch.arange(dst_start, dst_start + src.numel(), device=self.kv.device)
-        self.kv.index_copy_(4, dst, self.kv.index_select(4, src.to(self.kv.device)))
+    def move(self, src: Tensor, dst: Tensor) -> None:
+        """Copy the entries at slots `src` (k,) to slots `dst` (k,) in every layer (a gather, then
+        an index copy: overlapping ranges are safe)."""
+        for t in self.keys + self.values:
+            t.index_copy_(2, dst, t.index_select(2, src))
 
 
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # torch.compile modes that capture CUDA graphs

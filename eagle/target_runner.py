@@ -13,7 +13,10 @@ compacted and cropped afterwards (`eagle.kv_cache.keep_path`); every round has n
 `StaticRunner` uses a preallocated, position-indexed `StaticKVCache`: the tree is padded to
 a fixed width, attention always spans the whole buffer, and rejected nodes are hidden by the
 mask rather than erased, so every round runs the same graph, which `torch.compile` (and CUDA
-graphs) can capture. Both give the same tokens: the tests run every exactness test on both.
+graphs) can capture. The accepted path's KV is moved next to the committed prefix at the
+start of the next verification, inside its graph: a fixed-size index copy (the path padded
+with slots copied onto themselves) instead of a few small kernels per layer between graphs.
+Both runners give the same tokens: the tests run every exactness test on both.
 """
 
 from __future__ import annotations
@@ -167,6 +170,9 @@ class StaticRunner(TargetRunner):
         self.cache: StaticKVCache | None = None
         self.window = sliding_window(target.config)
         self._forward = compile_static(self._scores, compile_mode)
+        # slots moved per commit: the longest path (padded); vanilla decoding never moves anything
+        self.moves = self.width if tree_size else 0
+        self._src = self._dst = torch.zeros(0, dtype=torch.long, device=self.device)  # the pending move
 
     @property
     def length(self) -> int:
@@ -189,9 +195,13 @@ class StaticRunner(TargetRunner):
             self.cache = StaticKVCache.for_config(self.target.config, size, dtype, self.device)
         self.cache.length = 0
 
-    def _scores(self, ids: Tensor, start: Tensor, visible: Tensor, offsets: Tensor) -> tuple[Tensor, Tensor]:
-        """ids (1, n) written at the last n of the S slots after `start`, seeing what `visible`
-        (n, S) allows besides the committed context, at positions start + offsets (n,)."""
+    def _scores(self, ids: Tensor, start: Tensor, visible: Tensor, offsets: Tensor, src: Tensor,
+                dst: Tensor) -> tuple[Tensor, Tensor]:
+        """First the last commit's move (slots `src` to `dst`, (moves,)); then ids (1, n) written at
+        the last n of the S slots after `start`, seeing what `visible` (n, S) allows besides the
+        committed context, at positions start + offsets (n,)."""
+        if src.numel():
+            self.cache.move(src, dst)
         mask = self.cache.prepare(start, visible)  # (1, 1, n, max_len)
         out = target_forward(self.target, ids, self.cache, attention_mask=mask,
                              position_ids=(start + offsets)[None])
@@ -205,7 +215,21 @@ class StaticRunner(TargetRunner):
         out = target_forward(self.target, ids.to(self.device), self.cache, attention_mask=mask,
                              position_ids=torch.arange(t, device=self.device)[None], logits_slice=slice(-1, None))
         self.cache.length = t
+        self._pending([])
         return out
+
+    def _pending(self, path: list[int]) -> None:
+        """Queue the move of the path's KV to the `moves` slots after the committed length:
+        node i of `path` from slot length + path[i], the rest of them onto themselves."""
+        ids = (path + list(range(len(path), self.moves)))[:self.moves]  # vanilla: nothing (its path is [0])
+        self._src = torch.tensor([self.length + i for i in ids], device=self.device)
+        self._dst = torch.arange(self.length, self.length + self.moves, device=self.device)
+
+    def flush(self) -> None:
+        """Apply the pending move now (the next verification would); for inspecting the cache."""
+        if self._src.numel():
+            self.cache.move(self._src, self._dst)
+        self._pending([])
 
     def verify(self, tokens: Tensor, parents: tuple[int, ...]) -> TargetOutput:
         n = tokens.shape[1]
@@ -214,14 +238,13 @@ class StaticRunner(TargetRunner):
         geo = self.geometry(parents, self.width)
         ids = torch.cat([tokens, tokens[:, :1].expand(1, self.width - n)], 1)  # (1, width): padded with the root
         start = torch.tensor(self.length, device=self.device)
-        logits, features = self._forward(ids, start, geo.ancestors, geo.depth)
+        logits, features = self._forward(ids, start, geo.ancestors, geo.depth, self._src, self._dst)
         return TargetOutput(logits=logits[:, :n], features=features[:, :n])
 
     def commit(self, path: list[int]) -> None:
-        if path != list(range(len(path))):  # a chain's accepted prefix is already in place
-            src = torch.tensor(path, device=self.device) + self.length
-            self.cache.move(src, self.length)
+        self._pending(path)
         self.cache.length += len(path)
 
     def committed_kv(self, layer: int) -> tuple[Tensor, Tensor]:
-        return self.cache.kv[layer, 0, :, :, :self.length], self.cache.kv[layer, 1, :, :, :self.length]
+        self.flush()
+        return self.cache.keys[layer][:, :, :self.length], self.cache.values[layer][:, :, :self.length]

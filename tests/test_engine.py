@@ -134,7 +134,7 @@ def test_oracle_accepts_full_depth_and_cache_has_no_branch_trace(cache):
             for got, want in zip(runner.committed_kv(layer), clean.committed_kv(layer)):
                 torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
         if cache == "static":  # the rejected nodes' KV is still there, hidden by the mask
-            stale.append(bool(runner.cache.kv[:, :, :, :, runner.length:runner.length + tree_.size].abs().sum() > 0))
+            stale.append(bool(runner.cache.keys[0][:, :, runner.length:runner.length + tree_.size].abs().sum() > 0))
         checked.append(len(path))
         return out
 
