@@ -139,6 +139,8 @@ def timing(cfg: DictConfig) -> Path:
         if name not in ("vanilla", "eagle", "vanilla_static", "eagle_static"):
             raise MethodError(f"timing runs vanilla, eagle, vanilla_static and eagle_static, not {name!r}")
     results = read_json(tcfg.tau_from, "timing.tau_from (a benchmark's results.json)") if tcfg.tau_from else None
+    if results is not None and not tcfg.measured and "eagle_static" not in tcfg.methods:
+        raise MethodError("a projection (timing.tau_from) needs eagle_static among timing.methods")
     if tcfg.measured:
         report = read_json(tcfg.measured, "timing.measured (a timing.json)")
         report["tau_from"] = str(tcfg.tau_from) if tcfg.tau_from else None
@@ -150,8 +152,6 @@ def timing(cfg: DictConfig) -> Path:
     target = random_target(shape, tcfg.dtype, cfg.device, seed=cfg.seed)
     spec = MethodSpec(tree=cfg.tree, random_drafter=True, tree_dirs=(str(TREE_DIR),),
                       static_max_len=tcfg.max_len, compile_mode=compile_mode(cfg))
-    methods = {name: build_method(name, target, None, spec) for name in tcfg.methods}
-    timed = time_methods(target, methods, tcfg.prompt_len, tcfg.new_tokens, tcfg.repeats, seed=cfg.seed)
     gb = weights_gb(target)
     report = {"kind": "timing", "shape_name": tcfg.shape_name, "shape": shape,
               "params_b": sum(p.numel() for p in target.parameters()) / 1e9, "dtype": tcfg.dtype,
@@ -159,9 +159,15 @@ def timing(cfg: DictConfig) -> Path:
               "compile_mode": compile_mode(cfg), "tree": cfg.tree, "prompt_len": tcfg.prompt_len,
               "new_tokens": tcfg.new_tokens, "repeats": tcfg.repeats, "weights_gb": gb,
               "bandwidth_gb_s": tcfg.bandwidth_gb_s, "floor_ms_per_token": 1000 * gb / tcfg.bandwidth_gb_s,
-              "methods": timed, "tau_from": str(tcfg.tau_from) if tcfg.tau_from else None,
-              "projection": project(timed, results) if results is not None else None,
+              "methods": {}, "tau_from": str(tcfg.tau_from) if tcfg.tau_from else None, "projection": None,
               "torch": torch.__version__}
+    for name in tcfg.methods:  # the report is rewritten after each method: a killed run keeps what it timed
+        method = build_method(name, target, None, spec)
+        report["methods"] |= time_methods(target, {name: method}, tcfg.prompt_len, tcfg.new_tokens, tcfg.repeats,
+                                          seed=cfg.seed)
+        write_timing(report, tcfg.out_dir)
+    if results is not None:
+        report["projection"] = project(report["methods"], results)
     out_dir = write_timing(report, tcfg.out_dir)
     print((out_dir / "timing.md").read_text())
     return out_dir
