@@ -60,7 +60,7 @@ gpu-wheels: install
 # The same pipeline on the CPU with the test presets and a tiny timing shape: checks the plumbing.
 SMOKE_RUNS := $(RUNS)/gpu_smoke
 gpu-bench-smoke: install
-	OUT=$(RUNS)/gpu_bench_smoke RUNS=$(SMOKE_RUNS) PY=$(PY) DEVICE=cpu COMPILE=true \
+	OUT=$(RUNS)/gpu_bench_smoke RUNS=$(SMOKE_RUNS) PY=$(PY) DEVICE=cpu COMPILE=true WHEELS= \
 	TIMING_ARGS="timing.shape_name=tiny timing.shape.hidden_size=64 timing.shape.intermediate_size=128 \
 		timing.shape.num_hidden_layers=2 timing.shape.num_attention_heads=4 timing.shape.num_key_value_heads=2 \
 		timing.shape.vocab_size=512 timing.new_tokens=16 timing.prompt_len=16 timing.repeats=1 threads=1" \
