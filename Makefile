@@ -1,11 +1,12 @@
 # Two commands on a fresh machine (each installs what it needs into .venv first):
 #   make demo   build the embedded target, train a drafter, benchmark every method
 #   make test   the test suite (what CI runs)
+#   make analysis   after make demo: notebooks/feature_error.ipynb on the demo's run
 PY := .venv/bin/python
 STAMP := .venv/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 RUNS := runs
 
-.PHONY: install demo test test-slow lint clean-runs
+.PHONY: install demo analysis test test-slow lint clean-runs
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv .venv
@@ -38,6 +39,14 @@ demo: install
 	$(call stage,EAGLE features of the target (sharded Arrow),grep -qs '"status": "complete"' $(RUNS)/data/features/target_tiny-python_stdlib/metadata.json,$(PY) -m data_gen)
 	$(call stage,EAGLE drafter,test -e $(RUNS)/drafter_tiny/drafter/config.json,$(PY) train.py experiment=drafter_tiny)
 	$(PY) decode.py mode=benchmark
+
+# notebooks/feature_error.ipynb on the demo's run: two small ablation drafters (with and without
+# EAGLE-1's input noise), then the notebook executed into runs/analysis/ with its plots.
+analysis: install
+	@test -e $(RUNS)/drafter_tiny/drafter/config.json || { echo "[analysis] run 'make demo' first: it builds the target, features, drafter and benchmark"; exit 1; }
+	$(call stage,ablation drafter with input noise,test -e $(RUNS)/drafter_ablation_noise0.1/drafter/config.json,$(PY) train.py experiment=drafter_ablation drafter.noise=0.1)
+	$(call stage,ablation drafter without input noise,test -e $(RUNS)/drafter_ablation_noise0.0/drafter/config.json,$(PY) train.py experiment=drafter_ablation drafter.noise=0.0)
+	FEATURE_ERROR_RUNS=$(abspath $(RUNS)) $(PY) notebooks/execute.py notebooks/feature_error.ipynb $(RUNS)/analysis/feature_error.ipynb
 
 clean-runs:
 	rm -rf $(RUNS)
