@@ -29,8 +29,8 @@ lint: install
 
 # Each stage is skipped when its artifact says it is finished (delete runs/<stage> to redo it).
 define stage
-	@if $(2); then echo "[demo] $(1): already done, reusing it ($(2))"; \
-	else echo "[demo] $(1)"; $(3) || exit 1; fi
+	@if $(2); then echo "[$@] $(1): already done, reusing it ($(2))"; \
+	else echo "[$@] $(1)"; $(3) || exit 1; fi
 endef
 
 demo: install

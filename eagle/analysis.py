@@ -17,6 +17,7 @@ notebook only calls it and draws.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +50,12 @@ class DepthProfile:
     @property
     def depths(self) -> list[int]:
         return list(range(1, len(self.l1) + 1))
+
+    def stderr(self, k: int = 1) -> list[float]:
+        """Binomial standard error of the top-k agreement at each depth, sqrt(a(1-a)/n): two
+        drafters whose agreements differ by less than about twice this are not told apart
+        (positions of one sample are correlated, so it is, if anything, optimistic)."""
+        return [math.sqrt(a * (1 - a) / max(n, 1)) for a, n in zip(self.agreement[k], self.counts)]
 
     def rows(self) -> list[dict[str, float]]:
         """One dict per depth, for a table."""

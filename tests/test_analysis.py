@@ -64,6 +64,9 @@ def test_opposite_features_never_agree_top1_but_always_top_v():
     assert prof.agreement[1] == [0.0]  # argmax(W(-f)) = argmin(Wf) != argmax(Wf)
     assert prof.agreement[5] == [1.0]
     assert prof.cosine == pytest.approx([-1.0])
+    assert prof.stderr(1) == [0.0] and prof.stderr(5) == [0.0]  # certain outcomes
+    prof.agreement[1] = [0.5]
+    assert prof.stderr(1) == [pytest.approx(0.5 / prof.counts[0] ** 0.5)]
 
 
 def test_loss_mask_selects_positions_and_empty_mask_is_refused():
