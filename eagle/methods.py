@@ -125,7 +125,7 @@ class MethodSpec:
 
     tree: str = "eagle_default"          # tree template name or path for eagle
     draft_tree: str = "chain5"           # template for the draft LM (classic SD drafts a chain)
-    proposal: str = "topk"               # "topk" | "sample": how children are drawn under sampling
+    proposal: str = "sample"             # "sample" | "topk": how children are drawn under sampling
     drafter: str | None = None           # EAGLE checkpoint directory
     random_drafter: bool = False         # explicit: decode with an untrained drafter (losslessness checks)
     prompt_lookup_tokens: int = 10
