@@ -14,6 +14,7 @@ Output (in `out_dir`): results.json, results.md, speedup.png, tau.png, acceptanc
 from __future__ import annotations
 
 import json
+import math
 import platform
 import resource
 import statistics
@@ -217,8 +218,9 @@ def markdown_table(report: dict) -> str:
             split = (f"{m['draft_frac']:.0%} / {m['verify_frac']:.0%} / {m['other_frac']:.0%}"
                      if m["draft_frac"] or m["verify_frac"] else "-")
             ident = "-" if m["identical_to_reference"] is None else f"{m['identical_to_reference']:.0%}"
+            speed = "- | -" if math.isnan(m["speedup"]) else f"{m['speedup']:.2f}x | {m['speedup_median']:.2f}x"
             lines.append(f"| {m['method']} | {m['dtype']} | {m['tau']:.2f} | {m['tokens_per_s']:.1f} | "
-                         f"{m['speedup']:.2f}x | {m['speedup_median']:.2f}x | {split} | "
+                         f"{speed} | {split} | "
                          f"{'yes' if m['lossless'] else 'NO (lossy)'} | {ident} |")
         lines.append("")
     return "\n".join(lines)

@@ -1,11 +1,17 @@
 """Choose a static draft tree from measured acceptance instead of by guesswork.
 
 Under greedy decoding whether a tree node is accepted depends only on its own path: the
-drafter's top-k ranks along it and the target's argmaxes. So a node's acceptance rate
-measured inside any tree that contains it is its rate in every such tree, and the expected
-tokens per round of a tree is exactly
+drafter's top-k ranks along it and the target's argmaxes (at most one child of a node can
+match the argmax). So from a given context, any subtree accepts exactly the longest prefix
+of the probe's accepted path that it kept, and a node's acceptance rate measured inside a
+large tree carries over to every tree that contains it. The expected tokens per round of
+a tree is then estimated by
 
-    tau = 1 + sum over its nodes of P(node on the accepted path).
+    tau ~ 1 + sum over its nodes of P(node on the accepted path).
+
+It is an estimate, not an identity: over a whole decode a smaller tree starts its rounds at
+other positions than the probe did, and in bf16 a differently shaped verification can
+round a near-tie the other way and change the text itself (LOG.md compares the two).
 
 Decode once with a large probe tree (`configs/tree/probe.yaml`), record P(node) for every
 node (`eagle.benchmark.acceptance_by_node`), and the best tree of N nodes is the N-node
@@ -29,7 +35,7 @@ from eagle.tree import TreeError, TreeTemplate
 @dataclass
 class Candidate:
     tree: TreeTemplate
-    predicted_tau: float  # 1 + sum of the kept nodes' measured acceptance
+    predicted_tau: float  # 1 + sum of the kept nodes' measured acceptance (an estimate)
 
 
 def best_subtree(probe: TreeTemplate, by_node: Sequence[float], size: int, name: str | None = None) -> Candidate:
