@@ -19,14 +19,15 @@ from pathlib import Path
 import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
+from tqdm.auto import tqdm
 
 from eagle.benchmark import BenchmarkConfig, encode_prompt, run_benchmark
 from eagle.evalsets import Prompt, load_eval_set
 from eagle.methods import MethodSpec, build_method, parse_method
 from eagle.sampling import SamplingPolicy
-from eagle.tree import resolve_tree
-from eagle.tree_search import candidates, write_tree
 from eagle.target import load_target, resolve_dtype
+from eagle.tree import resolve_tree
+from eagle.tree_search import candidates, position_paths, write_tree
 from train import ROOT, run_cli
 
 TREE_DIR = ROOT / "configs" / "tree"
@@ -118,34 +119,45 @@ def benchmark(cfg: DictConfig, models: Models | None = None, methods: list[str] 
 
 
 def tree_search(cfg: DictConfig) -> Path:
-    """Measure every node of a probe tree once (greedy), keep the best subtree of each size
-    (eagle/tree_search.py), then benchmark them against vanilla and the default tree."""
-    ts = cfg.tree_search
+    """Run the probe tree from every position of each prompt's greedy text, keep the best
+    subtree of each size (eagle/tree_search.py), then benchmark them against vanilla and
+    the default tree; the predicted and measured taus are written side by side."""
+    ts, bcfg = cfg.tree_search, cfg.benchmark
     out = Path(ts.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
     models = Models(cfg)
+    dtype = OmegaConf.to_container(bcfg.dtypes).get("eagle", "float32")
     probe = resolve_tree(ts.probe, [TREE_DIR])
-    probe_method = f"eagle@{ts.probe}"
-    print(f"[tree search] measuring {probe.summary()}")
-    probe_dir = benchmark(cfg, models, methods=[probe_method], temperatures=[0.0], out_dir=out / "probe")
-    runs = json.loads((probe_dir / "results.json").read_text())["runs"]
-    per_set = [r["methods"][probe_method]["acceptance_by_node"] for r in runs]
-    by_node = [sum(col) / len(col) for col in zip(*per_set)]  # eval sets weigh alike
-    found = candidates(probe, by_node, list(ts.sizes))
+    method = models.method(f"eagle@{ts.probe}", dtype)
+    _, tokenizer = models.target(dtype)
+    prompts = [encode_prompt(tokenizer, p) for name in bcfg.eval_sets
+               for p in load_eval_set(name, ts.num_prompts)]
+    greedy = SamplingPolicy()
+
+    def first_round(ids: list[int], max_new: int) -> tuple[int, ...]:
+        rounds = method.generate(ids, max_new, greedy).paths
+        return rounds[0] if rounds else (0,)
+
+    paths = []
+    for ids in tqdm(prompts, desc=f"probe {probe.num_nodes} nodes, every position", unit="prompt"):
+        text = method.generate(ids, cfg.max_new_tokens, greedy).tokens
+        paths.append(position_paths(first_round, probe, ids, text))
+    (out / "probe_paths.json").write_text(json.dumps({"probe": probe.name, "paths": paths}))
+    found = candidates(probe, paths, list(ts.sizes), cfg.max_new_tokens)
     for c in found:
-        write_tree(c, out / f"{c.tree.name}.yaml", source=str(probe_dir / "results.json"))
+        write_tree(c, out / f"{c.tree.name}.yaml", source=f"{probe.name} over {len(prompts)} prompts")
         print(f"[tree search] {c.tree.summary()}: predicted tau {c.predicted_tau:.2f}")
     names = ["vanilla", "eagle"] + [f"eagle@{c.tree.name}" for c in found]
     compare = benchmark(cfg, models, methods=names, temperatures=list(ts.temperatures), out_dir=out / "compare",
                         tree_dirs=(str(out),))
     summary = []
     for run in json.loads((compare / "results.json").read_text())["runs"]:
-        for c in found:
-            m = run["methods"][f"eagle@{c.tree.name}"]
-            summary.append({"eval_set": run["eval_set"], "temperature": run["temperature"], "tree": c.tree.name,
-                            "nodes": c.tree.num_nodes, "depth": c.tree.depth, "predicted_tau": c.predicted_tau,
-                            "tau": m["tau"], "speedup": m["speedup"]})
-        default = run["methods"]["eagle"]
-        best = max(summary[-len(found):], key=lambda r: r["speedup"])
+        rows = [{"eval_set": run["eval_set"], "temperature": run["temperature"], "tree": c.tree.name,
+                 "nodes": c.tree.num_nodes, "depth": c.tree.depth, "predicted_tau": c.predicted_tau,
+                 "tau": run["methods"][f"eagle@{c.tree.name}"]["tau"],
+                 "speedup": run["methods"][f"eagle@{c.tree.name}"]["speedup"]} for c in found]
+        summary += rows
+        default, best = run["methods"]["eagle"], max(rows, key=lambda r: r["speedup"])
         print(f"[tree search] {run['eval_set']} T={run['temperature']:g}: default tree {default['speedup']:.2f}x "
               f"(tau {default['tau']:.2f}); best candidate {best['tree']} {best['speedup']:.2f}x "
               f"(tau {best['tau']:.2f}, predicted {best['predicted_tau']:.2f}): tree={out / best['tree']}.yaml")
