@@ -1,17 +1,21 @@
 """Medusa-1: distinct heads, exact verification through the engine (greedy = `generate` for
 every family, sampled = the target's distribution), typical acceptance lossy under sampling
-(its rule itself: tests/test_acceptance.py), and clear errors for a wrong target or a tree
-deeper than the heads."""
+(its rule itself: tests/test_acceptance.py), training through train.py with resume, and clear
+errors for a wrong target or a tree deeper than the heads."""
 
 from __future__ import annotations
 
 import json
+import math
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 from conftest import FAMILIES, chi2_pvalue, make_tiny_model
+from omegaconf import OmegaConf
 from test_engine import POLICIES, exact_joint, hf_greedy, prompts, tree
+from test_train_drafter import compose_train
 
 from eagle.acceptance import TypicalAcceptance
 from eagle.checkpoint import (
@@ -24,10 +28,12 @@ from eagle.checkpoint import (
 from eagle.drafter import EagleDrafter
 from eagle.engine import SpeculativeDecoder
 from eagle.medusa import MedusaConfig, MedusaError, MedusaHead, MedusaHeads
+from eagle.medusa_module import loss_weights, shifted_labels
 from eagle.proposers import medusa_proposer
 from eagle.sampling import SamplingPolicy
-from eagle.target import lm_head
+from eagle.target import lm_head, load_target
 from eagle.tree import TreeTemplate
+from train import train
 
 SMALL_TREE = TreeTemplate.from_paths([[0], [1], [0, 0], [0, 1], [1, 0]], name="small")
 
@@ -182,3 +188,72 @@ def test_checkpoint_round_trip_and_wrong_target(tmp_path):
         load_medusa(tmp_path / "d", target)
     with pytest.raises(CheckpointError, match="Medusa checkpoint .* does not exist"):
         load_medusa(tmp_path / "nowhere", target)
+
+
+# ---------------------------------------------------------------------------------------
+# Training
+
+
+def test_shifted_labels_alignment():
+    """Head k at position t predicts x_{t+k+1}, weighted by m_{t+k+1}; nothing past the end."""
+    ids = torch.tensor([[10, 11, 12, 13, 14]])
+    mask = torch.tensor([[0, 0, 1, 1, 0]])
+    labels, w = shifted_labels(ids, mask, shift=2)  # head 1
+    assert labels.tolist() == [[12, 13, 14, 0, 0]] and w.tolist() == [[1, 1, 0, 0, 0]]
+    labels, w = shifted_labels(ids, mask, shift=1)  # the LM head itself
+    assert labels.tolist() == [[11, 12, 13, 14, 0]] and w.tolist() == [[0, 1, 1, 0, 0]]
+    labels, w = shifted_labels(ids, mask, shift=7)  # longer than the sample
+    assert labels.tolist() == [[0] * 5] and w.sum() == 0
+    assert loss_weights(3, 0.8) == pytest.approx([1.0, 0.8, 0.64])
+    assert loss_weights(2, 0.8, [1, 0]) == [1.0, 0.0]
+    with pytest.raises(ValueError, match="one per head"):
+        loss_weights(3, 0.8, [1.0])
+
+
+def test_medusa_configs_compose():
+    for name in ("medusa_tiny", "medusa_test"):
+        cfg = compose_train([f"experiment={name}", "paths.root_dir=/nowhere"])
+        OmegaConf.resolve(cfg)
+        assert cfg.task_name == name and "model" not in cfg and "drafter" not in cfg
+        m = cfg.medusa
+        assert m._target_ == "eagle.medusa_module.MedusaModule"
+        # Medusa-1's recipe
+        assert (m.lr, m.weight_decay, m.schedule, m.num_layers) == (1e-3, 0.0, "cosine", 1)
+        assert cfg.data.datamodule._target_ == "eagle.drafter_module.FeatureDataModule"
+    tiny = compose_train(["experiment=medusa_tiny", "paths.root_dir=/nowhere"])
+    assert tiny.medusa.target_path == "/nowhere/runs/target_tiny/model"
+    assert tiny.medusa.num_heads >= TreeTemplate.from_file(
+        Path(__file__).resolve().parents[1] / "configs" / "tree" / "medusa_default.yaml").depth
+
+
+def medusa_cfg(tmp_path: Path, target_dir: Path, features_dir: Path, *overrides: str):
+    return compose_train(["experiment=medusa_test", f"paths.runs_dir={tmp_path}", f"medusa.target_path={target_dir}",
+                          f"data.datamodule.features_dir={features_dir}", *overrides])
+
+
+def test_train_resume_and_export(tmp_path, target_dir, features_dir):
+    first = train(medusa_cfg(tmp_path, target_dir, features_dir, "trainer.max_steps=2"))
+    run_dir = tmp_path / "medusa_test"
+    last = run_dir / "checkpoints" / "last.ckpt"
+    assert first["steps"] == 2 and last.exists()
+    state = torch.load(last, map_location="cpu", weights_only=False)["state_dict"]
+    assert all(k.startswith("heads.heads.") for k in state)  # the heads only, never the target
+    assert {k.split(".")[2] for k in state} == {"0", "1", "2"}
+
+    second = train(medusa_cfg(tmp_path, target_dir, features_dir, "trainer.max_steps=4"))
+    assert second["resumed_from_step"] == 2 and second["steps"] == 4
+    for key in ("val/loss", "val/loss_h1", "val/loss_h3", "val/top1_h1", "val/top5_h1", "val/top1_h3",
+                "val/top1_h0"):
+        assert math.isfinite(second[key]), key
+    assert 0.0 <= second["val/top1_h1"] <= second["val/top5_h1"] <= 1.0
+    assert second["medusa_dir"] == str(run_dir / "medusa")
+    assert json.loads((run_dir / "medusa" / "train_metrics.json").read_text())["steps"] == 4
+    model, tokenizer = load_target(target_dir)
+    heads = load_medusa(run_dir / "medusa", model, tokenizer)  # checked against the target
+    assert heads.num_heads == 3
+
+    other = tmp_path / "other"
+    make_tiny_model("llama", seed=7, hidden_size=64, vocab_size=len(tokenizer)).save_pretrained(other)
+    tokenizer.save_pretrained(other)
+    with pytest.raises(DrafterMismatchError, match="hidden size 32, this target has 64"):
+        load_medusa(run_dir / "medusa", *load_target(other))
