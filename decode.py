@@ -3,15 +3,18 @@
     python decode.py "prompt='def fib(n):'" method=eagle    # streams each accepted block
     python decode.py method=vanilla temperature=0.8 top_p=0.95
     python decode.py mode=benchmark                         # writes results.json/.md + plots
+    python decode.py mode=tree_search                       # the best static tree for this machine
 
 Methods: vanilla | eagle | draft | prompt_lookup | medusa | medusa_typical | hf_generate |
-hf_assisted | hf_prompt_lookup. All are lossless except medusa_typical (Medusa's typical
+hf_assisted | hf_prompt_lookup; `eagle@TREE` / `draft@TREE` run a tree method with another
+tree (several side by side). All are lossless except medusa_typical (Medusa's typical
 acceptance), which is labelled LOSSY wherever it reports.
 The benchmark prints its output folder as its last line.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -21,8 +24,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from eagle.benchmark import BenchmarkConfig, encode_prompt, run_benchmark
 from eagle.evalsets import Prompt, load_eval_set
-from eagle.methods import METHODS, MethodError, MethodSpec, build_method
+from eagle.methods import MethodSpec, build_method, parse_method
 from eagle.sampling import SamplingPolicy
+from eagle.tree import resolve_tree
+from eagle.tree_search import candidates, write_tree
 from eagle.target import load_target, resolve_dtype
 from train import ROOT, run_cli
 
@@ -50,9 +55,8 @@ class Models:
                                                with_tokenizer=False)
         return self._drafts[key]
 
-    def method(self, name: str, dtype: str):
-        if name not in METHODS:
-            raise MethodError(f"unknown method {name!r}; choose one of {', '.join(METHODS)}")
+    def method(self, name: str, dtype: str, tree_dirs: tuple[str, ...] = ()):
+        base, _ = parse_method(name)
         cfg = self.cfg
         target, tokenizer = self.target(dtype)
         spec = MethodSpec(tree=cfg.tree, draft_tree=cfg.draft_tree, proposal=cfg.proposal,
@@ -61,8 +65,8 @@ class Models:
                           prompt_lookup_ngram=cfg.prompt_lookup_ngram, medusa=cfg.medusa_path,
                           random_medusa=cfg.random_medusa, medusa_tree=cfg.medusa_tree,
                           typical_eps=cfg.typical_eps, typical_delta=cfg.typical_delta,
-                          tree_dirs=(str(TREE_DIR),))
-        draft = self.draft(dtype) if name in ("draft", "hf_assisted") else None
+                          tree_dirs=(*tree_dirs, str(TREE_DIR)))
+        draft = self.draft(dtype) if base in ("draft", "hf_assisted") else None
         return build_method(name, target, tokenizer, spec, target_path=str(cfg.target), draft_model=draft)
 
 
@@ -91,29 +95,67 @@ def generate(cfg: DictConfig) -> None:
           f"{len(out.tokens) / out.seconds:.1f} tokens/s, tau {out.tau:.2f}")
 
 
-def benchmark(cfg: DictConfig) -> Path:
+def benchmark(cfg: DictConfig, models: Models | None = None, methods: list[str] | None = None,
+              temperatures: list[float] | None = None, out_dir: str | Path | None = None,
+              tree_dirs: tuple[str, ...] = ()) -> Path:
+    """Run the benchmark (arguments override `cfg.benchmark`); returns its output folder."""
     bcfg = cfg.benchmark
-    models = Models(cfg)
+    models = models or Models(cfg)
+    methods = list(methods or bcfg.methods)
     dtypes = OmegaConf.to_container(bcfg.dtypes)
-    for name in bcfg.methods:
-        if name not in METHODS:
-            raise MethodError(f"unknown method {name!r}; choose one of {', '.join(METHODS)}")
+    for name in methods:
+        parse_method(name)  # unknown names fail before any model is loaded
     eval_sets = {Path(name).stem: load_eval_set(name, bcfg.num_prompts) for name in bcfg.eval_sets}
     _, tokenizer = models.target(dtypes.get("vanilla", "float32"))
 
     def build(name: str):
-        dtype = dtypes.get(name, "float32")
-        return models.method(name, dtype), dtype
+        dtype = dtypes.get(name) or dtypes.get(parse_method(name)[0], "float32")
+        return models.method(name, dtype, tree_dirs), dtype
 
-    config = BenchmarkConfig(methods=tuple(bcfg.methods), temperatures=tuple(bcfg.temperatures),
+    config = BenchmarkConfig(methods=tuple(methods), temperatures=tuple(temperatures or bcfg.temperatures),
                              max_new_tokens=cfg.max_new_tokens, warmup=bcfg.warmup, top_k=cfg.top_k,
                              top_p=cfg.top_p, seed=cfg.seed)
-    out_dir = Path(bcfg.out_dir)
-    report = run_benchmark(eval_sets, tokenizer, build, config, target_name=str(cfg.target), out_dir=out_dir,
-                           device=cfg.device)
+    out_dir = Path(out_dir or bcfg.out_dir)
+    run_benchmark(eval_sets, tokenizer, build, config, target_name=str(cfg.target), out_dir=out_dir,
+                  device=cfg.device)
     print((out_dir / "results.md").read_text())
-    del report
     return out_dir
+
+
+def tree_search(cfg: DictConfig) -> Path:
+    """Measure every node of a probe tree once (greedy), keep the best subtree of each size
+    (eagle/tree_search.py), then benchmark them against vanilla and the default tree."""
+    ts = cfg.tree_search
+    out = Path(ts.out_dir)
+    models = Models(cfg)
+    probe = resolve_tree(ts.probe, [TREE_DIR])
+    probe_method = f"eagle@{ts.probe}"
+    print(f"[tree search] measuring {probe.summary()}")
+    probe_dir = benchmark(cfg, models, methods=[probe_method], temperatures=[0.0], out_dir=out / "probe")
+    runs = json.loads((probe_dir / "results.json").read_text())["runs"]
+    per_set = [r["methods"][probe_method]["acceptance_by_node"] for r in runs]
+    by_node = [sum(col) / len(col) for col in zip(*per_set)]  # eval sets weigh alike
+    found = candidates(probe, by_node, list(ts.sizes))
+    for c in found:
+        write_tree(c, out / f"{c.tree.name}.yaml", source=str(probe_dir / "results.json"))
+        print(f"[tree search] {c.tree.summary()}: predicted tau {c.predicted_tau:.2f}")
+    names = ["vanilla", "eagle"] + [f"eagle@{c.tree.name}" for c in found]
+    compare = benchmark(cfg, models, methods=names, temperatures=list(ts.temperatures), out_dir=out / "compare",
+                        tree_dirs=(str(out),))
+    summary = []
+    for run in json.loads((compare / "results.json").read_text())["runs"]:
+        for c in found:
+            m = run["methods"][f"eagle@{c.tree.name}"]
+            summary.append({"eval_set": run["eval_set"], "temperature": run["temperature"], "tree": c.tree.name,
+                            "nodes": c.tree.num_nodes, "depth": c.tree.depth, "predicted_tau": c.predicted_tau,
+                            "tau": m["tau"], "speedup": m["speedup"]})
+        default = run["methods"]["eagle"]
+        best = max(summary[-len(found):], key=lambda r: r["speedup"])
+        print(f"[tree search] {run['eval_set']} T={run['temperature']:g}: default tree {default['speedup']:.2f}x "
+              f"(tau {default['tau']:.2f}); best candidate {best['tree']} {best['speedup']:.2f}x "
+              f"(tau {best['tau']:.2f}, predicted {best['predicted_tau']:.2f}): tree={out / best['tree']}.yaml")
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    return out
 
 
 def decode(cfg: DictConfig):
@@ -121,11 +163,11 @@ def decode(cfg: DictConfig):
         torch.set_num_threads(int(cfg.threads))
     if cfg.mode == "generate":
         return generate(cfg)
-    if cfg.mode == "benchmark":
-        out_dir = benchmark(cfg)
+    if cfg.mode in ("benchmark", "tree_search"):
+        out_dir = benchmark(cfg) if cfg.mode == "benchmark" else tree_search(cfg)
         print(out_dir.resolve())
         return out_dir
-    raise ValueError(f"unknown mode {cfg.mode!r}: use generate or benchmark")
+    raise ValueError(f"unknown mode {cfg.mode!r}: use generate, benchmark or tree_search")
 
 
 @hydra.main(config_path="configs", config_name="decode", version_base="1.3")

@@ -14,7 +14,7 @@ prefill (for HF methods, target forwards are counted with a forward hook).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import nn
@@ -26,6 +26,7 @@ from eagle.sampling import SamplingPolicy
 ENGINE_METHODS = ("vanilla", "eagle", "draft", "prompt_lookup", "medusa", "medusa_typical")
 HF_METHODS = ("hf_generate", "hf_assisted", "hf_prompt_lookup")
 METHODS = ENGINE_METHODS + HF_METHODS
+TREE_METHODS = ("eagle", "draft")  # take a tree: `eagle@chain5` is eagle with configs/tree/chain5.yaml
 
 
 class MethodError(ValueError):
@@ -139,7 +140,7 @@ class MethodSpec:
 
     tree: str = "eagle_default"          # tree template name or path for eagle
     draft_tree: str = "chain5"           # template for the draft LM (classic SD drafts a chain)
-    proposal: str = "topk"               # "topk" | "sample": how children are drawn under sampling
+    proposal: str = "sample"             # "sample" | "topk": how children are drawn under sampling
     drafter: str | None = None           # EAGLE checkpoint directory
     random_drafter: bool = False         # explicit: decode with an untrained drafter (losslessness checks)
     prompt_lookup_tokens: int = 10
@@ -152,15 +153,32 @@ class MethodSpec:
     tree_dirs: tuple[str, ...] = ()
 
 
+def parse_method(name: str) -> tuple[str, str | None]:
+    """`"eagle@best25"` -> ("eagle", "best25"): a tree method with another tree, so that
+    several trees run side by side in one benchmark. Plain names give (name, None)."""
+    base, at, tree = name.partition("@")
+    if base not in METHODS:
+        raise MethodError(f"unknown method {name!r}; choose one of {', '.join(METHODS)} "
+                          f"(or {'|'.join(TREE_METHODS)}@TREE)")
+    if at and (base not in TREE_METHODS or not tree):
+        raise MethodError(f"method {name!r}: only {', '.join(TREE_METHODS)} take a tree, as NAME@TREE")
+    return base, tree or None
+
+
 def build_method(name: str, target: nn.Module, tokenizer, spec: MethodSpec, target_path: str | None = None,
                  draft_model: nn.Module | None = None) -> Method:
-    """Build a method by name; raises MethodError naming what is missing."""
+    """Build a method by name (`eagle@TREE` and `draft@TREE` override the spec's tree);
+    raises MethodError naming what is missing."""
     from eagle.proposers import DraftLM, PromptLookupProposer, TemplateProposer
     from eagle.tree import resolve_tree
 
     eos = tokenizer.eos_token_id if tokenizer is not None else None
-    if name not in METHODS:
-        raise MethodError(f"unknown method {name!r}; choose one of {', '.join(METHODS)}")
+    name, tree = parse_method(name)
+    if tree is not None:
+        spec = replace(spec, **{"tree" if name == "eagle" else "draft_tree": tree})
+        method = build_method(name, target, tokenizer, spec, target_path, draft_model)
+        method.name = f"{name}@{tree}"
+        return method
     if name == "vanilla":
         return EngineMethod(name, target, eos)
     if name == "prompt_lookup":

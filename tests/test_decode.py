@@ -107,6 +107,28 @@ def test_greedy_methods_identical_to_hf_generate(models, tmp_path):
             assert method.generate(ids, 20, SamplingPolicy()).tokens == want, name
 
 
+def test_tree_search_writes_best_subtrees_and_compares_them(models, tmp_path):
+    """mode=tree_search on a small probe: best<N>.yaml files, each predicted tau checked by a
+    comparison run in which they decode greedily exactly like vanilla."""
+    from decode import decode
+
+    probe = tmp_path / "tiny_probe.yaml"
+    probe.write_text("kind: budget\nmax_depth: 3\nmax_rank_sum: 1\n")
+    out = tmp_path / "search"
+    decode(decode_cfg(models, tmp_path, "mode=tree_search", f"tree_search.probe={probe}",
+                      "tree_search.sizes=[2,4]", f"tree_search.out_dir={out}",
+                      f"benchmark.eval_sets=[{models / 'prompts.jsonl'}]", "benchmark.dtypes.eagle=float32"))
+    from eagle.tree import TreeTemplate
+
+    assert [TreeTemplate.from_file(out / f"best{n}.yaml").num_nodes for n in (2, 4)] == [2, 4]
+    summary = json.loads((out / "summary.json").read_text())
+    assert [r["tree"] for r in summary] == ["best2", "best4"]
+    assert all(r["predicted_tau"] >= 1.0 and r["tau"] >= 1.0 for r in summary)
+    compare = json.loads((out / "compare" / "results.json").read_text())["runs"][0]["methods"]
+    assert set(compare) == {"vanilla", "eagle", "eagle@best2", "eagle@best4"}
+    assert all(m["identical_to_reference"] == 1.0 for name, m in compare.items() if name != "vanilla")
+
+
 def test_generate_mode_streams(models, tmp_path, capsys):
     from decode import decode
 
@@ -126,6 +148,9 @@ def test_bad_input_errors(models, tmp_path, monkeypatch):
     two_heads = save_medusa(MedusaHeads.random(target, 2, tokenizer), tmp_path / "two_heads")
     with pytest.raises(MethodError, match="unknown method 'nope'"):
         Models(decode_cfg(models, tmp_path)).method("nope", "float32")
+    for bad in ("vanilla@chain5", "eagle@"):
+        with pytest.raises(MethodError, match="only eagle, draft take a tree"):
+            Models(decode_cfg(models, tmp_path)).method(bad, "float32")
     with pytest.raises(ValueError, match="empty"):
         decode(decode_cfg(models, tmp_path, "method=vanilla", "prompt=' '"))
     with pytest.raises(MethodError, match="random_drafter=true"):

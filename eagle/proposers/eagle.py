@@ -83,7 +83,7 @@ class EagleDraftModel:
         return self.drafter.logits(hidden[0]), hidden[0]
 
 
-def eagle_proposer(drafter: EagleDrafter, template: TreeTemplate, proposal: str = "topk") -> TemplateProposer:
+def eagle_proposer(drafter: EagleDrafter, template: TreeTemplate, proposal: str = "sample") -> TemplateProposer:
     """EAGLE-1: the drafter fills `template` (top-k per expanded node, or draws under sampling
     with `proposal="sample"`); verification by `eagle.engine.SpeculativeDecoder` keeps it exact."""
     return TemplateProposer(EagleDraftModel(drafter), template, proposal=proposal, name="eagle")
