@@ -2,11 +2,12 @@
 #   make demo   build the embedded target, train a drafter, benchmark every method
 #   make test   the test suite (what CI runs)
 #   make analysis   after make demo: notebooks/feature_error.ipynb on the demo's run
+#   make medusa     after (or instead of) the demo: train Medusa-1 heads and benchmark them next to EAGLE
 PY := .venv/bin/python
 STAMP := .venv/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 RUNS := runs
 
-.PHONY: install demo analysis test test-slow lint clean-runs
+.PHONY: install artifacts demo medusa analysis test test-slow lint clean-runs
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv .venv
@@ -33,12 +34,20 @@ define stage
 	else echo "[$@] $(1)"; $(3) || exit 1; fi
 endef
 
-demo: install
+artifacts: install
 	$(call stage,target (16-layer Llama on the Python stdlib),test -e $(RUNS)/target_tiny/model/eagle_target.json,$(PY) train.py experiment=target_tiny)
 	$(call stage,draft LM for classic speculative decoding,test -e $(RUNS)/draft_lm_tiny/model/eagle_target.json,$(PY) train.py experiment=draft_lm_tiny)
 	$(call stage,EAGLE features of the target (sharded Arrow),grep -qs '"status": "complete"' $(RUNS)/data/features/target_tiny-python_stdlib/metadata.json,$(PY) -m data_gen)
 	$(call stage,EAGLE drafter,test -e $(RUNS)/drafter_tiny/drafter/config.json,$(PY) train.py experiment=drafter_tiny)
+
+demo: artifacts
 	$(PY) decode.py mode=benchmark
+
+# Medusa-1 heads on the demo's features, then vanilla / EAGLE / Medusa (exact) / Medusa with
+# typical acceptance (LOSSY, labelled so in the table) in one benchmark run.
+medusa: artifacts
+	$(call stage,Medusa heads,test -e $(RUNS)/medusa_tiny/medusa/config.json,$(PY) train.py experiment=medusa_tiny)
+	$(PY) decode.py mode=benchmark benchmark.methods=[vanilla,eagle,medusa,medusa_typical]
 
 # notebooks/feature_error.ipynb on the demo's run: two small ablation drafters (with and without
 # EAGLE-1's input noise), then the notebook executed into runs/analysis/ with its plots.

@@ -5,8 +5,10 @@
     python decode.py mode=benchmark                         # writes results.json/.md + plots
     python decode.py mode=tree_search                       # the best static tree for this machine
 
-Methods: vanilla | eagle | draft | prompt_lookup | hf_generate | hf_assisted | hf_prompt_lookup;
-`eagle@TREE` / `draft@TREE` run a tree method with another tree (several side by side).
+Methods: vanilla | eagle | draft | prompt_lookup | medusa | medusa_typical | hf_generate |
+hf_assisted | hf_prompt_lookup; `eagle@TREE` / `draft@TREE` run a tree method with another
+tree (several side by side). All are lossless except medusa_typical (Medusa's typical
+acceptance), which is labelled LOSSY wherever it reports.
 The benchmark prints its output folder as its last line.
 """
 
@@ -61,7 +63,9 @@ class Models:
         spec = MethodSpec(tree=cfg.tree, draft_tree=cfg.draft_tree, proposal=cfg.proposal,
                           drafter=cfg.drafter_path, random_drafter=cfg.random_drafter,
                           prompt_lookup_tokens=cfg.prompt_lookup_tokens,
-                          prompt_lookup_ngram=cfg.prompt_lookup_ngram,
+                          prompt_lookup_ngram=cfg.prompt_lookup_ngram, medusa=cfg.medusa_path,
+                          random_medusa=cfg.random_medusa, medusa_tree=cfg.medusa_tree,
+                          typical_eps=cfg.typical_eps, typical_delta=cfg.typical_delta,
                           tree_dirs=(*tree_dirs, str(TREE_DIR)))
         draft = self.draft(dtype) if base in ("draft", "hf_assisted") else None
         return build_method(name, target, tokenizer, spec, target_path=str(cfg.target), draft_model=draft)
@@ -87,7 +91,8 @@ def generate(cfg: DictConfig) -> None:
 
     print(tokenizer.decode(ids, skip_special_tokens=True), end="", flush=True)
     out = method.generate(ids, cfg.max_new_tokens, policy, generator, on_commit=stream)
-    print(f"\n\n[{method.name}, {cfg.dtype}] {len(out.tokens)} tokens in {out.seconds:.2f}s: "
+    label = "" if method.lossless else f", LOSSY ({method.lossy})"
+    print(f"\n\n[{method.name}, {cfg.dtype}{label}] {len(out.tokens)} tokens in {out.seconds:.2f}s: "
           f"{len(out.tokens) / out.seconds:.1f} tokens/s, tau {out.tau:.2f}")
 
 

@@ -1,7 +1,9 @@
 """Decoding methods by name, behind one interface, so the benchmark runs them side by side.
 
-Engine methods (exact, through `eagle.engine.SpeculativeDecoder`):
-  vanilla, eagle, draft (classic speculative decoding with a small LM), prompt_lookup.
+Engine methods (through `eagle.engine.SpeculativeDecoder`):
+  vanilla, eagle, draft (classic speculative decoding with a small LM), prompt_lookup,
+  medusa (Medusa-1 heads, exact verification): all exact;
+  medusa_typical (Medusa-1 heads, typical acceptance): LOSSY under sampling, labelled so.
 Hugging Face peers (through `model.generate`):
   hf_generate, hf_assisted (assisted generation with the same small LM), hf_prompt_lookup.
 
@@ -17,10 +19,11 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import nn
 
+from eagle.acceptance import TypicalAcceptance
 from eagle.engine import DecodeStats, Proposer, SpeculativeDecoder
 from eagle.sampling import SamplingPolicy
 
-ENGINE_METHODS = ("vanilla", "eagle", "draft", "prompt_lookup")
+ENGINE_METHODS = ("vanilla", "eagle", "draft", "prompt_lookup", "medusa", "medusa_typical")
 HF_METHODS = ("hf_generate", "hf_assisted", "hf_prompt_lookup")
 METHODS = ENGINE_METHODS + HF_METHODS
 TREE_METHODS = ("eagle", "draft")  # take a tree: `eagle@chain5` is eagle with configs/tree/chain5.yaml
@@ -52,8 +55,13 @@ class Method:
     """A named way to decode with a target."""
 
     name: str = "method"
-    lossless: bool = True  # distribution-preserving by construction (proved by the test suite)
+    lossy: str | None = None  # why the output distribution differs from the target's; None: lossless
     tree_parents: tuple[int, ...] | None = None  # the fixed draft tree's parent list, if any
+
+    @property
+    def lossless(self) -> bool:
+        """Distribution-preserving by construction (proved by the test suite)."""
+        return self.lossy is None
 
     def __init__(self, name: str, target: nn.Module, eos_token_id):
         self.name, self.target, self.eos_token_id = name, target, eos_token_id
@@ -64,15 +72,21 @@ class Method:
 
 
 class EngineMethod(Method):
-    """A proposer run by the speculative loop (vanilla when `proposer` is None)."""
+    """A proposer run by the speculative loop (vanilla when `proposer` is None); exact
+    verification unless `typical` asks for Medusa's typical acceptance (lossy)."""
 
     def __init__(self, name: str, target: nn.Module, eos_token_id, proposer: Proposer | None = None,
-                 tree_size: int = 0, tree_parents: tuple[int, ...] | None = None):
+                 tree_size: int = 0, tree_parents: tuple[int, ...] | None = None,
+                 typical: TypicalAcceptance | None = None):
         super().__init__(name, target, eos_token_id)
         self.proposer, self.tree_size, self.tree_parents = proposer, tree_size, tree_parents
+        self.typical = typical
+        if typical is not None:
+            self.lossy = "typical acceptance"
 
     def generate(self, prompt, max_new_tokens, policy, generator=None, on_commit=None) -> Outcome:
-        decoder = SpeculativeDecoder(self.target, self.proposer, policy, eos_token_id=self.eos_token_id)
+        decoder = SpeculativeDecoder(self.target, self.proposer, policy, eos_token_id=self.eos_token_id,
+                                     typical=self.typical)
         res = decoder.generate(prompt, max_new_tokens, generator=generator, tree_size_hint=self.tree_size,
                                on_commit=on_commit)
         return outcome_from_stats(res.tokens, res.stats)
@@ -131,6 +145,11 @@ class MethodSpec:
     random_drafter: bool = False         # explicit: decode with an untrained drafter (losslessness checks)
     prompt_lookup_tokens: int = 10
     prompt_lookup_ngram: int = 3
+    medusa: str | None = None            # Medusa heads checkpoint directory
+    random_medusa: bool = False          # explicit: untrained heads, one per depth of medusa_tree
+    medusa_tree: str = "medusa_default"  # sparse tree template for the Medusa heads
+    typical_eps: float = 0.09            # medusa_typical: Medusa's posterior_threshold
+    typical_delta: float = 0.3           # medusa_typical: Medusa's posterior_alpha
     tree_dirs: tuple[str, ...] = ()
 
 
@@ -178,6 +197,8 @@ def build_method(name: str, target: nn.Module, tokenizer, spec: MethodSpec, targ
         proposer = TemplateProposer(DraftLM(draft_model), template, proposal=spec.proposal, name="draft")
         return EngineMethod(name, target, eos, proposer, tree_size=template.num_nodes,
                             tree_parents=tuple(template.parents))
+    if name in ("medusa", "medusa_typical"):
+        return _medusa_method(name, target, tokenizer, eos, spec, target_path)
     # eagle
     from eagle.checkpoint import load_drafter
     from eagle.drafter import EagleDrafter
@@ -193,3 +214,26 @@ def build_method(name: str, target: nn.Module, tokenizer, spec: MethodSpec, targ
     drafter.to(next(target.parameters()).dtype)
     return EngineMethod(name, target, eos, eagle_proposer(drafter, template, proposal=spec.proposal),
                         tree_size=template.num_nodes, tree_parents=tuple(template.parents))
+
+
+def _medusa_method(name: str, target: nn.Module, tokenizer, eos, spec: MethodSpec,
+                   target_path: str | None) -> Method:
+    """Medusa-1 heads on `spec.medusa_tree`; exact verification, or typical acceptance (lossy)."""
+    from eagle.checkpoint import load_medusa
+    from eagle.medusa import MedusaHeads
+    from eagle.proposers.medusa import medusa_proposer
+    from eagle.tree import resolve_tree
+
+    template = resolve_tree(spec.medusa_tree, spec.tree_dirs)
+    if spec.random_medusa:
+        heads = MedusaHeads.random(target, template.depth, tokenizer, target_path)
+    elif spec.medusa:
+        heads = load_medusa(spec.medusa, target, tokenizer, target_path)
+    else:
+        raise MethodError(f"method {name!r} needs trained Medusa heads (medusa_path=DIR) or, explicitly, "
+                          f"random_medusa=true")
+    # both in the target's dtype and on its device
+    typical = TypicalAcceptance(spec.typical_eps, spec.typical_delta) if name == "medusa_typical" else None
+    proposer = medusa_proposer(heads, template, proposal=spec.proposal)
+    return EngineMethod(name, target, eos, proposer, tree_size=template.num_nodes,
+                        tree_parents=tuple(template.parents), typical=typical)

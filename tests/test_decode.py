@@ -1,4 +1,5 @@
-"""decode.py: every method runs, the benchmark writes its report, bad input fails clearly."""
+"""decode.py: every method runs, the benchmark writes its report (lossy methods labelled),
+bad input fails clearly."""
 
 from __future__ import annotations
 
@@ -13,9 +14,12 @@ from conftest import make_tiny_model
 from hydra import compose, initialize_config_dir
 
 from data_gen.tokenizer import train_bpe_tokenizer
+from eagle.checkpoint import save_medusa
 from eagle.evalsets import EvalSetError, load_eval_set
+from eagle.medusa import MedusaError, MedusaHeads
 from eagle.methods import ENGINE_METHODS, METHODS, MethodError
 from eagle.sampling import SamplingPolicy
+from eagle.target import load_target
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXTS = ["def add(a, b):\n    return a + b\n", "for i in range(10):\n    print(i)\n",
@@ -42,7 +46,7 @@ def decode_cfg(models: Path, tmp_path: Path, *overrides: str):
     with initialize_config_dir(str(ROOT / "configs"), version_base="1.3"):
         return compose("decode", overrides=[
             f"target={models / 'target'}", f"draft_lm={models / 'draft'}", "random_drafter=true",
-            f"paths.runs_dir={tmp_path}", "max_new_tokens=12", *overrides])
+            "random_medusa=true", f"paths.runs_dir={tmp_path}", "max_new_tokens=12", *overrides])
 
 
 def test_benchmark_every_method_writes_report(models, tmp_path):
@@ -50,7 +54,9 @@ def test_benchmark_every_method_writes_report(models, tmp_path):
 
     out = tmp_path / "bench"
     cfg = decode_cfg(models, tmp_path, "mode=benchmark", f"benchmark.eval_sets=[{models / 'prompts.jsonl'}]",
-                     f"benchmark.out_dir={out}", "benchmark.dtypes.eagle=float32")
+                     f"benchmark.out_dir={out}", "benchmark.dtypes.eagle=float32",
+                     "benchmark.dtypes.medusa=float32", "benchmark.dtypes.medusa_typical=float32",
+                     f"benchmark.methods=[{','.join(METHODS)}]")
     decode(cfg)
     report = json.loads((out / "results.json").read_text())
     assert [(r["eval_set"], r["temperature"]) for r in report["runs"]] == [("prompts", 0.0), ("prompts", 1.0)]
@@ -60,7 +66,7 @@ def test_benchmark_every_method_writes_report(models, tmp_path):
         for name, m in run["methods"].items():
             assert isinstance(m["tau"], float) and m["tau"] >= 1.0 - 1e-9, name
             assert m["tokens_per_s"] > 0 and isinstance(m["speedup"], float)
-            assert isinstance(m["lossless"], bool)
+            assert m["lossless"] is (name != "medusa_typical"), name  # typical acceptance is lossy
         assert run["methods"]["vanilla"]["speedup"] == pytest.approx(1.0)
     greedy = report["runs"][0]["methods"]
     for name in METHODS:  # all fp32 here: every method must reproduce the reference text
@@ -70,7 +76,10 @@ def test_benchmark_every_method_writes_report(models, tmp_path):
     assert len(by_node) == len(parents) and by_node[0] == 1.0
     assert all(by_node[i] <= by_node[p] + 1e-12 for i, p in enumerate(parents) if p >= 0)
     assert greedy["vanilla"]["acceptance_by_node"] is None
-    assert "| eagle |" in (out / "results.md").read_text()
+    table = (out / "results.md").read_text()
+    assert "| eagle |" in table
+    assert [ln for ln in table.splitlines() if "NO (lossy)" in ln] == \
+        [ln for ln in table.splitlines() if ln.startswith("| medusa_typical |")]
     for png in ("speedup.png", "tau.png", "acceptance.png"):
         assert (out / png).stat().st_size > 1000
 
@@ -126,12 +135,18 @@ def test_generate_mode_streams(models, tmp_path, capsys):
 
     decode(decode_cfg(models, tmp_path, "method=vanilla", "prompt='def f(x):'"))
     out = capsys.readouterr().out
-    assert out.startswith("def f(x):") and "tokens/s" in out and "tau" in out
+    assert out.startswith("def f(x):") and "tokens/s" in out and "tau" in out and "LOSSY" not in out
+    decode(decode_cfg(models, tmp_path, "method=medusa_typical", "temperature=1.0"))
+    assert "[medusa_typical, float32, LOSSY (typical acceptance)]" in capsys.readouterr().out
+    decode(decode_cfg(models, tmp_path, "method=medusa", "temperature=1.0"))
+    assert "LOSSY" not in capsys.readouterr().out
 
 
 def test_bad_input_errors(models, tmp_path, monkeypatch):
     from decode import Models, decode
 
+    target, tokenizer = load_target(models / "target")
+    two_heads = save_medusa(MedusaHeads.random(target, 2, tokenizer), tmp_path / "two_heads")
     with pytest.raises(MethodError, match="unknown method 'nope'"):
         Models(decode_cfg(models, tmp_path)).method("nope", "float32")
     for bad in ("vanilla@chain5", "eagle@"):
@@ -141,6 +156,11 @@ def test_bad_input_errors(models, tmp_path, monkeypatch):
         decode(decode_cfg(models, tmp_path, "method=vanilla", "prompt=' '"))
     with pytest.raises(MethodError, match="random_drafter=true"):
         Models(decode_cfg(models, tmp_path, "random_drafter=false", "drafter_path=null")).method("eagle", "float32")
+    with pytest.raises(MethodError, match="random_medusa=true"):
+        Models(decode_cfg(models, tmp_path, "random_medusa=false", "medusa_path=null")).method("medusa", "float32")
+    with pytest.raises(MedusaError, match="3 deep but there are only 2 Medusa heads"):
+        Models(decode_cfg(models, tmp_path, "random_medusa=false", f"medusa_path={two_heads}")).method(
+            "medusa_typical", "float32")
     import importlib.util
 
     real = importlib.util.find_spec

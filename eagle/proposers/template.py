@@ -1,4 +1,4 @@
-"""Fill a fixed tree template with a token-by-token draft model (EAGLE's drafter, a small LM).
+"""Fill a fixed tree template with a draft model (EAGLE's drafter, a small LM, Medusa's heads).
 
 Per round: one `catch_up` pass over the tokens committed since the last round gives the
 root's next-token distribution; then one `step` pass per depth over that depth's nodes that
@@ -25,7 +25,10 @@ PROPOSALS = ("topk", "sample")
 
 
 class TreeDraftModel(Protocol):
-    """A draft model with its own KV cache over the committed context."""
+    """A draft model with its own KV cache over the committed context (possibly empty).
+
+    The "hidden output" of a node is whatever its children's `step` needs from it: EAGLE's
+    predicted feature, nothing (None) for a small LM, the unused heads' logits for Medusa."""
 
     def catch_up(self, state: DecodeState) -> tuple[Tensor, Tensor | None]:
         """Feed the committed tokens not yet in the cache (the root included).
@@ -54,7 +57,7 @@ class TemplateProposer(Proposer):
     """Draft a fixed template tree with any `TreeDraftModel`.
 
     Args:
-        model: the draft model (EAGLE drafter or small LM).
+        model: the draft model (EAGLE drafter, small LM or Medusa heads).
         template: the tree to fill; its `max_rank` is the top-k per expanded node.
         proposal: under sampling, "sample" (children drawn without replacement from the
             draft distribution: accepted about as often as q resembles p) or "topk"
