@@ -34,7 +34,6 @@ import yaml
 
 from eagle.tree import TreeError, TreeTemplate
 
-
 RankPathT = tuple[tuple[int, ...], ...]  # an accepted path as child-rank paths, root excluded
 
 

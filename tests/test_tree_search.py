@@ -8,7 +8,14 @@ from conftest import make_tiny_model
 
 from eagle.engine import SpeculativeDecoder
 from eagle.tree import TreeError, TreeTemplate
-from eagle.tree_search import acceptance_by_position, best_subtree, candidates, position_paths, simulate, write_tree
+from eagle.tree_search import (
+    acceptance_by_position,
+    best_subtree,
+    candidates,
+    position_paths,
+    simulate,
+    write_tree,
+)
 
 
 def test_rank_budget_probe():
