@@ -144,7 +144,7 @@ class MethodSpec:
     drafter: str | None = None           # EAGLE checkpoint directory
     random_drafter: bool = False         # explicit: decode with an untrained drafter (losslessness checks)
     prompt_lookup_tokens: int = 10
-    prompt_lookup_ngram: int = 3
+    prompt_lookup_ngram: int = 2
     medusa: str | None = None            # Medusa heads checkpoint directory
     random_medusa: bool = False          # explicit: untrained heads, one per depth of medusa_tree
     medusa_tree: str = "medusa_default"  # sparse tree template for the Medusa heads

@@ -136,10 +136,14 @@ def test_prompt_too_long_is_refused_before_decoding():
         decoder.generate([], 5)
 
 
-def test_prompt_lookup_finds_latest_match():
-    pl = PromptLookupProposer(num_tokens=3, max_ngram=2)
-    assert pl.lookup([1, 2, 3, 4, 9, 1, 2, 5, 6, 1, 2]) == [5, 6, 1]
-    assert pl.lookup([1, 2, 3]) == []
+def test_prompt_lookup_matches():
+    seq = [1, 2, 3, 4, 9, 1, 2, 5, 6, 1, 2]
+    assert PromptLookupProposer(num_tokens=3, max_ngram=2).lookup(seq) == [3, 4, 9]  # HF: earliest
+    assert PromptLookupProposer(num_tokens=3, max_ngram=2, match="latest").lookup(seq) == [5, 6, 1]
+    assert PromptLookupProposer(num_tokens=3, max_ngram=3).lookup([7, 1, 2, 8, 5, 1, 2]) == [8, 5, 1]  # 2-gram
+    assert PromptLookupProposer(num_tokens=3, max_ngram=2).lookup([1, 2, 3]) == []
+    with pytest.raises(ValueError, match="earliest"):
+        PromptLookupProposer(match="first")
 
 
 # ---------------------------------------------------------------------------------------
