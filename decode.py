@@ -3,13 +3,16 @@
     python decode.py "prompt='def fib(n):'" method=eagle    # streams each accepted block
     python decode.py method=vanilla temperature=0.8 top_p=0.95
     python decode.py mode=benchmark                         # writes results.json/.md + plots
+    python decode.py mode=tree_search                       # the best static tree for this machine
     python decode.py method=eagle_static compile=true       # static caches, compiled forwards
     python decode.py mode=timing device=cuda compile=true timing.tau_from=runs/bench/X/results.json
                                                             # 7B-shaped random weights: round cost
 
-Methods: vanilla | eagle | draft | prompt_lookup | vanilla_static | eagle_static | hf_generate |
-hf_assisted | hf_prompt_lookup.
-The benchmark and the timing print their output folder as their last line.
+Methods: vanilla | eagle | draft | prompt_lookup | medusa | medusa_typical | vanilla_static |
+eagle_static | hf_generate | hf_assisted | hf_prompt_lookup; `eagle@TREE` / `draft@TREE` /
+`eagle_static@TREE` run a tree method with another tree (several side by side). All are
+lossless except medusa_typical (Medusa's typical acceptance), which is labelled LOSSY wherever
+it reports. The benchmark, the tree search and the timing print their output folder last.
 """
 
 from __future__ import annotations
@@ -21,13 +24,16 @@ from pathlib import Path
 import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
+from tqdm.auto import tqdm
 
 from eagle.benchmark import BenchmarkConfig, encode_prompt, run_benchmark
 from eagle.evalsets import Prompt, load_eval_set
-from eagle.methods import METHODS, MethodError, MethodSpec, build_method
+from eagle.methods import MethodError, MethodSpec, build_method, parse_method
 from eagle.sampling import SamplingPolicy
 from eagle.target import load_target, resolve_dtype
 from eagle.timing import project, random_target, time_methods, weights_gb, write_timing
+from eagle.tree import resolve_tree
+from eagle.tree_search import candidates, position_paths, write_tree
 from train import ROOT, run_cli
 
 TREE_DIR = ROOT / "configs" / "tree"
@@ -54,17 +60,19 @@ class Models:
                                                with_tokenizer=False)
         return self._drafts[key]
 
-    def method(self, name: str, dtype: str):
-        if name not in METHODS:
-            raise MethodError(f"unknown method {name!r}; choose one of {', '.join(METHODS)}")
+    def method(self, name: str, dtype: str, tree_dirs: tuple[str, ...] = ()):
+        base, _ = parse_method(name)
         cfg = self.cfg
         target, tokenizer = self.target(dtype)
         spec = MethodSpec(tree=cfg.tree, draft_tree=cfg.draft_tree, proposal=cfg.proposal,
                           drafter=cfg.drafter_path, random_drafter=cfg.random_drafter,
                           prompt_lookup_tokens=cfg.prompt_lookup_tokens,
-                          prompt_lookup_ngram=cfg.prompt_lookup_ngram, tree_dirs=(str(TREE_DIR),),
-                          static_max_len=cfg.static_max_len, compile_mode=compile_mode(cfg))
-        draft = self.draft(dtype) if name in ("draft", "hf_assisted") else None
+                          prompt_lookup_ngram=cfg.prompt_lookup_ngram, medusa=cfg.medusa_path,
+                          random_medusa=cfg.random_medusa, medusa_tree=cfg.medusa_tree,
+                          typical_eps=cfg.typical_eps, typical_delta=cfg.typical_delta,
+                          tree_dirs=(*tree_dirs, str(TREE_DIR)), static_max_len=cfg.static_max_len,
+                          compile_mode=compile_mode(cfg))
+        draft = self.draft(dtype) if base in ("draft", "hf_assisted") else None
         return build_method(name, target, tokenizer, spec, target_path=str(cfg.target), draft_model=draft)
 
 
@@ -96,33 +104,83 @@ def generate(cfg: DictConfig) -> None:
 
     print(tokenizer.decode(ids, skip_special_tokens=True), end="", flush=True)
     out = method.generate(ids, cfg.max_new_tokens, policy, generator, on_commit=stream)
-    print(f"\n\n[{method.name}, {cfg.dtype}] {len(out.tokens)} tokens in {out.seconds:.2f}s: "
+    label = "" if method.lossless else f", LOSSY ({method.lossy})"
+    print(f"\n\n[{method.name}, {cfg.dtype}{label}] {len(out.tokens)} tokens in {out.seconds:.2f}s: "
           f"{len(out.tokens) / out.seconds:.1f} tokens/s, tau {out.tau:.2f}")
 
 
-def benchmark(cfg: DictConfig) -> Path:
+def benchmark(cfg: DictConfig, models: Models | None = None, methods: list[str] | None = None,
+              temperatures: list[float] | None = None, out_dir: str | Path | None = None,
+              tree_dirs: tuple[str, ...] = ()) -> Path:
+    """Run the benchmark (arguments override `cfg.benchmark`); returns its output folder."""
     bcfg = cfg.benchmark
-    models = Models(cfg)
+    models = models or Models(cfg)
+    methods = list(methods or bcfg.methods)
     dtypes = OmegaConf.to_container(bcfg.dtypes)
-    for name in bcfg.methods:
-        if name not in METHODS:
-            raise MethodError(f"unknown method {name!r}; choose one of {', '.join(METHODS)}")
+    for name in methods:
+        parse_method(name)  # unknown names fail before any model is loaded
     eval_sets = {Path(name).stem: load_eval_set(name, bcfg.num_prompts) for name in bcfg.eval_sets}
     _, tokenizer = models.target(dtypes.get("vanilla", "float32"))
 
     def build(name: str):
-        dtype = dtypes.get(name, "float32")
-        return models.method(name, dtype), dtype
+        dtype = dtypes.get(name) or dtypes.get(parse_method(name)[0], "float32")
+        return models.method(name, dtype, tree_dirs), dtype
 
-    config = BenchmarkConfig(methods=tuple(bcfg.methods), temperatures=tuple(bcfg.temperatures),
+    config = BenchmarkConfig(methods=tuple(methods), temperatures=tuple(temperatures or bcfg.temperatures),
                              max_new_tokens=cfg.max_new_tokens, warmup=bcfg.warmup, top_k=cfg.top_k,
                              top_p=cfg.top_p, seed=cfg.seed)
-    out_dir = Path(bcfg.out_dir)
-    report = run_benchmark(eval_sets, tokenizer, build, config, target_name=str(cfg.target), out_dir=out_dir,
-                           device=cfg.device)
+    out_dir = Path(out_dir or bcfg.out_dir)
+    run_benchmark(eval_sets, tokenizer, build, config, target_name=str(cfg.target), out_dir=out_dir,
+                  device=cfg.device)
     print((out_dir / "results.md").read_text())
-    del report
     return out_dir
+
+
+def tree_search(cfg: DictConfig) -> Path:
+    """Run the probe tree from every position of each prompt's greedy text, keep the best
+    subtree of each size (eagle/tree_search.py), then benchmark them against vanilla and
+    the default tree; the predicted and measured taus are written side by side."""
+    ts, bcfg = cfg.tree_search, cfg.benchmark
+    out = Path(ts.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    models = Models(cfg)
+    dtype = OmegaConf.to_container(bcfg.dtypes).get("eagle", "float32")
+    probe = resolve_tree(ts.probe, [TREE_DIR])
+    method = models.method(f"eagle@{ts.probe}", dtype)
+    _, tokenizer = models.target(dtype)
+    prompts = [encode_prompt(tokenizer, p) for name in bcfg.eval_sets
+               for p in load_eval_set(name, ts.num_prompts)]
+    greedy = SamplingPolicy()
+
+    def first_round(ids: list[int], max_new: int) -> tuple[int, ...]:
+        rounds = method.generate(ids, max_new, greedy).paths
+        return rounds[0] if rounds else (0,)
+
+    paths = []
+    for ids in tqdm(prompts, desc=f"probe {probe.num_nodes} nodes, every position", unit="prompt"):
+        text = method.generate(ids, cfg.max_new_tokens, greedy).tokens
+        paths.append(position_paths(first_round, probe, ids, text))
+    (out / "probe_paths.json").write_text(json.dumps({"probe": probe.name, "paths": paths}))
+    found = candidates(probe, paths, list(ts.sizes), cfg.max_new_tokens)
+    for c in found:
+        write_tree(c, out / f"{c.tree.name}.yaml", source=f"{probe.name} over {len(prompts)} prompts")
+        print(f"[tree search] {c.tree.summary()}: predicted tau {c.predicted_tau:.2f}")
+    names = ["vanilla", "eagle"] + [f"eagle@{c.tree.name}" for c in found]
+    compare = benchmark(cfg, models, methods=names, temperatures=list(ts.temperatures), out_dir=out / "compare",
+                        tree_dirs=(str(out),))
+    summary = []
+    for run in json.loads((compare / "results.json").read_text())["runs"]:
+        rows = [{"eval_set": run["eval_set"], "temperature": run["temperature"], "tree": c.tree.name,
+                 "nodes": c.tree.num_nodes, "depth": c.tree.depth, "predicted_tau": c.predicted_tau,
+                 "tau": run["methods"][f"eagle@{c.tree.name}"]["tau"],
+                 "speedup": run["methods"][f"eagle@{c.tree.name}"]["speedup"]} for c in found]
+        summary += rows
+        default, best = run["methods"]["eagle"], max(rows, key=lambda r: r["speedup"])
+        print(f"[tree search] {run['eval_set']} T={run['temperature']:g}: default tree {default['speedup']:.2f}x "
+              f"(tau {default['tau']:.2f}); best candidate {best['tree']} {best['speedup']:.2f}x "
+              f"(tau {best['tau']:.2f}, predicted {best['predicted_tau']:.2f}): tree={out / best['tree']}.yaml")
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    return out
 
 
 def read_json(path: str, key: str) -> dict:
@@ -178,11 +236,12 @@ def decode(cfg: DictConfig):
         torch.set_num_threads(int(cfg.threads))
     if cfg.mode == "generate":
         return generate(cfg)
-    if cfg.mode in ("benchmark", "timing"):
-        out_dir = benchmark(cfg) if cfg.mode == "benchmark" else timing(cfg)
+    modes = {"benchmark": benchmark, "tree_search": tree_search, "timing": timing}
+    if cfg.mode in modes:
+        out_dir = modes[cfg.mode](cfg)
         print(out_dir.resolve())
         return out_dir
-    raise ValueError(f"unknown mode {cfg.mode!r}: use generate, benchmark or timing")
+    raise ValueError(f"unknown mode {cfg.mode!r}: use generate, {', '.join(modes)}")
 
 
 @hydra.main(config_path="configs", config_name="decode", version_base="1.3")

@@ -3,6 +3,8 @@
     python train.py experiment=target_tiny      # CPU target, <= 10 min on 2 cores
     python train.py experiment=draft_lm_tiny    # classic draft LM, same tokenizer
     python train.py experiment=target_test debug=fdr
+    python train.py experiment=drafter_tiny     # EAGLE drafter (`drafter` config group)
+    python train.py experiment=medusa_tiny      # Medusa heads (`medusa` config group)
 
 Writes `runs/<task_name>/model/`: the model (`save_pretrained`), its tokenizer and
 `eagle_target.json`, a sidecar saying what produced it. Tests call `train(cfg)` directly.
@@ -37,6 +39,7 @@ CONFIG_DIR = ROOT / "configs"
 SIDECAR = "eagle_target.json"
 # Errors caused by the configuration or the files it points at (no traceback hint).
 USER_ERRORS = (ValueError, FileNotFoundError, RuntimeError, OmegaConfBaseException, HydraException)
+DRAFTER_GROUPS = ("drafter", "medusa")  # config groups of drafters trained on a frozen target
 
 
 def greedy_samples(model, tokenizer, prompts: list[str], max_new_tokens: int) -> list[str]:
@@ -51,14 +54,15 @@ def greedy_samples(model, tokenizer, prompts: list[str], max_new_tokens: int) ->
     return out
 
 
-def train_drafter(cfg: DictConfig) -> dict[str, Any]:
-    """Train an EAGLE drafter for a frozen target (`drafter` config group; see
-    eagle/drafter_module.py), save it to `<run_dir>/drafter/` and return the final metrics."""
+def train_drafter(cfg: DictConfig, group: str = "drafter") -> dict[str, Any]:
+    """Train a drafter for a frozen target: EAGLE's (`drafter` config group, see
+    eagle/drafter_module.py) or Medusa's heads (`medusa`, eagle/medusa_module.py); save it to
+    `<run_dir>/<drafter|medusa>/` and return the final metrics."""
     from eagle.drafter_module import fit_drafter
 
     if cfg.get("seed") is not None:
         L.seed_everything(cfg.seed, workers=True)
-    module = instantiate(cfg.drafter, _convert_="all")  # loads the target
+    module = instantiate(cfg[group], _convert_="all")  # loads the target
     datamodule = instantiate(cfg.data.datamodule, _partial_=True)(
         seed=cfg.get("seed") or 0, tokenizer=module.tokenizer, target_identity=module.target_identity)
     debug = bool(cfg.trainer.get("fast_dev_run"))  # a smoke test: neither resumes nor saves
@@ -69,7 +73,7 @@ def train_drafter(cfg: DictConfig) -> dict[str, Any]:
     trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
     run_dir = Path(cfg.paths.run_dir)
     metrics = fit_drafter(module, datamodule, trainer, ckpt_dir=cfg.paths.ckpt_dir,
-                          save_dir=run_dir / "drafter", resume=bool(cfg.get("resume")), debug=debug,
+                          save_dir=run_dir / module.artifact, resume=bool(cfg.get("resume")), debug=debug,
                           sidecar={"config": OmegaConf.to_container(cfg, resolve=True)})
     return {**metrics, "run_dir": str(run_dir)}
 
@@ -78,8 +82,11 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     """Build corpus, tokenizer, data and model from `cfg`, train, save, and return metrics."""
     if cfg.get("threads"):
         torch.set_num_threads(int(cfg.threads))
-    if cfg.get("drafter") is not None:  # experiment=drafter_*: an EAGLE drafter run
-        return train_drafter(cfg)
+    groups = [g for g in DRAFTER_GROUPS if cfg.get(g) is not None]  # experiment=drafter_* / medusa_*
+    if len(groups) > 1:
+        raise ValueError(f"the config sets both {groups[0]} and {groups[1]}: one drafter per run")
+    if groups:
+        return train_drafter(cfg, groups[0])
     if cfg.get("seed") is not None:
         L.seed_everything(cfg.seed, workers=True)
     run_dir, ckpt_dir, model_dir = (Path(cfg.paths[k]) for k in ("run_dir", "ckpt_dir", "model_dir"))

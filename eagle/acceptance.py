@@ -1,4 +1,6 @@
-"""Exact acceptance rules of speculative sampling, for chains and token trees.
+"""Acceptance rules of speculative decoding, for chains and token trees: the exact rules
+(greedy and SpecInfer's multi-round sampling) and Medusa's typical acceptance, which is
+lossy and kept apart at the end of the file.
 
 Tree convention (used by the whole repo): nodes 0..N, node 0 is the root (the last committed
 token, not a draft); `parents[0] == -1` and `parents[i] < i`; siblings are tried in node-index
@@ -15,6 +17,7 @@ bonus token (Leviathan et al.; Chen et al.) is tree verification on a chain.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -99,7 +102,7 @@ def children_lists(parents: Tensor | Sequence[int]) -> list[list[int]]:
     Returns:
         N+1 lists of child indices.
     """
-    par = parents.tolist() if isinstance(parents, Tensor) else list(parents)
+    par = _parent_list(parents)
     if not par or par[0] != -1:
         raise ValueError(f"parents[0] must be -1 (node 0 is the root), got {par[:1]}")
     children: list[list[int]] = [[] for _ in par]
@@ -108,6 +111,10 @@ def children_lists(parents: Tensor | Sequence[int]) -> list[list[int]]:
             raise ValueError(f"parents[{i}] = {par[i]} must satisfy 0 <= parents[i] < {i}")
         children[par[i]].append(i)
     return children
+
+
+def _parent_list(parents: Tensor | Sequence[int]) -> list[int]:
+    return parents.tolist() if isinstance(parents, Tensor) else list(parents)
 
 
 def _check_sizes(children: list[list[int]], *rows: Tensor) -> None:
@@ -197,6 +204,34 @@ def verify_tree_stochastic(
     return path, int(torch.multinomial(dist, 1, generator=generator))
 
 
+def longest_accepted_path(children: list[list[int]], accepted: Sequence[bool],
+                          log_p: Sequence[float] | None = None) -> list[int]:
+    """The longest root-to-node path whose every draft node is accepted.
+
+    Args:
+        children: each node's children in sibling order (`children_lists`).
+        accepted: (N+1,) whether node i passes its rule (entry 0, the root, is ignored).
+        log_p: optional (N+1,) log-probability of node i's token under the target at its
+            parent; among equally long paths the most likely one wins (Medusa's tie rule).
+    Returns:
+        node indices from the root 0; without `log_p` (or on equal likelihood) the first
+        deepest path in sibling order.
+    """
+    # depth-first in sibling order through accepted nodes only; several siblings can pass
+    # (duplicate tokens under greedy, any typical token under typical acceptance), so keep
+    # the best deepest path rather than the first match
+    best_path, best_score = [0], 0.0
+    stack = [([0], 0.0)]
+    while stack:
+        path, score = stack.pop()
+        if len(path) > len(best_path) or (len(path) == len(best_path) and score > best_score):
+            best_path, best_score = path, score
+        u = path[-1]
+        stack.extend((path + [c], score + (log_p[c] if log_p is not None else 0.0))
+                     for c in reversed(children[u]) if accepted[c])
+    return best_path
+
+
 def verify_tree_greedy(
     parents: Tensor | Sequence[int], tokens: Tensor, p_nodes: Tensor
 ) -> tuple[list[int], int]:
@@ -215,14 +250,86 @@ def verify_tree_greedy(
     _check_sizes(children, tokens, p_nodes)
     best = p_nodes.argmax(-1).tolist()  # one device sync for all nodes
     toks = tokens.tolist()
-    # depth-first in sibling order through accepted nodes only; duplicate sibling tokens can
-    # both match, so keep the first deepest path rather than the first match
-    best_path: list[int] = [0]
-    stack = [[0]]
-    while stack:
-        path = stack.pop()
-        if len(path) > len(best_path):
-            best_path = path
-        u = path[-1]
-        stack.extend(path + [c] for c in reversed(children[u]) if toks[c] == best[u])
-    return best_path, best[best_path[-1]]
+    par = _parent_list(parents)
+    accepted = [i > 0 and toks[i] == best[par[i]] for i in range(len(children))]
+    path = longest_accepted_path(children, accepted)
+    return path, best[path[-1]]
+
+
+# ---------------------------------------------------------------------------------------
+# Typical acceptance (Medusa): LOSSY, the emitted tokens do not follow p.
+
+
+@dataclass(frozen=True)
+class TypicalAcceptance:
+    """Settings of Medusa's typical acceptance (`verify_tree_typical`); the defaults are
+    Medusa's `posterior_threshold` and `posterior_alpha`."""
+
+    eps: float = 0.09  # cap of the threshold: a token with p(x) > eps is always typical
+    delta: float = 0.3  # scale of exp(-H(p)): flatter p, lower threshold
+
+    def __post_init__(self) -> None:
+        if not 0 < self.eps <= 1:
+            raise ValueError(f"typical acceptance: eps must be in (0, 1], got {self.eps}")
+        if not self.delta > 0:
+            raise ValueError(f"typical acceptance: delta must be > 0, got {self.delta}")
+
+
+def entropy(p: Tensor) -> Tensor:
+    """H(p) = -sum_v p(v) log p(v) in nats, with 0 log 0 = 0: (..., V) -> (...).
+
+    (Medusa's code adds 1e-5 inside the log, which lowers H by up to ~1e-5 * V; we keep the
+    exact entropy.)"""
+    return -torch.special.xlogy(p, p).sum(-1)
+
+
+def typical_threshold(p: Tensor, eps: float, delta: float) -> Tensor:
+    """Medusa's acceptance threshold min(eps, delta * exp(-H(p))): (..., V) -> (...).
+
+    A peaked p (low entropy) demands up to eps; a flat p accepts less likely tokens."""
+    return torch.clamp(delta * torch.exp(-entropy(p)), max=eps)
+
+
+def typical_accept(p: Tensor, x: Tensor | int, eps: float, delta: float) -> Tensor:
+    """Typical acceptance of a candidate x: p(x) > min(eps, delta * exp(-H(p))).
+
+    Args:
+        p: (V,) target distribution (after the sampling policy) at the candidate's parent,
+            or (m, V) one per candidate.
+        x: a token id, or (m,) token ids.
+    Returns:
+        bool with the shape of x.
+    """
+    x = torch.as_tensor(x, device=p.device)
+    p_x = p[x] if p.dim() == 1 else p.gather(-1, x[..., None]).squeeze(-1)
+    return p_x > typical_threshold(p, eps, delta)
+
+
+def verify_tree_typical(
+    parents: Tensor | Sequence[int], tokens: Tensor, p_nodes: Tensor, eps: float, delta: float
+) -> tuple[list[int], int]:
+    """Medusa's typical acceptance on a token tree. NOT distribution preserving.
+
+    A node is accepted when its token is typical under the target's distribution at its
+    parent (`typical_accept`); the accepted path is the longest one through accepted nodes
+    (ties: the most likely under p, as Medusa picks); the token after it is the target's
+    argmax there ("first token greedy"). With a one-hot p (temperature 0) only the argmax
+    passes, so this is greedy verification.
+
+    Args:
+        parents: (N+1,) tree structure.
+        tokens: (N+1,) long, tokens[0] is the root token.
+        p_nodes: (N+1, V) target policy distribution after each node.
+        eps, delta: the threshold's cap and entropy scale (Medusa: 0.09 and 0.3).
+    Returns:
+        path (node indices from 0) and next_token, as `verify_tree_greedy`.
+    """
+    children = children_lists(parents)
+    _check_sizes(children, tokens, p_nodes)
+    parent_of = torch.as_tensor(_parent_list(parents)[1:], dtype=torch.long, device=p_nodes.device)
+    p_parent = p_nodes[parent_of]  # (N, V): row i-1 is the distribution draft node i is judged by
+    draft = tokens[1:].to(p_nodes.device)  # (N,)
+    ok = typical_accept(p_parent, draft, eps, delta)  # (N,)
+    log_p = torch.log(p_parent.gather(-1, draft[:, None]).squeeze(-1))  # (N,)
+    path = longest_accepted_path(children, [False] + ok.tolist(), [0.0] + log_p.tolist())
+    return path, int(p_nodes[path[-1]].argmax())

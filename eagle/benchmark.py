@@ -1,11 +1,14 @@
 """Benchmark: every method on the same target and prompts, in one run.
 
 Speedup = a method's tokens/s divided by vanilla decoding's tokens/s measured in the same
-run (same target, same prompts, same machine state), after a warm-up. We report the
+run (same target, same prompts, same machine state), after a warm-up. Methods take turns
+prompt by prompt, so load drift on a shared machine hits them alike. We report the
 aggregate (total tokens / total time) and the median over prompts. tau = tokens committed
 per target forward after the prefill, bonus token included. When the run also has
 `vanilla_static` (static cache, compiled when the run compiles), `speedup_vs_static` is the
 same ratio against it: the fastest plain decoding is the baseline a user compares with.
+Peak memory: CUDA's peak allocation per method; on CPU the process's peak RSS (it only
+grows, so read it for the first method only).
 
 Output (in `out_dir`): results.json, results.md, speedup.png, tau.png, acceptance.png, and
 speedup_vs_static.png when the run has vanilla_static.
@@ -14,6 +17,7 @@ speedup_vs_static.png when the run has vanilla_static.
 from __future__ import annotations
 
 import json
+import math
 import platform
 import resource
 import statistics
@@ -155,22 +159,33 @@ def run_benchmark(eval_sets: dict[str, list[Prompt]], tokenizer, build: Callable
             for name in cfg.methods:
                 if name not in methods:
                     methods[name] = build(name)
-                method, dtype = methods[name]
-                bar.set_postfix_str(f"{set_name} T={temperature} {name}")
-                generator = torch.Generator().manual_seed(cfg.seed)
+                bar.set_postfix_str(f"{set_name} T={temperature} {name} warm-up")
+                warm = torch.Generator().manual_seed(cfg.seed)
                 for ids in encoded[: cfg.warmup]:
-                    method.generate(ids, min(cfg.max_new_tokens, 16), policy, generator)
-                if device.type == "cuda":
-                    torch.cuda.reset_peak_memory_stats(device)
-                outcomes = []
-                for ids in encoded:
+                    methods[name][0].generate(ids, min(cfg.max_new_tokens, 16), policy, warm)
+            # Methods take turns prompt by prompt (in a rotating order), so a drift in the load
+            # of a shared machine falls on every method alike rather than on whichever ran
+            # during it. Each method keeps its own generator: its samples do not depend on the
+            # others.
+            generators = {name: torch.Generator().manual_seed(cfg.seed) for name in cfg.methods}
+            outcomes: dict[str, list[Outcome]] = {name: [] for name in cfg.methods}
+            peaks = dict.fromkeys(cfg.methods, 0.0)
+            for i, ids in enumerate(encoded):
+                shift = i % len(cfg.methods)
+                for name in list(cfg.methods[shift:]) + list(cfg.methods[:shift]):
+                    bar.set_postfix_str(f"{set_name} T={temperature} {name}")
                     if device.type == "cuda":
                         torch.cuda.synchronize(device)
-                    outcomes.append(method.generate(ids, cfg.max_new_tokens, policy, generator))
+                        torch.cuda.reset_peak_memory_stats(device)
+                    outcomes[name].append(methods[name][0].generate(ids, cfg.max_new_tokens, policy,
+                                                                    generators[name]))
+                    peaks[name] = max(peaks[name], peak_memory_mb(device))
                     bar.update(1)
-                result = summarise(method, dtype, outcomes)
-                result.peak_memory_mb = peak_memory_mb(device)
-                results[name], outputs[name] = result, [o.tokens for o in outcomes]
+            for name in cfg.methods:
+                method, dtype = methods[name]
+                result = summarise(method, dtype, outcomes[name])
+                result.peak_memory_mb = peaks[name]
+                results[name], outputs[name] = result, [o.tokens for o in outcomes[name]]
             _relate(results, outputs, greedy=policy.greedy)
             runs.append({"eval_set": set_name, "temperature": float(temperature), "target": target_name,
                          "num_prompts": len(prompts), "max_new_tokens": cfg.max_new_tokens,
@@ -223,10 +238,11 @@ def markdown_table(report: dict) -> str:
             per_round = (f"{m['ms_per_round']:.2f} ({m['draft_ms_per_round']:.2f} + {m['verify_ms_per_round']:.2f})"
                          if m["draft_frac"] or m["verify_frac"] else "-")
             ident = "-" if m["identical_to_reference"] is None else f"{m['identical_to_reference']:.0%}"
-            vs_static = f"{m['speedup_vs_static']:.2f}x | " if static else ""
+            speeds = (["speedup_vs_static"] if static else []) + ["speedup", "speedup_median"]
+            speed = " | ".join("-" if math.isnan(m[k]) else f"{m[k]:.2f}x" for k in speeds)
             lines.append(f"| {m['method']} | {m['dtype']} | {m['tau']:.2f} | {m['tokens_per_s']:.1f} | "
-                         f"{m['ms_per_token']:.2f} | {vs_static}{m['speedup']:.2f}x | {m['speedup_median']:.2f}x | "
-                         f"{split} | {per_round} | {'yes' if m['lossless'] else 'NO (lossy)'} | {ident} |")
+                         f"{m['ms_per_token']:.2f} | {speed} | {split} | {per_round} | "
+                         f"{'yes' if m['lossless'] else 'NO (lossy)'} | {ident} |")
         lines.append("")
     return "\n".join(lines)
 

@@ -1,4 +1,5 @@
-"""Drafter checkpoints: our own format, and EAGLE's format for other engines.
+"""Drafter checkpoints (EAGLE drafters and Medusa heads): our own format, and EAGLE's
+format for other engines.
 
 Our format (`save_drafter` / `load_drafter`), a Hugging Face-style directory:
     config.json        DrafterConfig fields (the target identity included), plus
@@ -6,6 +7,9 @@ Our format (`save_drafter` / `load_drafter`), a Hugging Face-style directory:
     model.safetensors  fc + the decoder layer only: never the target's E or LM head
 Loading checks the checkpoint against the target it is given (hidden size, vocabulary,
 tokenizer hash) and raises `DrafterMismatchError` naming the difference.
+Medusa heads (`save_medusa` / `load_medusa`) use the same layout and checks, with
+"architecture": "MedusaHeads", MedusaConfig fields and the heads' residual blocks and
+projections (`heads.{k}.blocks.{j}.linear.*`, `heads.{k}.proj.weight`) as tensors.
 
 EAGLE's format (`export_eagle` / `import_eagle`), as published drafters such as
 yuhuili/EAGLE-llama2-chat-7B have it and as engines load it:
@@ -30,16 +34,20 @@ from __future__ import annotations
 import json
 import os
 import warnings
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
 from eagle.drafter import DrafterConfig, EagleDrafter
+from eagle.medusa import MedusaConfig, MedusaHeads
 from eagle.target import embeddings, lm_head, resolve_dtype, target_identity
 
 FORMAT_VERSION = 1
 ARCHITECTURE = "EagleDrafter"
+MEDUSA_ARCHITECTURE = "MedusaHeads"
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 EAGLE_BIN_NAME = "pytorch_model.bin"
@@ -51,7 +59,7 @@ class CheckpointError(ValueError):
 
 
 class DrafterMismatchError(CheckpointError):
-    """A drafter trained for another target (hidden size, vocabulary, tokenizer)."""
+    """A drafter (or Medusa heads) trained for another target (hidden size, vocabulary, tokenizer)."""
 
 
 # ---------------------------------------------------------------------------------------
@@ -65,9 +73,9 @@ def _write_atomic(path: Path, write) -> None:
     os.replace(tmp, path)
 
 
-def _read_json(path: Path) -> dict:
+def _read_json(path: Path, kind: str = "drafter") -> dict:
     if not path.is_file():
-        raise CheckpointError(f"{path.parent} is not a drafter checkpoint: {path.name} is missing")
+        raise CheckpointError(f"{path.parent} is not a {kind} checkpoint: {path.name} is missing")
     try:
         data = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
@@ -77,19 +85,19 @@ def _read_json(path: Path) -> dict:
     return data
 
 
-def _check_dir(ckpt: Path) -> None:
+def _check_dir(ckpt: Path, kind: str = "drafter") -> None:
     if not ckpt.exists():
-        raise CheckpointError(f"drafter checkpoint {ckpt} does not exist")
+        raise CheckpointError(f"{kind} checkpoint {ckpt} does not exist")
     if not ckpt.is_dir():
-        raise CheckpointError(f"drafter checkpoint {ckpt} is not a directory")
+        raise CheckpointError(f"{kind} checkpoint {ckpt} is not a directory")
 
 
-def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+def _read_safetensors(path: Path, kind: str = "drafter") -> dict[str, torch.Tensor]:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     if not path.is_file():
-        raise CheckpointError(f"{path.parent} is not a complete drafter checkpoint: {path.name} is missing")
+        raise CheckpointError(f"{path.parent} is not a complete {kind} checkpoint: {path.name} is missing")
     try:
         return load_file(str(path), device="cpu")
     except (SafetensorError, OSError, ValueError, RuntimeError) as err:
@@ -97,7 +105,7 @@ def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
         raise CheckpointError(f"{path} is corrupt or truncated ({first})") from err
 
 
-def _weights(drafter: EagleDrafter) -> dict[str, torch.Tensor]:
+def _weights(drafter: nn.Module) -> dict[str, torch.Tensor]:
     state = {k: v.detach().cpu().contiguous() for k, v in drafter.state_dict().items()}
     leaked = [k for k in state if "embed" in k or "lm_head" in k]
     if leaked:  # the target's modules are never part of a drafter checkpoint
@@ -105,7 +113,7 @@ def _weights(drafter: EagleDrafter) -> dict[str, torch.Tensor]:
     return state
 
 
-def _load_weights(drafter: EagleDrafter, state: dict[str, torch.Tensor], source: Path) -> None:
+def _load_weights(drafter: nn.Module, state: dict[str, torch.Tensor], source: Path) -> None:
     own = drafter.state_dict()
     missing = sorted(set(own) - set(state))
     unexpected = sorted(set(state) - set(own))
@@ -124,16 +132,16 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def _place(drafter: EagleDrafter, model: nn.Module, dtype) -> EagleDrafter:
+def _place(drafter: nn.Module, model: nn.Module, dtype) -> nn.Module:
     """On the target's device; in `dtype`, or the target's dtype (a drafter in another
     dtype than its target is a classic source of lost acceptance)."""
     p = next(model.parameters())
     return drafter.to(p.device, resolve_dtype(dtype) if dtype is not None else p.dtype)
 
 
-def validate_target(config: DrafterConfig, model: nn.Module, tokenizer=None, path: str | None = None,
-                    name: str = "drafter") -> None:
-    """Raise `DrafterMismatchError` if a drafter of `config` cannot serve this target.
+def validate_target(config: DrafterConfig | MedusaConfig, model: nn.Module, tokenizer=None,
+                    path: str | None = None, name: str = "drafter") -> None:
+    """Raise `DrafterMismatchError` if a drafter (or Medusa heads) of `config` cannot serve this target.
 
     Hidden size, vocabulary size and (when both sides know it) the tokenizer hash must match;
     a different model_type with matching shapes is only a warning.
@@ -159,39 +167,49 @@ def validate_target(config: DrafterConfig, model: nn.Module, tokenizer=None, pat
 # our format
 
 
-def save_drafter(drafter: EagleDrafter, dir: str | os.PathLike) -> Path:
-    """Write `config.json` and `model.safetensors` (fc + decoder layer) into `dir`."""
+def _save(module: nn.Module, config: dict, architecture: str, dir: str | os.PathLike) -> Path:
+    """Write `config.json` (the config plus our format keys) and `model.safetensors`."""
     from safetensors.torch import save_file
 
     ckpt = Path(dir)
     ckpt.mkdir(parents=True, exist_ok=True)
-    state = _weights(drafter)
+    state = _weights(module)
     _write_atomic(ckpt / WEIGHTS_NAME,
-                  lambda p: save_file(state, str(p), metadata={"format": "pt", "architecture": ARCHITECTURE}))
-    config = {"architecture": ARCHITECTURE, "format_version": FORMAT_VERSION,
-              "dtype": _dtype_name(drafter.dtype), **drafter.config.to_dict()}
+                  lambda p: save_file(state, str(p), metadata={"format": "pt", "architecture": architecture}))
+    dtype = next(module.parameters()).dtype
+    config = {"architecture": architecture, "format_version": FORMAT_VERSION, "dtype": _dtype_name(dtype), **config}
     _write_atomic(ckpt / CONFIG_NAME, lambda p: p.write_text(json.dumps(config, indent=2) + "\n"))
     return ckpt
 
 
-def load_drafter_config(dir: str | os.PathLike) -> DrafterConfig:
-    """The `DrafterConfig` of a checkpoint written by `save_drafter` (weights not read)."""
-    ckpt = Path(dir)
-    _check_dir(ckpt)
-    data = _read_json(ckpt / CONFIG_NAME)
+def _read_config(ckpt: Path, architecture: str, kind: str, from_dict: Callable[[dict], Any]) -> Any:
+    """The config of a checkpoint written by `_save` for `architecture`: `from_dict` of its
+    fields without our format keys (DrafterConfig.from_dict, MedusaConfig.from_dict)."""
+    _check_dir(ckpt, kind)
+    data = _read_json(ckpt / CONFIG_NAME, kind)
     arch = data.get("architecture")
-    if arch != ARCHITECTURE:
+    if arch != architecture:
         hint = (" (it looks like an EAGLE-format export: use eagle.checkpoint.import_eagle)"
-                if "architectures" in data else "")
-        raise CheckpointError(f"{ckpt / CONFIG_NAME}: architecture is {arch!r}, expected {ARCHITECTURE!r}{hint}")
+                if "architectures" in data and architecture == ARCHITECTURE else "")
+        raise CheckpointError(f"{ckpt / CONFIG_NAME}: architecture is {arch!r}, expected {architecture!r}{hint}")
     version = data.get("format_version")
     if not isinstance(version, int) or not 1 <= version <= FORMAT_VERSION:
         raise CheckpointError(f"{ckpt / CONFIG_NAME}: unsupported format_version {version!r} "
                               f"(this code reads 1..{FORMAT_VERSION})")
     try:
-        return DrafterConfig.from_dict({k: v for k, v in data.items() if k not in _META_KEYS})
+        return from_dict({k: v for k, v in data.items() if k not in _META_KEYS})
     except (TypeError, ValueError) as err:
         raise CheckpointError(f"{ckpt / CONFIG_NAME}: {err}") from err
+
+
+def save_drafter(drafter: EagleDrafter, dir: str | os.PathLike) -> Path:
+    """Write `config.json` and `model.safetensors` (fc + decoder layer) into `dir`."""
+    return _save(drafter, drafter.config.to_dict(), ARCHITECTURE, dir)
+
+
+def load_drafter_config(dir: str | os.PathLike) -> DrafterConfig:
+    """The `DrafterConfig` of a checkpoint written by `save_drafter` (weights not read)."""
+    return _read_config(Path(dir), ARCHITECTURE, "drafter", DrafterConfig.from_dict)
 
 
 def load_drafter(dir: str | os.PathLike, model: nn.Module, tokenizer=None, path: str | None = None,
@@ -205,6 +223,23 @@ def load_drafter(dir: str | os.PathLike, model: nn.Module, tokenizer=None, path:
     drafter = EagleDrafter(config, embeddings(model), lm_head(model))
     _load_weights(drafter, state, ckpt / WEIGHTS_NAME)
     return _place(drafter, model, dtype)
+
+
+def save_medusa(heads: MedusaHeads, dir: str | os.PathLike) -> Path:
+    """Write Medusa heads (`config.json`, `model.safetensors`) into `dir`."""
+    return _save(heads, heads.config.to_dict(), MEDUSA_ARCHITECTURE, dir)
+
+
+def load_medusa(dir: str | os.PathLike, model: nn.Module, tokenizer=None, path: str | None = None,
+                dtype: str | torch.dtype | None = None) -> MedusaHeads:
+    """Load Medusa heads saved by `save_medusa` for `model` (checked against it, as drafters
+    are), on the target's device, in `dtype` (default: the target's dtype)."""
+    ckpt = Path(dir)
+    config = _read_config(ckpt, MEDUSA_ARCHITECTURE, "Medusa", MedusaConfig.from_dict)
+    validate_target(config, model, tokenizer, path, name=f"Medusa heads {ckpt}")
+    heads = MedusaHeads(config)
+    _load_weights(heads, _read_safetensors(ckpt / WEIGHTS_NAME, "Medusa"), ckpt / WEIGHTS_NAME)
+    return _place(heads, model, dtype)
 
 
 # ---------------------------------------------------------------------------------------

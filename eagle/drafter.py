@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from eagle.target import embeddings, lm_head, target_identity
+from eagle.target import check_identity, embeddings, lm_head, target_identity
 
 
 @dataclass
@@ -77,12 +77,7 @@ class DrafterConfig:
             if float(theta) != float(self.rope_theta):
                 raise ValueError(f"drafter config: rope_theta {self.rope_theta} disagrees with "
                                  f"rope_parameters['rope_theta'] {theta}")
-        if not isinstance(self.target, dict):
-            raise ValueError(f"drafter config: target must be a dict (target_identity), got {self.target!r}")
-        for key in ("hidden_size", "vocab_size"):
-            if key in self.target and self.target[key] != getattr(self, key):
-                raise ValueError(f"drafter config: {key} {getattr(self, key)} disagrees with its target's "
-                                 f"{self.target[key]}")
+        check_identity("drafter config", self.target, hidden_size=self.hidden_size, vocab_size=self.vocab_size)
 
     @classmethod
     def from_target(cls, model: nn.Module, tokenizer=None, path: str | None = None) -> DrafterConfig:

@@ -1,5 +1,8 @@
 """Training an EAGLE-1 drafter: the LightningModule, its DataModules and the fit routine.
 
+`FrozenTargetModule`, the DataModules and `fit_drafter` also serve Medusa's heads
+(`eagle.medusa_module`): same target handling, data, optimiser, resuming and export.
+
 Alignment (DESIGN.md §3). A sample holds tokens x_0..x_{T-1}, the target's features
 f_0..f_{T-1} (f_t feeds the LM head that predicts x_{t+1}) and a loss mask m_0..m_{T-1}
 (1 = a token the target produces: assistant replies, or all of plain text). The drafter's
@@ -62,7 +65,77 @@ def shift_batch(input_ids: Tensor, features: Tensor, loss_mask: Tensor) -> dict[
             "target": features[:, 1:], "weight": weight}
 
 
-class EagleDrafterModule(L.LightningModule):
+class FrozenTargetModule(L.LightningModule):
+    """What every module trained on a frozen target's features shares (EAGLE's drafter,
+    Medusa's heads): the target, kept out of the module's submodules (checkpoints hold the
+    trained part only), its tokenizer and identity (what a feature dump must match), its
+    features computed online when nothing was dumped, AdamW with the LR schedule, and
+    validation sums added up over an epoch.
+
+    Subclasses call `super().__init__(target_path, target_dtype, schedule)`, then
+    `self.save_hyperparameters()` with hparams lr, weight_decay, betas, eps, warmup_steps,
+    schedule and min_lr_ratio, and implement `export(dir)`.
+    """
+
+    artifact = "drafter"  # what `export` writes, for messages
+
+    def __init__(self, target_path: str, target_dtype: str, schedule: str) -> None:
+        super().__init__()
+        if schedule not in SCHEDULES:
+            raise ValueError(f"unknown schedule {schedule!r}; choose one of {SCHEDULES}")
+        target, tokenizer = load_target(target_path, dtype=target_dtype)
+        # plain dict entries: not submodules, so not in state_dict() or parameters()
+        self.__dict__["target"] = target
+        self.tokenizer = tokenizer
+        self.target_identity = dump_identity(target, tokenizer, str(target_path))
+        self._val: dict[str, float] = {}
+
+    def _target_on_device(self):
+        target = self.target
+        if next(target.parameters()).device != self.device:
+            target.to(self.device)  # an EAGLE drafter shares its E and lm_head: they move with it
+        return target
+
+    @torch.no_grad()
+    def target_features(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        """Online features: the frozen target's last hidden state, (B, T, H)."""
+        return target_forward(self._target_on_device(), input_ids, attention_mask=attention_mask).features
+
+    def batch_features(self, batch: Mapping[str, Tensor]) -> Tensor:
+        """The batch's dumped features, or the target's computed now (online), as (B, T, H) fp32."""
+        self._target_on_device()
+        features = batch.get("features")
+        if features is None:  # online: nothing was dumped
+            features = self.target_features(batch["input_ids"], batch["attention_mask"])
+        return features.float()
+
+    def on_validation_epoch_start(self) -> None:
+        self._val = {}
+
+    def _add(self, key: str, value: Tensor | float) -> None:
+        self._val[key] = self._val.get(key, 0.0) + float(value)
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        hp = self.hparams
+        params = [p for p in self.parameters() if p.requires_grad]
+        decay = [p for p in params if p.dim() >= 2]
+        no_decay = [p for p in params if p.dim() < 2]
+        optimizer = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": hp.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=hp.lr, betas=tuple(hp.betas), eps=hp.eps,
+        )
+        total = self.trainer.estimated_stepping_batches
+        if not math.isfinite(total):
+            raise ValueError("the LR schedule needs a finite trainer.max_steps (or max_epochs)")
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda step: lr_multiplier(step, hp.warmup_steps, int(total), hp.schedule, hp.min_lr_ratio))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def export(self, out_dir: str | Path) -> Path:
+        raise NotImplementedError
+
+
+class EagleDrafterModule(FrozenTargetModule):
     """EAGLE-1 drafter training against a frozen target.
 
     Loss = w_feat * SmoothL1(f_hat, f) + w_tok * CE(lm_head(f_hat), softmax(lm_head(f))), both
@@ -103,37 +176,19 @@ class EagleDrafterModule(L.LightningModule):
         val_topk: int = 4,
         seed: int = 0,
     ) -> None:
-        super().__init__()
-        if schedule not in SCHEDULES:
-            raise ValueError(f"unknown schedule {schedule!r}; choose one of {SCHEDULES}")
         if val_depth < 1:
             raise ValueError(f"val_depth must be >= 1, got {val_depth}")
+        super().__init__(target_path, target_dtype, schedule)
         self.save_hyperparameters()
-        target, tokenizer = load_target(target_path, dtype=target_dtype)
-        # plain dict entries: not submodules, so not in state_dict() or parameters()
-        self.__dict__["target"] = target
-        self.tokenizer = tokenizer
-        self.target_identity = dump_identity(target, tokenizer, str(target_path))
+        target, tokenizer = self.target, self.tokenizer
         config = DrafterConfig.from_target(target, tokenizer, str(target_path))
         if drafter_config:
             config = DrafterConfig.from_dict({**config.to_dict(), **dict(drafter_config)})
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             self.drafter = EagleDrafter(config, embeddings(target), lm_head(target))
-        self._val: dict[str, float] = {}
 
     # ------------------------------------------------------------------ helpers
-
-    def _target_on_device(self):
-        target = self.target
-        if next(target.parameters()).device != self.device:
-            target.to(self.device)  # the drafter shares E and lm_head: they move with it
-        return target
-
-    @torch.no_grad()
-    def target_features(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        """Online features: the frozen target's last hidden state, (B, T, H)."""
-        return target_forward(self._target_on_device(), input_ids, attention_mask=attention_mask).features
 
     def head(self, features: Tensor) -> Tensor:
         """The target's LM head (frozen): (..., H) -> (..., V)."""
@@ -143,11 +198,7 @@ class EagleDrafterModule(L.LightningModule):
 
     def model_step(self, batch: Mapping[str, Tensor], train: bool) -> dict[str, Tensor]:
         """Loss terms of a batch; `train` adds the input-feature noise."""
-        self._target_on_device()
-        features = batch.get("features")
-        if features is None:  # online: nothing was dumped
-            features = self.target_features(batch["input_ids"], batch["attention_mask"])
-        v = shift_batch(batch["input_ids"], features.float(), batch["loss_mask"])
+        v = shift_batch(batch["input_ids"], self.batch_features(batch), batch["loss_mask"])
         features_in = v["features_in"]
         if train and self.hparams.noise > 0:
             # U(-a, a) on the drafter's input features: it learns to draft from its own,
@@ -181,12 +232,6 @@ class EagleDrafterModule(L.LightningModule):
         self.log("train/top1", top1, on_step=True, prog_bar=True, batch_size=b)
         return out["loss"]
 
-    def on_validation_epoch_start(self) -> None:
-        self._val = {}
-
-    def _add(self, key: str, value: Tensor | float) -> None:
-        self._val[key] = self._val.get(key, 0.0) + float(value)
-
     def validation_step(self, batch: Mapping[str, Tensor], batch_idx: int) -> None:
         out = self.model_step(batch, train=False)
         self._add("feat_sum", out["feat_sum"])
@@ -212,24 +257,6 @@ class EagleDrafterModule(L.LightningModule):
             logs[f"val/{name}"] = self._val[key] / max(self._val[f"{name}/count"], 1.0)
         self.log_dict(logs)
         self.log("val/top1", logs["val/top1_d1"], prog_bar=True)  # = top1_d1, for the bar
-
-    # ------------------------------------------------------------------ optimizer
-
-    def configure_optimizers(self) -> dict[str, Any]:
-        hp = self.hparams
-        params = [p for p in self.drafter.parameters() if p.requires_grad]
-        decay = [p for p in params if p.dim() >= 2]
-        no_decay = [p for p in params if p.dim() < 2]
-        optimizer = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": hp.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=hp.lr, betas=tuple(hp.betas), eps=hp.eps,
-        )
-        total = self.trainer.estimated_stepping_batches
-        if not math.isfinite(total):
-            raise ValueError("the LR schedule needs a finite trainer.max_steps (or max_epochs)")
-        scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda step: lr_multiplier(step, hp.warmup_steps, int(total), hp.schedule, hp.min_lr_ratio))
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     # ------------------------------------------------------------------ export
 
@@ -367,15 +394,17 @@ class OnlineDataModule(L.LightningDataModule):
 # ----------------------------------------------------------------------------- fit
 
 
-def fit_drafter(module: EagleDrafterModule, datamodule: L.LightningDataModule, trainer: L.Trainer,
+def fit_drafter(module: FrozenTargetModule, datamodule: L.LightningDataModule, trainer: L.Trainer,
                 ckpt_dir: str | Path, save_dir: str | Path, resume: bool = True,
                 debug: bool = False, sidecar: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Fit (resuming from `ckpt_dir/last.ckpt`), validate, and save the drafter to `save_dir`.
+    """Fit (resuming from `ckpt_dir/last.ckpt`), validate, and export the drafter (EAGLE's, or
+    Medusa's heads) to `save_dir`.
 
     A run whose last.ckpt is already at max_steps does no training but still validates and
     exports. `debug` (fast_dev_run) neither resumes nor writes a checkpoint. The returned
     metrics, with `sidecar` (e.g. the run's config), also go to `save_dir/train_metrics.json`.
-    Returns the final validation metrics plus `steps`, `drafter_dir` and timing.
+    Returns the final validation metrics plus `steps`, `<artifact>_dir` (`drafter_dir`,
+    `medusa_dir`) and timing.
     """
     ckpt_dir, save_dir = Path(ckpt_dir), Path(save_dir)
     last = ckpt_dir / "last.ckpt"
@@ -394,10 +423,10 @@ def fit_drafter(module: EagleDrafterModule, datamodule: L.LightningDataModule, t
     val = {k: float(v) for k, v in sorted(val.items())}
     module.export(save_dir)
     result = {**val, "train/loss": train_loss, "steps": trainer.global_step, "resumed_from_step": step0,
-              "fit_time_s": round(fit_time, 2), "drafter_dir": str(save_dir)}
+              "fit_time_s": round(fit_time, 2), f"{module.artifact}_dir": str(save_dir)}
     (save_dir / "train_metrics.json").write_text(json.dumps({**result, **(sidecar or {})}, indent=2) + "\n")
-    print(f"\ndrafter: {trainer.global_step} steps (from {step0}), fit {fit_time:.0f}s; final validation:")
+    print(f"\n{module.artifact}: {trainer.global_step} steps (from {step0}), fit {fit_time:.0f}s; final validation:")
     for key, value in val.items():
         print(f"  {key:<18} {value:.4f}")
-    print(f"--- saved drafter to {save_dir}")
+    print(f"--- saved {module.artifact} to {save_dir}")
     return result

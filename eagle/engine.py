@@ -7,6 +7,7 @@ Each round:
      tree attention mask and depth-based position ids;
   3. verification accepts a root-to-node path and emits one more token (the target's
      correction, or the bonus token at a leaf), greedy or by SpecInfer's multi-round rule;
+     or, only when asked for (`typical=`), by Medusa's typical acceptance, which is LOSSY;
   4. only the accepted path's KV stays in the target cache; the proposer is told the path.
 
 How the target runs and keeps its KV is the runner's business (`eagle.target_runner`): a
@@ -27,7 +28,12 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from eagle.acceptance import verify_tree_greedy, verify_tree_stochastic
+from eagle.acceptance import (
+    TypicalAcceptance,
+    verify_tree_greedy,
+    verify_tree_stochastic,
+    verify_tree_typical,
+)
 from eagle.sampling import SamplingPolicy
 from eagle.target_runner import ContextOverflowError, DynamicRunner, TargetRunner
 
@@ -146,23 +152,27 @@ class DecodeResult:
 
 
 class SpeculativeDecoder:
-    """Decode a target with any proposer, exactly (greedy or sampled).
+    """Decode a target with any proposer, exactly (greedy or sampled) by default.
 
     Args:
         target: a Hugging Face causal LM (eval mode).
         proposer: the drafting method; None means vanilla decoding.
         policy: the sampling policy for both p (target) and q (proposer).
         eos_token_id: one id or several; decoding stops after the first one emitted.
+        typical: Medusa's typical acceptance instead of the exact rules: LOSSY under sampling
+            (the output no longer follows p); every token the target emits itself is its
+            argmax. At temperature 0 it is greedy verification, exact.
         runner: how the target runs and keeps its KV; None is a fresh `DynamicRunner`.
     """
 
     def __init__(self, target: nn.Module, proposer: Proposer | None = None,
                  policy: SamplingPolicy | None = None, eos_token_id: int | Sequence[int] | None = None,
-                 runner: TargetRunner | None = None):
+                 typical: TypicalAcceptance | None = None, runner: TargetRunner | None = None):
         self.target = target
         self.runner = runner or DynamicRunner(target)
         self.proposer = proposer or VanillaProposer()
         self.policy = policy or SamplingPolicy()
+        self.typical = typical
         if eos_token_id is None:
             eos_token_id = getattr(target.generation_config, "eos_token_id", None)
         eos = [] if eos_token_id is None else ([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id))
@@ -240,7 +250,7 @@ class SpeculativeDecoder:
         return DecodeResult(tokens=new_tokens, stats=stats)
 
     def _sample(self, logits: Tensor, generator) -> int:
-        if self.policy.greedy:
+        if self.policy.greedy or self.typical is not None:  # typical: "first token greedy"
             return int(logits.argmax())
         return int(self.policy.sample(self.policy.probs(logits.float()), generator))
 
@@ -258,8 +268,11 @@ class SpeculativeDecoder:
         logits = out.logits[0]  # (n, V)
         parents = list(tree.parents)
         tokens = x[0]
-        if self.policy.greedy:
+        if self.policy.greedy:  # typical acceptance included: with a one-hot p it is greedy
             path, next_token = verify_tree_greedy(parents, tokens, logits.float())  # fp32 argmax is faster on CPU
+        elif self.typical is not None:
+            p = self.policy.probs(logits.float())  # (n, V) temperature-scaled p at every node
+            path, next_token = verify_tree_typical(parents, tokens, p, self.typical.eps, self.typical.delta)
         else:
             p = self.policy.probs(logits.float())
             if tree.size == 0:

@@ -61,14 +61,18 @@ def token_loss(draft_logits: Tensor, target_logits: Tensor, mask: Tensor) -> Ten
     return masked_mean(soft_cross_entropy(draft_logits, target_logits), mask)
 
 
-def topk_hits(draft_logits: Tensor, target_logits: Tensor, k: int = 1) -> Tensor:
-    """(B, T) bool: the target's argmax token is among the drafter's top-k.
+def label_hits(logits: Tensor, labels: Tensor, k: int = 1) -> Tensor:
+    """(B, T) bool: the token `labels` (B, T) is among the top-k of `logits` (B, T, V);
+    ties resolve as `torch.topk` does."""
+    k = min(k, logits.shape[-1])
+    top = logits.topk(k, dim=-1).indices  # (B, T, k)
+    return (top == labels[..., None]).any(-1)
 
-    k = 1 compares argmaxes; ties in the drafter's logits resolve as `torch.topk` does."""
-    target_token = target_logits.argmax(-1, keepdim=True)  # (B, T, 1)
-    k = min(k, draft_logits.shape[-1])
-    top = draft_logits.topk(k, dim=-1).indices  # (B, T, k)
-    return (top == target_token).any(-1)
+
+def topk_hits(draft_logits: Tensor, target_logits: Tensor, k: int = 1) -> Tensor:
+    """(B, T) bool: the target's argmax token is among the drafter's top-k (k = 1 compares
+    argmaxes)."""
+    return label_hits(draft_logits, target_logits.argmax(-1), k)
 
 
 def agreement(draft_logits: Tensor, target_logits: Tensor, mask: Tensor, k: int = 1) -> Tensor:

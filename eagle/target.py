@@ -138,6 +138,16 @@ def target_identity(model: nn.Module, tokenizer=None, path: str | None = None) -
     return ident
 
 
+def check_identity(owner: str, target: dict, **shape: int) -> None:
+    """A trained module's record of its target (`target_identity`) must be a dict and agree
+    with the module's own shape (hidden_size=..., vocab_size=...); raise ValueError otherwise."""
+    if not isinstance(target, dict):
+        raise ValueError(f"{owner}: target must be a dict (target_identity), got {target!r}")
+    for key, value in shape.items():
+        if key in target and target[key] != value:
+            raise ValueError(f"{owner}: {key} {value} disagrees with its target's {target[key]}")
+
+
 def tokenizer_hash(tokenizer, length: int = 16) -> str:
     """A stable hash of what maps text to ids: two tokenizers with the same hash give the
     same ids. Fast tokenizers hash their model (vocabulary and merges), added tokens and

@@ -134,31 +134,48 @@ class TreeTemplate:
         return cls.from_paths(paths, name or "static<" + ",".join(map(str, ks)) + ">")
 
     @classmethod
+    def rank_budget(cls, max_depth: int, max_rank_sum: int, name: str | None = None) -> TreeTemplate:
+        """Every path of depth <= max_depth whose ranks sum to <= max_rank_sum: the nodes a
+        decent drafter is most likely to get accepted. Large, so meant as a probe: measure
+        each node's acceptance once, then keep the best subtree (`eagle.tree_search`)."""
+        max_depth = _positive_int(max_depth, "max_depth")
+        if isinstance(max_rank_sum, bool) or not isinstance(max_rank_sum, int) or max_rank_sum < 0:
+            raise TreeError(f"max_rank_sum must be an integer >= 0, got {max_rank_sum!r}")
+        paths: list[RankPath] = []
+        frontier: list[RankPath] = [()]
+        for _ in range(max_depth):
+            frontier = [p + (r,) for p in frontier for r in range(max_rank_sum - sum(p) + 1)]
+            paths += frontier
+        return cls.from_paths(paths, name or f"budget<depth {max_depth}, rank sum {max_rank_sum}>")
+
+    @classmethod
     def empty(cls, name: str = "vanilla") -> TreeTemplate:
         """Root only: vanilla decoding (one token per target pass) through the tree loop."""
         return cls.from_paths((), name, allow_empty=True)
 
     @classmethod
     def from_config(cls, cfg: Mapping, name: str = "custom") -> TreeTemplate:
-        """Build from a mapping with ``kind`` in paths | chain | static | none.
+        """Build from a mapping with ``kind`` in paths | chain | static | budget | none.
 
         ``{"kind": "paths", "paths": [[0], ...]}``, ``{"kind": "chain", "gamma": 5}``,
-        ``{"kind": "static", "expansion": [1, 1, 3, 1, 1]}``, ``{"kind": "none"}``.
+        ``{"kind": "static", "expansion": [1, 1, 3, 1, 1]}``,
+        ``{"kind": "budget", "max_depth": 8, "max_rank_sum": 2}``, ``{"kind": "none"}``.
         An optional ``name`` key overrides the argument. Stray keys are errors: a
         ``paths`` list next to ``kind: chain`` is a contradiction, not a comment.
         """
         if not isinstance(cfg, Mapping):
             raise TreeError(f"tree config must be a mapping, got {type(cfg).__name__}")
-        kinds = {"paths": "paths", "chain": "gamma", "static": "expansion", "none": None}
+        kinds = {"paths": ("paths",), "chain": ("gamma",), "static": ("expansion",),
+                 "budget": ("max_depth", "max_rank_sum"), "none": ()}
         if "kind" not in cfg:
             raise TreeError(f"tree config is missing key 'kind' (one of {sorted(kinds)})")
         kind = cfg["kind"]
         if kind not in kinds:
             raise TreeError(f"unknown tree kind {kind!r} (expected one of {sorted(kinds)})")
-        key = kinds[kind]
-        if key is not None and key not in cfg:
-            raise TreeError(f"tree config of kind '{kind}' is missing key '{key}'")
-        stray = sorted(set(cfg) - {"kind", "name", key})
+        for key in kinds[kind]:
+            if key not in cfg:
+                raise TreeError(f"tree config of kind '{kind}' is missing key '{key}'")
+        stray = sorted(set(cfg) - {"kind", "name", *kinds[kind]})
         if stray:
             raise TreeError(f"unexpected key(s) {stray} in tree config of kind '{kind}'")
         name = str(cfg.get("name", name))
@@ -168,6 +185,8 @@ class TreeTemplate:
             return cls.chain(cfg["gamma"], name)
         if kind == "static":
             return cls.static_expansion(cfg["expansion"], name)
+        if kind == "budget":
+            return cls.rank_budget(cfg["max_depth"], cfg["max_rank_sum"], name)
         return cls.empty(name)
 
     @classmethod

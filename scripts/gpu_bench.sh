@@ -126,13 +126,13 @@ stage features "$CAP_FEATURES" $PY -m data_gen $FEATURE_ARGS paths.runs_dir=$RUN
 stage drafter "$CAP_DRAFTER" $PY train.py $DRAFTER_ARGS paths.runs_dir=$RUNS
 
 # ---- MEDUSA HOOK --------------------------------------------------------------------------
-# Once the Medusa work lands (presets medusa_tiny / medusa_gpu, method `medusa`), its heads are
-# trained here and benchmarked with the rest (take its cap from the others: the sum must stay under
-# 600 s). MEDUSA_DECODE_ARGS must name the decode.py key
-# that points at the heads (set by that work), e.g. "medusa_path=$RUNS/medusa_gpu/heads".
+# Medusa heads are trained and benchmarked here as soon as a GPU preset exists for them
+# (configs/experiment/medusa_gpu.yaml, like medusa_tiny with target_gpu's paths, saving to
+# $RUNS/medusa_gpu/medusa). Take its cap from the others: the caps must stay under 600 s.
 if [ -f configs/experiment/medusa_gpu.yaml ]; then
-  stage medusa "${CAP_MEDUSA:-90}" $PY train.py experiment=medusa_gpu paths.runs_dir=$RUNS \
-    && BENCH_METHODS="$BENCH_METHODS,medusa" && BENCH_ARGS="$BENCH_ARGS ${MEDUSA_DECODE_ARGS:-}"
+  stage medusa "${CAP_MEDUSA:-60}" $PY train.py experiment=medusa_gpu paths.runs_dir=$RUNS \
+    && BENCH_METHODS="$BENCH_METHODS,medusa" \
+    && BENCH_ARGS="$BENCH_ARGS ${MEDUSA_DECODE_ARGS:-medusa_path=$RUNS/medusa_gpu/medusa}"
 fi
 # --------------------------------------------------------------------------------------------
 

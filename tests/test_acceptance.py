@@ -1,4 +1,5 @@
-"""Acceptance rules: seed vectors, exactness by enumeration, planted bugs, sampler, greedy.
+"""Acceptance rules: seed vectors, exactness by enumeration, planted bugs, sampler, greedy;
+and Medusa's (lossy) typical acceptance on hand-computed vectors.
 
 The exactness check enumerates every possible draft tree (with its probability) and every
 verification outcome (`tree_outcome_distribution`), then compares the distribution of the
@@ -18,14 +19,19 @@ import torch
 from scipy.stats import chisquare
 
 from eagle.acceptance import (
+    TypicalAcceptance,
     accept_prob,
     chain_parents,
     children_lists,
+    entropy,
     node_outcomes,
     residual,
     tree_outcome_distribution,
+    typical_accept,
+    typical_threshold,
     verify_tree_greedy,
     verify_tree_stochastic,
+    verify_tree_typical,
 )
 from eagle.sampling import SamplingPolicy
 
@@ -372,25 +378,25 @@ def peaked(argmax: list[int], V: int = 8) -> torch.Tensor:
     return logits
 
 
-@pytest.mark.parametrize(
-    "parents,tokens,argmax,path,nxt",
-    [
-        # follows the matching child at each level down to a leaf: bonus token there
-        ([-1, 0, 0, 1, 2, 4], [0, 3, 1, 2, 5, 4], [1, 2, 5, 0, 4, 6], [0, 2, 4, 5], 6),
-        # the first level matches, the second does not: correction at node 1
-        ([-1, 0, 0, 1, 1], [0, 3, 1, 2, 5], [3, 7, 0, 0, 0], [0, 1], 7),
-        # nothing accepted: the target's own token after the root
-        ([-1, 0, 0, 1], [0, 3, 1, 2], [4, 2, 0, 0], [0], 4),
-        # duplicate siblings both match: the longer accepted path wins
-        ([-1, 0, 0, 2], [0, 1, 1, 3], [1, 5, 3, 6], [0, 2, 3], 6),
-        # duplicate siblings, equally long: the first in sibling order wins
-        ([-1, 0, 0], [0, 1, 1], [1, 5, 2], [0, 1], 5),
-        # a chain fully accepted: bonus token
-        (chain_parents(3), [0, 4, 5, 6], [4, 5, 6, 7], [0, 1, 2, 3], 7),
-        # root only
-        ([-1], [0], [3], [0], 3),
-    ],
-)
+GREEDY_CASES = [  # parents, tokens, target argmax per node, accepted path, next token
+    # follows the matching child at each level down to a leaf: bonus token there
+    ([-1, 0, 0, 1, 2, 4], [0, 3, 1, 2, 5, 4], [1, 2, 5, 0, 4, 6], [0, 2, 4, 5], 6),
+    # the first level matches, the second does not: correction at node 1
+    ([-1, 0, 0, 1, 1], [0, 3, 1, 2, 5], [3, 7, 0, 0, 0], [0, 1], 7),
+    # nothing accepted: the target's own token after the root
+    ([-1, 0, 0, 1], [0, 3, 1, 2], [4, 2, 0, 0], [0], 4),
+    # duplicate siblings both match: the longer accepted path wins
+    ([-1, 0, 0, 2], [0, 1, 1, 3], [1, 5, 3, 6], [0, 2, 3], 6),
+    # duplicate siblings, equally long: the first in sibling order wins
+    ([-1, 0, 0], [0, 1, 1], [1, 5, 2], [0, 1], 5),
+    # a chain fully accepted: bonus token
+    (chain_parents(3), [0, 4, 5, 6], [4, 5, 6, 7], [0, 1, 2, 3], 7),
+    # root only
+    ([-1], [0], [3], [0], 3),
+]
+
+
+@pytest.mark.parametrize("parents,tokens,argmax,path,nxt", GREEDY_CASES)
 def test_verify_tree_greedy(parents, tokens, argmax, path, nxt):
     logits = peaked(argmax)
     tokens = torch.tensor(tokens)
@@ -436,3 +442,66 @@ def test_row_count_mismatch_is_rejected():
         tree_outcome_distribution(
             parents, torch.zeros(3, dtype=torch.long), torch.ones(3, V) / V, torch.ones(4, V) / V
         )
+
+
+# ---------------------------------------------------------------------------------------
+# Typical acceptance (Medusa; lossy)
+
+
+def test_typical_acceptance_hand_computed():
+    # p = (0.6, 0.25, 0.1, 0.05): H = -(0.6 ln 0.6 + 0.25 ln 0.25 + 0.1 ln 0.1 + 0.05 ln 0.05)
+    #   = 0.306495 + 0.346574 + 0.230259 + 0.149787 = 1.033114 nats; exp(-H) = 0.355897
+    p = torch.tensor([0.6, 0.25, 0.1, 0.05], dtype=torch.float64)
+    assert float(entropy(p)) == pytest.approx(1.033114, abs=1e-6)
+    # delta * exp(-H) = 0.3 * 0.355897 = 0.106769 > eps = 0.09: eps binds, 0.1 > 0.09 passes
+    assert float(typical_threshold(p, eps=0.09, delta=0.3)) == pytest.approx(0.09)
+    assert typical_accept(p, torch.arange(4), 0.09, 0.3).tolist() == [True, True, True, False]
+    # eps = 0.2: delta * exp(-H) = 0.106769 binds, and 0.1 falls below it
+    assert float(typical_threshold(p, eps=0.2, delta=0.3)) == pytest.approx(0.106769, abs=1e-6)
+    assert typical_accept(p, torch.arange(4), 0.2, 0.3).tolist() == [True, True, False, False]
+    # uniform over 4: H = ln 4, exp(-H) = 1/4, threshold min(0.09, 0.075) = 0.075 < 0.25: all typical
+    u = torch.full((4,), 0.25, dtype=torch.float64)
+    assert float(typical_threshold(u, 0.09, 0.3)) == pytest.approx(0.075)
+    assert bool(typical_accept(u, torch.arange(4), 0.09, 0.3).all())
+    # temperature 0 (one-hot p): H = 0, threshold min(eps, delta) = 0.09: only the argmax passes
+    one_hot = torch.tensor([0.0, 1.0, 0.0, 0.0])
+    assert float(entropy(one_hot)) == 0.0
+    assert typical_accept(one_hot, torch.arange(4), 0.09, 0.3).tolist() == [False, True, False, False]
+    assert bool(typical_accept(p, 2, 0.09, 0.3))
+    with pytest.raises(ValueError, match="eps must be in"):
+        TypicalAcceptance(eps=0.0)
+
+
+def test_typical_tree_takes_the_longest_accepted_path():
+    #        0
+    #      /   \
+    #     1     2          1 and 2 both typical at the root
+    #     |    / \
+    #     3   4   5        3 typical, 4 typical, 5 not
+    #         |
+    #         6            6 typical: the longest path is 0-2-4-6, though 1 comes first
+    parents = [-1, 0, 0, 1, 2, 2, 4]
+    tokens = torch.tensor([9, 0, 1, 2, 3, 0, 2])
+    p = torch.full((7, 4), 0.02)
+    p[0] = torch.tensor([0.5, 0.4, 0.05, 0.05])  # root: tokens 0 and 1 typical
+    p[1] = torch.tensor([0.1, 0.1, 0.7, 0.1])    # node 1: its child token 2 typical
+    p[2] = torch.tensor([0.02, 0.03, 0.05, 0.9])  # node 2: child token 3 typical, token 0 (node 5) not
+    p[4] = torch.tensor([0.1, 0.1, 0.7, 0.1])    # node 4: child token 2 typical
+    p[6] = torch.tensor([0.1, 0.6, 0.2, 0.1])    # after the path: argmax token 1 is emitted
+    p[3] = p[5] = torch.tensor([0.25, 0.25, 0.25, 0.25])
+    assert verify_tree_typical(parents, tokens, p, 0.09, 0.3) == ([0, 2, 4, 6], 1)
+    # equally long paths: the more likely one wins, even second in sibling order (Medusa)
+    par2 = [-1, 0, 0]
+    toks2 = torch.tensor([9, 0, 1])
+    p2 = torch.tensor([[0.3, 0.6, 0.1], [0.2, 0.5, 0.3], [0.3, 0.3, 0.4]])
+    assert verify_tree_typical(par2, toks2, p2, 0.09, 0.3) == ([0, 2], 2)
+    # nothing typical: the root alone, then the argmax
+    assert verify_tree_typical(par2, torch.tensor([9, 2, 2]), torch.tensor([[0.95, 0.04, 0.01]] * 3),
+                               0.09, 0.3) == ([0], 0)
+
+
+@pytest.mark.parametrize("parents,tokens,argmax,path,nxt", GREEDY_CASES)
+def test_typical_with_one_hot_p_is_greedy(parents, tokens, argmax, path, nxt):
+    """At temperature 0 (one-hot p) only the argmax is typical: greedy verification."""
+    p_nodes = SamplingPolicy().probs(peaked(argmax))
+    assert verify_tree_typical(parents, torch.tensor(tokens), p_nodes, 0.09, 0.3) == (path, nxt)

@@ -1,4 +1,5 @@
-"""decode.py: every method runs, the benchmark writes its report, bad input fails clearly."""
+"""decode.py: every method runs, the benchmark writes its report (lossy methods labelled),
+bad input fails clearly."""
 
 from __future__ import annotations
 
@@ -13,9 +14,12 @@ from conftest import make_tiny_model
 from hydra import compose, initialize_config_dir
 
 from data_gen.tokenizer import train_bpe_tokenizer
+from eagle.checkpoint import save_medusa
 from eagle.evalsets import EvalSetError, load_eval_set
+from eagle.medusa import MedusaError, MedusaHeads
 from eagle.methods import ENGINE_METHODS, METHODS, MethodError
 from eagle.sampling import SamplingPolicy
+from eagle.target import load_target
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXTS = ["def add(a, b):\n    return a + b\n", "for i in range(10):\n    print(i)\n",
@@ -42,7 +46,7 @@ def decode_cfg(models: Path, tmp_path: Path, *overrides: str):
     with initialize_config_dir(str(ROOT / "configs"), version_base="1.3"):
         return compose("decode", overrides=[
             f"target={models / 'target'}", f"draft_lm={models / 'draft'}", "random_drafter=true",
-            f"paths.runs_dir={tmp_path}", "max_new_tokens=12", *overrides])
+            "random_medusa=true", f"paths.runs_dir={tmp_path}", "max_new_tokens=12", *overrides])
 
 
 def test_benchmark_every_method_writes_report(models, tmp_path):
@@ -51,7 +55,9 @@ def test_benchmark_every_method_writes_report(models, tmp_path):
     out = tmp_path / "bench"
     cfg = decode_cfg(models, tmp_path, "mode=benchmark", f"benchmark.eval_sets=[{models / 'prompts.jsonl'}]",
                      f"benchmark.out_dir={out}", "benchmark.dtypes.eagle=float32",
-                     "benchmark.dtypes.eagle_static=float32")
+                     "benchmark.dtypes.eagle_static=float32",
+                     "benchmark.dtypes.medusa=float32", "benchmark.dtypes.medusa_typical=float32",
+                     f"benchmark.methods=[{','.join(METHODS)}]")
     decode(cfg)
     report = json.loads((out / "results.json").read_text())
     assert [(r["eval_set"], r["temperature"]) for r in report["runs"]] == [("prompts", 0.0), ("prompts", 1.0)]
@@ -61,7 +67,7 @@ def test_benchmark_every_method_writes_report(models, tmp_path):
         for name, m in run["methods"].items():
             assert isinstance(m["tau"], float) and m["tau"] >= 1.0 - 1e-9, name
             assert m["tokens_per_s"] > 0 and isinstance(m["speedup"], float)
-            assert isinstance(m["lossless"], bool)
+            assert m["lossless"] is (name != "medusa_typical"), name  # typical acceptance is lossy
         assert run["methods"]["vanilla"]["speedup"] == pytest.approx(1.0)
         assert run["methods"]["vanilla_static"]["speedup_vs_static"] == pytest.approx(1.0)
         eagle_static = run["methods"]["eagle_static"]
@@ -77,6 +83,8 @@ def test_benchmark_every_method_writes_report(models, tmp_path):
     assert greedy["vanilla"]["acceptance_by_node"] is None
     table = (out / "results.md").read_text()
     assert "| eagle |" in table and "| eagle_static |" in table and "speedup vs static" in table
+    assert [ln for ln in table.splitlines() if "NO (lossy)" in ln] == \
+        [ln for ln in table.splitlines() if ln.startswith("| medusa_typical |")]
     for png in ("speedup.png", "tau.png", "acceptance.png", "speedup_vs_static.png"):
         assert (out / png).stat().st_size > 1000
 
@@ -104,23 +112,60 @@ def test_greedy_methods_identical_to_hf_generate(models, tmp_path):
             assert method.generate(ids, 20, SamplingPolicy()).tokens == want, name
 
 
+def test_tree_search_writes_best_subtrees_and_compares_them(models, tmp_path):
+    """mode=tree_search on a small probe: best<N>.yaml files, and a comparison run in which
+    they decode greedily exactly like vanilla, with the tau the search predicted (float32)."""
+    from decode import decode
+
+    probe = tmp_path / "tiny_probe.yaml"
+    probe.write_text("kind: budget\nmax_depth: 3\nmax_rank_sum: 1\n")
+    out = tmp_path / "search"
+    decode(decode_cfg(models, tmp_path, "mode=tree_search", f"tree_search.probe={probe}",
+                      "tree_search.sizes=[2,4]", f"tree_search.out_dir={out}",
+                      f"benchmark.eval_sets=[{models / 'prompts.jsonl'}]", "benchmark.dtypes.eagle=float32"))
+    from eagle.tree import TreeTemplate
+
+    assert [TreeTemplate.from_file(out / f"best{n}.yaml").num_nodes for n in (2, 4)] == [2, 4]
+    summary = json.loads((out / "summary.json").read_text())
+    assert [r["tree"] for r in summary] == ["best2", "best4"]
+    assert all(r["tau"] == pytest.approx(r["predicted_tau"], abs=1e-9) for r in summary)
+    assert json.loads((out / "probe_paths.json").read_text())["probe"] == "tiny_probe"
+    compare = json.loads((out / "compare" / "results.json").read_text())["runs"][0]["methods"]
+    assert set(compare) == {"vanilla", "eagle", "eagle@best2", "eagle@best4"}
+    assert all(m["identical_to_reference"] == 1.0 for name, m in compare.items() if name != "vanilla")
+
+
 def test_generate_mode_streams(models, tmp_path, capsys):
     from decode import decode
 
     decode(decode_cfg(models, tmp_path, "method=vanilla", "prompt='def f(x):'"))
     out = capsys.readouterr().out
-    assert out.startswith("def f(x):") and "tokens/s" in out and "tau" in out
+    assert out.startswith("def f(x):") and "tokens/s" in out and "tau" in out and "LOSSY" not in out
+    decode(decode_cfg(models, tmp_path, "method=medusa_typical", "temperature=1.0"))
+    assert "[medusa_typical, float32, LOSSY (typical acceptance)]" in capsys.readouterr().out
+    decode(decode_cfg(models, tmp_path, "method=medusa", "temperature=1.0"))
+    assert "LOSSY" not in capsys.readouterr().out
 
 
 def test_bad_input_errors(models, tmp_path, monkeypatch):
     from decode import Models, decode
 
+    target, tokenizer = load_target(models / "target")
+    two_heads = save_medusa(MedusaHeads.random(target, 2, tokenizer), tmp_path / "two_heads")
     with pytest.raises(MethodError, match="unknown method 'nope'"):
         Models(decode_cfg(models, tmp_path)).method("nope", "float32")
+    for bad in ("vanilla@chain5", "eagle@"):
+        with pytest.raises(MethodError, match="only eagle, draft, eagle_static take a tree"):
+            Models(decode_cfg(models, tmp_path)).method(bad, "float32")
     with pytest.raises(ValueError, match="empty"):
         decode(decode_cfg(models, tmp_path, "method=vanilla", "prompt=' '"))
     with pytest.raises(MethodError, match="random_drafter=true"):
         Models(decode_cfg(models, tmp_path, "random_drafter=false", "drafter_path=null")).method("eagle", "float32")
+    with pytest.raises(MethodError, match="random_medusa=true"):
+        Models(decode_cfg(models, tmp_path, "random_medusa=false", "medusa_path=null")).method("medusa", "float32")
+    with pytest.raises(MedusaError, match="3 deep but there are only 2 Medusa heads"):
+        Models(decode_cfg(models, tmp_path, "random_medusa=false", f"medusa_path={two_heads}")).method(
+            "medusa_typical", "float32")
     import importlib.util
 
     real = importlib.util.find_spec

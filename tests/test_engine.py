@@ -166,10 +166,14 @@ def test_prompt_too_long_is_refused_before_decoding():
         decoder.generate([], 5)
 
 
-def test_prompt_lookup_finds_latest_match():
-    pl = PromptLookupProposer(num_tokens=3, max_ngram=2)
-    assert pl.lookup([1, 2, 3, 4, 9, 1, 2, 5, 6, 1, 2]) == [5, 6, 1]
-    assert pl.lookup([1, 2, 3]) == []
+def test_prompt_lookup_matches():
+    seq = [1, 2, 3, 4, 9, 1, 2, 5, 6, 1, 2]
+    assert PromptLookupProposer(num_tokens=3, max_ngram=2).lookup(seq) == [3, 4, 9]  # HF: earliest
+    assert PromptLookupProposer(num_tokens=3, max_ngram=2, match="latest").lookup(seq) == [5, 6, 1]
+    assert PromptLookupProposer(num_tokens=3, max_ngram=3).lookup([7, 1, 2, 8, 5, 1, 2]) == [8, 5, 1]  # 2-gram
+    assert PromptLookupProposer(num_tokens=3, max_ngram=2).lookup([1, 2, 3]) == []
+    with pytest.raises(ValueError, match="earliest"):
+        PromptLookupProposer(match="first")
 
 
 # ---------------------------------------------------------------------------------------
@@ -217,3 +221,36 @@ def test_sampled_tokens_follow_target_distribution(policy_name, kind, cache):
     assert set(counts) <= {s for s, pr in expected.items() if pr > 0}, "emitted a sequence of probability 0"
     pvalue = chi2_pvalue(counts, expected, runs)
     assert pvalue > 1e-3, f"{kind}/{cache}: chi2 p-value {pvalue:.2e}"
+
+
+def test_gumbel_top_k_draws_are_successive_draws_without_replacement():
+    """P(first = a, second = b) = d(a) d(b) / (1 - d(a)); q rows exclude earlier draws."""
+    from eagle.proposers.template import sample_without_replacement
+
+    dist = torch.tensor([0.5, 0.25, 0.15, 0.1])
+    g = torch.Generator().manual_seed(0)
+    runs, counts = 4000, {}
+    for _ in range(runs):
+        picks, q = sample_without_replacement(dist, 2, g)
+        key = tuple(picks.tolist())
+        counts[key] = counts.get(key, 0) + 1
+    a, b = key
+    torch.testing.assert_close(q[0], dist)
+    want = dist.clone()
+    want[a] = 0
+    torch.testing.assert_close(q[1], want / want.sum())
+    d = [0.5, 0.25, 0.15, 0.1]  # exact in float64 (dist is float32)
+    expected = {(i, j): d[i] * d[j] / (1 - d[i]) for i in range(4) for j in range(4) if i != j}
+    assert sum(expected.values()) == pytest.approx(1.0)
+    assert chi2_pvalue(counts, expected, runs) > 1e-3
+
+
+def test_draws_past_an_exhausted_support_are_one_hot():
+    from eagle.proposers.template import sample_without_replacement
+
+    dist = torch.tensor([0.0, 0.7, 0.0, 0.3, 0.0])
+    picks, q = sample_without_replacement(dist, 4, torch.Generator().manual_seed(0))
+    assert sorted(picks[:2].tolist()) == [1, 3] and len(set(picks.tolist())) == 4
+    assert torch.isfinite(q).all() and torch.allclose(q.sum(-1), torch.ones(4))
+    for i in (2, 3):
+        assert q[i, picks[i]] == 1.0  # deterministic picks: one-hot proposals

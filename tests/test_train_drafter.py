@@ -9,47 +9,18 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_tiny_model
+from conftest import CONFIG_DIR, make_tiny_model
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from data_gen.__main__ import generate
 from data_gen.features import FeatureDumpError, FeatureShards
-from data_gen.tokenizer import train_bpe_tokenizer
 from eagle import metrics
 from eagle.checkpoint import load_drafter
 from eagle.drafter_module import EagleDrafterModule, collate, shift_batch
 from eagle.schedules import lr_multiplier
 from eagle.target import load_target
 from train import train
-
-ROOT = Path(__file__).resolve().parents[1]
-CONFIG_DIR = ROOT / "configs"
-TEXTS = ["def add(a, b):\n    return a + b\n", "for i in range(10):\n    print(i)\n",
-         "class Point:\n    def __init__(self, x, y):\n        self.x = x\n        self.y = y\n"] * 20
-
-
-@pytest.fixture(scope="module")
-def target_dir(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("target")
-    tokenizer = train_bpe_tokenizer(TEXTS, vocab_size=300)
-    model = make_tiny_model("llama", vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id)
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
-
-
-@pytest.fixture(scope="module")
-def features_dir(tmp_path_factory, target_dir) -> Path:
-    out = tmp_path_factory.mktemp("features") / "dump"
-    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
-        cfg = compose("data_gen", overrides=[
-            f"target_path={target_dir}", f"out_dir={out}", "target_dtype=float32", "device=cpu",
-            "max_len=32", "shard_size=8", "batch_size=4", "progress=false", "source.max_files=24",
-            "source.val_fraction=0.25", "source.max_samples=16", "source.max_val_samples=4",
-        ])
-    generate(cfg)
-    return out
 
 
 def compose_train(overrides: list[str]):

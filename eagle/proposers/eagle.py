@@ -178,7 +178,7 @@ def pass_shape(template: TreeTemplate) -> tuple[int, int]:
     return max([template.depth + 1, *per_depth]), max(template.depth + 1, len(expanded))
 
 
-def eagle_proposer(drafter: EagleDrafter, template: TreeTemplate, proposal: str = "topk", static: bool = False,
+def eagle_proposer(drafter: EagleDrafter, template: TreeTemplate, proposal: str = "sample", static: bool = False,
                    compile_mode: str | None = None) -> TemplateProposer:
     """EAGLE-1: the drafter fills `template` (top-k per expanded node, or draws under sampling
     with `proposal="sample"`); verification by `eagle.engine.SpeculativeDecoder` keeps it exact.

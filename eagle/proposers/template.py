@@ -1,4 +1,4 @@
-"""Fill a fixed tree template with a token-by-token draft model (EAGLE's drafter, a small LM).
+"""Fill a fixed tree template with a draft model (EAGLE's drafter, a small LM, Medusa's heads).
 
 Per round: one `catch_up` pass over the tokens committed since the last round gives the
 root's next-token distribution; then one `step` pass per depth over that depth's nodes that
@@ -24,7 +24,10 @@ PROPOSALS = ("topk", "sample")
 
 
 class TreeDraftModel(Protocol):
-    """A draft model with its own KV cache over the committed context."""
+    """A draft model with its own KV cache over the committed context (possibly empty).
+
+    The "hidden output" of a node is whatever its children's `step` needs from it: EAGLE's
+    predicted feature, nothing (None) for a small LM, the unused heads' logits for Medusa."""
 
     def catch_up(self, state: DecodeState) -> tuple[Tensor, Tensor | None]:
         """Feed the committed tokens not yet in the cache (the root included).
@@ -55,13 +58,15 @@ class TemplateProposer(Proposer):
     """Draft a fixed template tree with any `TreeDraftModel`.
 
     Args:
-        model: the draft model (EAGLE drafter or small LM).
+        model: the draft model (EAGLE drafter, small LM or Medusa heads).
         template: the tree to fill; its `max_rank` is the top-k per expanded node.
-        proposal: "topk" (deterministic top-k, one-hot q) or "sample" (draws without
-            replacement under sampling). Greedy decoding always uses top-k.
+        proposal: under sampling, "sample" (children drawn without replacement from the
+            draft distribution: accepted about as often as q resembles p) or "topk"
+            (deterministic top-k, one-hot q: accepted only as often as p puts mass on those
+            tokens, poor when p is flat). Greedy decoding always uses top-k.
     """
 
-    def __init__(self, model: TreeDraftModel, template: TreeTemplate, proposal: str = "topk",
+    def __init__(self, model: TreeDraftModel, template: TreeTemplate, proposal: str = "sample",
                  name: str = "template"):
         if proposal not in PROPOSALS:
             raise ValueError(f"unknown proposal {proposal!r}; choose one of {PROPOSALS}")
@@ -130,20 +135,31 @@ class TemplateProposer(Proposer):
         if self.proposal == "topk":
             picks = dist.topk(m).indices
             return picks, torch.nn.functional.one_hot(picks, dist.shape[-1]).to(dist)
-        picks, qs = [], []
-        remaining = dist.clone()
-        for _ in range(m):
-            mass = remaining.sum()
-            if mass <= 0:  # the policy's support is exhausted: fall back to a deterministic pick
-                x = int(torch.where(torch.isin(torch.arange(dist.shape[-1], device=dist.device),
-                                               torch.tensor(picks, device=dist.device)),
-                                    -1.0, dist).argmax())
-                qs.append(torch.nn.functional.one_hot(torch.tensor(x), dist.shape[-1]).to(dist))
-            else:
-                q_i = remaining / mass
-                x = int(torch.multinomial(q_i, 1, generator=state.generator))
-                qs.append(q_i)
-                remaining = remaining.clone()
-                remaining[x] = 0.0  # without replacement: the next sibling's q excludes x
-            picks.append(x)
-        return torch.tensor(picks, device=dist.device), torch.stack(qs)
+        return sample_without_replacement(dist, m, state.generator)
+
+
+def sample_without_replacement(dist: Tensor, m: int, generator: torch.Generator | None = None
+                               ) -> tuple[Tensor, Tensor]:
+    """m successive draws without replacement from `dist` (V,), and the exact q of each.
+
+    Gumbel-top-k: the m largest of log(dist) + Gumbel noise, in order, are distributed exactly
+    as m successive draws where each excludes the earlier ones (Kool et al., 2019), in one
+    pass over the vocabulary instead of m. Draw i's proposal is `dist` with draws 0..i-1
+    zeroed and renormalised. Once the support is exhausted the remaining picks are
+    deterministic (the -inf keys, in topk's order), so their q is a one-hot.
+
+    Returns:
+        picks (m,) long and q (m, V).
+    """
+    u = torch.rand(dist.shape, generator=generator, device=dist.device, dtype=dist.dtype).clamp_min_(1e-30)
+    keys = dist.log() - (-u.log()).log()  # log p + Gumbel(0, 1); -inf off the support
+    picks = keys.topk(m).indices  # (m,) in draw order
+    q = dist.expand(m, -1).clone()  # (m, V)
+    rows, cols = torch.tril_indices(m, m, offset=-1, device=dist.device)
+    q[rows, picks[cols]] = 0.0  # row i excludes draws 0..i-1
+    mass = q.sum(-1, keepdim=True)  # (m, 1)
+    exhausted = mass[:, 0] <= 0
+    q = torch.where(mass > 0, q / mass.clamp_min(torch.finfo(q.dtype).tiny), q)
+    if exhausted.any():
+        q[exhausted] = torch.nn.functional.one_hot(picks[exhausted], dist.shape[-1]).to(q)
+    return picks, q

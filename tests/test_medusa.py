@@ -1,0 +1,259 @@
+"""Medusa-1: distinct heads, exact verification through the engine (greedy = `generate` for
+every family, sampled = the target's distribution), typical acceptance lossy under sampling
+(its rule itself: tests/test_acceptance.py), training through train.py with resume, and clear
+errors for a wrong target or a tree deeper than the heads."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import FAMILIES, chi2_pvalue, make_tiny_model
+from omegaconf import OmegaConf
+from test_engine import POLICIES, exact_joint, hf_greedy, prompts, tree
+from test_train_drafter import compose_train
+
+from eagle.acceptance import TypicalAcceptance
+from eagle.checkpoint import (
+    CheckpointError,
+    DrafterMismatchError,
+    load_medusa,
+    save_drafter,
+    save_medusa,
+)
+from eagle.drafter import EagleDrafter
+from eagle.engine import SpeculativeDecoder
+from eagle.medusa import MedusaConfig, MedusaError, MedusaHead, MedusaHeads
+from eagle.medusa_module import loss_weights, shifted_labels
+from eagle.proposers import medusa_proposer
+from eagle.sampling import SamplingPolicy
+from eagle.target import lm_head, load_target
+from eagle.tree import TreeTemplate
+from train import train
+
+SMALL_TREE = TreeTemplate.from_paths([[0], [1], [0, 0], [0, 1], [1, 0]], name="small")
+
+
+def feature_batch(h: int = 32, seed: int = 0) -> torch.Tensor:
+    return torch.randn(2, 5, h, generator=torch.Generator().manual_seed(seed))  # (B, T, H)
+
+
+# ---------------------------------------------------------------------------------------
+# The heads
+
+
+def test_heads_are_distinct_modules():
+    target = make_tiny_model("llama")
+    heads = MedusaHeads.random(target, num_heads=3)
+    storages = [p.untyped_storage().data_ptr() for p in heads.parameters()]
+    assert len(storages) == len(set(storages)) == 3 * 3  # W1, b1, W2 per head, none shared
+    f = feature_batch()
+    with torch.no_grad():
+        before = heads(f)  # (K, B, T, V)
+        heads.heads[0].blocks[0].linear.weight.add_(1.0)
+        heads.heads[0].proj.weight.mul_(2.0)
+        after = heads(f)
+    assert not torch.allclose(before[0], after[0])
+    assert torch.equal(before[1:], after[1:])  # the other heads did not move
+
+
+def test_shared_head_lists_are_refused():
+    config = MedusaConfig(num_heads=3, hidden_size=32, vocab_size=96)
+    head = MedusaHead(32, 96)
+    with pytest.raises(MedusaError, match=r"heads 0 and 1 share parameters \(a list built as \[head\] \* K\?\)"):
+        MedusaHeads(config, heads=[head] * 3)
+    tied = [MedusaHead(32, 96) for _ in range(3)]
+    tied[2].proj.weight = tied[1].proj.weight  # one shared tensor is enough to train them as one
+    with pytest.raises(MedusaError, match="heads 1 and 2 share parameters"):
+        MedusaHeads(config, heads=tied)
+    with pytest.raises(MedusaError, match="says 3 heads, got 2"):
+        MedusaHeads(config, heads=tied[:2])
+
+
+def test_head_forward_is_medusas_residual_block():
+    """head_k(f) = W2 (f + SiLU(W1 f + b1)); fresh heads start with W1 = 0 and W2 = lm_head."""
+    target = make_tiny_model("qwen2", tie_word_embeddings=False)
+    fresh = MedusaHeads.for_target(target, num_heads=2)
+    for head in fresh.heads:
+        assert torch.equal(head.blocks[0].linear.weight, torch.zeros(32, 32))
+        assert torch.equal(head.proj.weight, lm_head(target).weight)
+    heads = MedusaHeads.random(target, num_heads=2)
+    f = feature_batch()
+    with torch.no_grad():
+        got = heads(f)
+        for k, head in enumerate(heads.heads):
+            lin = head.blocks[0].linear
+            h = f + F.silu(f @ lin.weight.T + lin.bias)
+            torch.testing.assert_close(got[k], h @ head.proj.weight.T)
+    assert not torch.allclose(got[0], got[1])  # random W1: the heads differ from each other
+    assert not torch.allclose(got[0], lm_head(target)(f))  # ... and from the LM head
+
+
+# ---------------------------------------------------------------------------------------
+# Decoding: exact mode is exact, typical mode is lossy
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_greedy_identical_to_generate(family):
+    target = make_tiny_model(family)
+    heads = MedusaHeads.random(target, num_heads=4)
+    proposers = {"medusa_default": medusa_proposer(heads, tree("medusa_default")),
+                 "chain4": medusa_proposer(heads, TreeTemplate.chain(4))}
+    accepted = 0
+    for i, prompt in enumerate(prompts(8, target.config.vocab_size)):
+        max_new = [1, 2, 7, 24, 40][i % 5]
+        ref = hf_greedy(target, prompt, max_new, eos=None)
+        eos = ref[len(ref) // 2] if i % 2 and len(ref) > 3 else None  # stop inside an accepted path
+        if eos is not None:
+            ref = hf_greedy(target, prompt, max_new, eos)
+        for name, proposer in proposers.items():
+            for typical in (None, TypicalAcceptance()):  # typical at temperature 0 is greedy
+                decoder = SpeculativeDecoder(target, proposer, SamplingPolicy(),
+                                             eos_token_id=eos if eos is not None else [], typical=typical)
+                res = decoder.generate(prompt, max_new, tree_size_hint=25)
+                assert res.tokens == ref, f"{family}/{name}/typical={typical}: prompt {len(prompt)}, max_new {max_new}"
+                accepted += sum(r.accepted for r in res.stats.rounds)
+    assert accepted > 0  # the random heads do get paths accepted: the cache compaction is exercised
+
+
+def sampled_counts(decoder: SpeculativeDecoder, prompt: list[int], n: int, runs: int) -> dict[tuple, int]:
+    g = torch.Generator().manual_seed(1234)
+    counts: dict[tuple, int] = {}
+    for _ in range(runs):
+        seq = tuple(decoder.generate(prompt, n, generator=g).tokens)
+        counts[seq] = counts.get(seq, 0) + 1
+    return counts
+
+
+@pytest.mark.parametrize("policy_name,proposal", [("t1", "topk"), ("topk", "topk"), ("topp", "sample")])
+def test_exact_mode_follows_target_distribution(policy_name, proposal):
+    policy = POLICIES[policy_name]
+    target = make_tiny_model("llama", vocab_size=5, seed=3)
+    heads = MedusaHeads.random(target, num_heads=2, seed=4)
+    decoder = SpeculativeDecoder(target, medusa_proposer(heads, SMALL_TREE, proposal=proposal), policy,
+                                 eos_token_id=[])
+    prompt, n, runs = [1, 3, 2], 3, 1000
+    counts = sampled_counts(decoder, prompt, n, runs)
+    expected = exact_joint(target, prompt, policy, n)
+    assert set(counts) <= {s for s, pr in expected.items() if pr > 0}, "emitted a sequence of probability 0"
+    pvalue = chi2_pvalue(counts, expected, runs)
+    assert pvalue > 1e-3, f"medusa exact, {policy_name}/{proposal}: chi2 p-value {pvalue:.2e}"
+
+
+def test_typical_mode_is_lossy_under_sampling():
+    """The same setup under typical acceptance does not follow p: it is labelled lossy for this."""
+    policy = POLICIES["t1"]
+    target = make_tiny_model("llama", vocab_size=5, seed=3)
+    heads = MedusaHeads.random(target, num_heads=2, seed=4)
+    decoder = SpeculativeDecoder(target, medusa_proposer(heads, SMALL_TREE), policy, eos_token_id=[],
+                                 typical=TypicalAcceptance())
+    prompt, n, runs = [1, 3, 2], 3, 200
+    counts = sampled_counts(decoder, prompt, n, runs)
+    assert chi2_pvalue(counts, exact_joint(target, prompt, policy, n), runs) < 1e-6
+
+
+def test_tree_deeper_than_heads_is_refused():
+    heads = MedusaHeads.random(make_tiny_model("llama"), num_heads=2)
+    with pytest.raises(MedusaError, match="tree 'medusa_default' is 3 deep but there are only 2 Medusa heads"):
+        medusa_proposer(heads, tree("medusa_default"))
+
+
+# ---------------------------------------------------------------------------------------
+# Checkpoints
+
+
+def test_checkpoint_round_trip_and_wrong_target(tmp_path):
+    target = make_tiny_model("llama")
+    heads = MedusaHeads.random(target, num_heads=3, path="runs/tiny")
+    where = tmp_path / "m"
+    save_medusa(heads, where)
+    config = json.loads((where / "config.json").read_text())
+    assert config["architecture"] == "MedusaHeads" and config["num_heads"] == 3
+    loaded = load_medusa(where, target)
+    assert loaded.config == heads.config
+    f = feature_batch()
+    with torch.no_grad():
+        assert torch.equal(loaded(f), heads(f))
+    with pytest.raises(DrafterMismatchError, match=f"Medusa heads {where} was trained for a target with "
+                                                   "hidden size 32, this target has 64"):
+        load_medusa(where, make_tiny_model("llama", hidden_size=64))
+    with pytest.raises(DrafterMismatchError, match="vocabulary size 96, this target has 80"):
+        load_medusa(where, make_tiny_model("llama", vocab_size=80))
+    save_drafter(EagleDrafter.random(target), tmp_path / "d")
+    with pytest.raises(CheckpointError, match="architecture is 'EagleDrafter', expected 'MedusaHeads'"):
+        load_medusa(tmp_path / "d", target)
+    with pytest.raises(CheckpointError, match="Medusa checkpoint .* does not exist"):
+        load_medusa(tmp_path / "nowhere", target)
+
+
+# ---------------------------------------------------------------------------------------
+# Training
+
+
+def test_shifted_labels_alignment():
+    """Head k at position t predicts x_{t+k+1}, weighted by m_{t+k+1}; nothing past the end."""
+    ids = torch.tensor([[10, 11, 12, 13, 14]])
+    mask = torch.tensor([[0, 0, 1, 1, 0]])
+    labels, w = shifted_labels(ids, mask, shift=2)  # head 1
+    assert labels.tolist() == [[12, 13, 14, 0, 0]] and w.tolist() == [[1, 1, 0, 0, 0]]
+    labels, w = shifted_labels(ids, mask, shift=1)  # the LM head itself
+    assert labels.tolist() == [[11, 12, 13, 14, 0]] and w.tolist() == [[0, 1, 1, 0, 0]]
+    labels, w = shifted_labels(ids, mask, shift=7)  # longer than the sample
+    assert labels.tolist() == [[0] * 5] and w.sum() == 0
+    assert loss_weights(3, 0.8) == pytest.approx([1.0, 0.8, 0.64])
+    assert loss_weights(2, 0.8, [1, 0]) == [1.0, 0.0]
+    with pytest.raises(ValueError, match="one per head"):
+        loss_weights(3, 0.8, [1.0])
+
+
+def test_medusa_configs_compose():
+    for name in ("medusa_tiny", "medusa_test"):
+        cfg = compose_train([f"experiment={name}", "paths.root_dir=/nowhere"])
+        OmegaConf.resolve(cfg)
+        assert cfg.task_name == name and "model" not in cfg and "drafter" not in cfg
+        m = cfg.medusa
+        assert m._target_ == "eagle.medusa_module.MedusaModule"
+        # Medusa-1's recipe
+        assert (m.lr, m.weight_decay, m.schedule, m.num_layers) == (1e-3, 0.0, "cosine", 1)
+        assert cfg.data.datamodule._target_ == "eagle.drafter_module.FeatureDataModule"
+    tiny = compose_train(["experiment=medusa_tiny", "paths.root_dir=/nowhere"])
+    assert tiny.medusa.target_path == "/nowhere/runs/target_tiny/model"
+    assert tiny.medusa.num_heads >= TreeTemplate.from_file(
+        Path(__file__).resolve().parents[1] / "configs" / "tree" / "medusa_default.yaml").depth
+
+
+def medusa_cfg(tmp_path: Path, target_dir: Path, features_dir: Path, *overrides: str):
+    return compose_train(["experiment=medusa_test", f"paths.runs_dir={tmp_path}", f"medusa.target_path={target_dir}",
+                          f"data.datamodule.features_dir={features_dir}", *overrides])
+
+
+def test_train_resume_and_export(tmp_path, target_dir, features_dir):
+    first = train(medusa_cfg(tmp_path, target_dir, features_dir, "trainer.max_steps=2"))
+    run_dir = tmp_path / "medusa_test"
+    last = run_dir / "checkpoints" / "last.ckpt"
+    assert first["steps"] == 2 and last.exists()
+    state = torch.load(last, map_location="cpu", weights_only=False)["state_dict"]
+    assert all(k.startswith("heads.heads.") for k in state)  # the heads only, never the target
+    assert {k.split(".")[2] for k in state} == {"0", "1", "2"}
+
+    second = train(medusa_cfg(tmp_path, target_dir, features_dir, "trainer.max_steps=4"))
+    assert second["resumed_from_step"] == 2 and second["steps"] == 4
+    for key in ("val/loss", "val/loss_h1", "val/loss_h3", "val/top1_h1", "val/top5_h1", "val/top1_h3",
+                "val/top1_h0"):
+        assert math.isfinite(second[key]), key
+    assert 0.0 <= second["val/top1_h1"] <= second["val/top5_h1"] <= 1.0
+    assert second["medusa_dir"] == str(run_dir / "medusa")
+    assert json.loads((run_dir / "medusa" / "train_metrics.json").read_text())["steps"] == 4
+    model, tokenizer = load_target(target_dir)
+    heads = load_medusa(run_dir / "medusa", model, tokenizer)  # checked against the target
+    assert heads.num_heads == 3
+
+    other = tmp_path / "other"
+    make_tiny_model("llama", seed=7, hidden_size=64, vocab_size=len(tokenizer)).save_pretrained(other)
+    tokenizer.save_pretrained(other)
+    with pytest.raises(DrafterMismatchError, match="hidden size 32, this target has 64"):
+        load_medusa(run_dir / "medusa", *load_target(other))
