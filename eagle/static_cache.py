@@ -1,6 +1,6 @@
 """A preallocated, position-indexed KV cache for static-shape decoding (gpt-fast style).
 
-Every layer's keys and values live in one buffer of fixed length `max_len`. A forward of n
+Every layer's keys and values live in buffers of fixed length `max_len`. A forward of n
 tokens writes their KV at slots the caller chooses (`prepare`), and attention always reads
 all `max_len` slots through an additive mask of that fixed width, so each forward's shapes
 depend on n and `max_len` only: a compiler (and CUDA graphs) sees the same graph every round.
