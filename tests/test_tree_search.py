@@ -18,6 +18,17 @@ from eagle.tree_search import (
 )
 
 
+def target_and_perturbed_copy():
+    """A tiny target and a draft LM equal to it but for noise on its LM head: it drafts long
+    accepted paths that also go through ranks other than 0."""
+    target = make_tiny_model("llama", seed=0)
+    draft = make_tiny_model("llama", seed=0)
+    with torch.no_grad():
+        w = draft.lm_head.weight
+        w += 0.5 * w.std() * torch.randn(w.shape, generator=torch.Generator().manual_seed(1))
+    return target, draft
+
+
 def test_rank_budget_probe():
     t = TreeTemplate.rank_budget(3, 1)
     assert t.paths == ((0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1), (0, 1, 0), (1, 0, 0))
@@ -62,11 +73,7 @@ def test_a_subtree_accepts_the_kept_prefix_of_the_probes_path():
     the target so that accepted paths are long and take ranks other than 0."""
     from eagle.proposers import DraftLM, TemplateProposer
 
-    target = make_tiny_model("llama", seed=0)
-    draft = make_tiny_model("llama", seed=0)
-    with torch.no_grad():
-        w = draft.lm_head.weight
-        w += 0.5 * w.std() * torch.randn(w.shape, generator=torch.Generator().manual_seed(1))
+    target, draft = target_and_perturbed_copy()
     probe = TreeTemplate.rank_budget(4, 2)
     by_node = [1.0] + [1.0 / (1 + i) for i in range(probe.num_nodes)]  # any values: a shape to test
     sub = best_subtree(probe, by_node, 9).tree
@@ -113,11 +120,7 @@ def test_simulated_tau_is_the_decoded_tau():
     from eagle.proposers import DraftLM, TemplateProposer
     from eagle.sampling import SamplingPolicy
 
-    target = make_tiny_model("llama", seed=0)
-    draft = make_tiny_model("llama", seed=0)
-    with torch.no_grad():
-        w = draft.lm_head.weight
-        w += 0.5 * w.std() * torch.randn(w.shape, generator=torch.Generator().manual_seed(1))
+    target, draft = target_and_perturbed_copy()
     probe = TreeTemplate.rank_budget(5, 2)
 
     def method(tree):
