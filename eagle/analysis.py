@@ -17,6 +17,7 @@ notebook only calls it and draws.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -231,8 +232,6 @@ def tree_acceptance(report: Mapping[str, Any], method: str = "eagle") -> list[Tr
 
 def latest_report(bench_dir: str | Path, method: str = "eagle") -> Path:
     """The newest results.json under `bench_dir` that has per-node acceptance for `method`."""
-    import json
-
     candidates = sorted(Path(bench_dir).glob("*/results.json"), key=lambda p: p.stat().st_mtime, reverse=True)
     for path in candidates:
         runs = json.loads(path.read_text()).get("runs", [])

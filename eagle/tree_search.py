@@ -40,7 +40,8 @@ RankPathT = tuple[tuple[int, ...], ...]  # an accepted path as child-rank paths,
 @dataclass
 class Candidate:
     tree: TreeTemplate
-    predicted_tau: float  # simulated over the probed texts (see `simulate`)
+    predicted_tau: float  # `candidates`: simulated decode over the probed texts (`simulate`);
+                          # `best_subtree` alone: 1 + its nodes' acceptance per position
 
 
 def position_paths(generate: Callable[[list[int], int], list[int]], probe: TreeTemplate, prompt: list[int],
