@@ -28,7 +28,8 @@ from tqdm.auto import tqdm
 
 from eagle.benchmark import BenchmarkConfig, encode_prompt, run_benchmark
 from eagle.evalsets import Prompt, load_eval_set
-from eagle.methods import MethodError, MethodSpec, build_method, parse_method
+from eagle.hardware import resolve_dtype_name, set_threads
+from eagle.methods import MethodError, MethodSpec, build_method, method_dtype, parse_method
 from eagle.sampling import SamplingPolicy
 from eagle.target import load_target, resolve_dtype
 from eagle.timing import project, random_target, time_methods, weights_gb, write_timing
@@ -86,8 +87,9 @@ def compile_mode(cfg: DictConfig) -> str | None:
 
 def generate(cfg: DictConfig) -> None:
     models = Models(cfg)
-    method = models.method(cfg.method, cfg.dtype)
-    _, tokenizer = models.target(cfg.dtype)
+    dtype = method_dtype(cfg.method, cfg.device, {} if cfg.dtype == "auto" else {cfg.method: cfg.dtype})
+    method = models.method(cfg.method, dtype)
+    _, tokenizer = models.target(dtype)
     ids = encode_prompt(tokenizer, Prompt(id="cli", text=str(cfg.prompt), chat=bool(cfg.chat)))
     policy = SamplingPolicy(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
     generator = torch.Generator().manual_seed(cfg.seed)
@@ -105,7 +107,7 @@ def generate(cfg: DictConfig) -> None:
     print(tokenizer.decode(ids, skip_special_tokens=True), end="", flush=True)
     out = method.generate(ids, cfg.max_new_tokens, policy, generator, on_commit=stream)
     label = "" if method.lossless else f", LOSSY ({method.lossy})"
-    print(f"\n\n[{method.name}, {cfg.dtype}{label}] {len(out.tokens)} tokens in {out.seconds:.2f}s: "
+    print(f"\n\n[{method.name}, {dtype}{label}] {len(out.tokens)} tokens in {out.seconds:.2f}s: "
           f"{len(out.tokens) / out.seconds:.1f} tokens/s, tau {out.tau:.2f}")
 
 
@@ -116,14 +118,14 @@ def benchmark(cfg: DictConfig, models: Models | None = None, methods: list[str] 
     bcfg = cfg.benchmark
     models = models or Models(cfg)
     methods = list(methods or bcfg.methods)
-    dtypes = OmegaConf.to_container(bcfg.dtypes)
+    dtypes = OmegaConf.to_container(bcfg.dtypes) if bcfg.dtypes else {}
     for name in methods:
         parse_method(name)  # unknown names fail before any model is loaded
     eval_sets = {Path(name).stem: load_eval_set(name, bcfg.num_prompts) for name in bcfg.eval_sets}
-    _, tokenizer = models.target(dtypes.get("vanilla", "float32"))
+    _, tokenizer = models.target(method_dtype("vanilla", cfg.device, dtypes))
 
     def build(name: str):
-        dtype = dtypes.get(name) or dtypes.get(parse_method(name)[0], "float32")
+        dtype = method_dtype(name, cfg.device, dtypes)
         return models.method(name, dtype, tree_dirs), dtype
 
     config = BenchmarkConfig(methods=tuple(methods), temperatures=tuple(temperatures or bcfg.temperatures),
@@ -144,7 +146,7 @@ def tree_search(cfg: DictConfig) -> Path:
     out = Path(ts.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     models = Models(cfg)
-    dtype = OmegaConf.to_container(bcfg.dtypes).get("eagle", "float32")
+    dtype = method_dtype("eagle", cfg.device, OmegaConf.to_container(bcfg.dtypes) if bcfg.dtypes else {})
     probe = resolve_tree(ts.probe, [TREE_DIR])
     method = models.method(f"eagle@{ts.probe}", dtype)
     _, tokenizer = models.target(dtype)
@@ -207,12 +209,13 @@ def timing(cfg: DictConfig) -> Path:
         print((out_dir / "timing.md").read_text())
         return out_dir
     shape = OmegaConf.to_container(tcfg.shape, resolve=True)
-    target = random_target(shape, tcfg.dtype, cfg.device, seed=cfg.seed)
+    dtype = resolve_dtype_name(tcfg.dtype, cfg.device)
+    target = random_target(shape, dtype, cfg.device, seed=cfg.seed)
     spec = MethodSpec(tree=cfg.tree, random_drafter=True, tree_dirs=(str(TREE_DIR),),
                       static_max_len=tcfg.max_len, compile_mode=compile_mode(cfg))
     gb = weights_gb(target)
     report = {"kind": "timing", "shape_name": tcfg.shape_name, "shape": shape,
-              "params_b": sum(p.numel() for p in target.parameters()) / 1e9, "dtype": tcfg.dtype,
+              "params_b": sum(p.numel() for p in target.parameters()) / 1e9, "dtype": dtype,
               "device": torch.cuda.get_device_name(cfg.device) if str(cfg.device).startswith("cuda") else str(cfg.device),
               "compile_mode": compile_mode(cfg), "tree": cfg.tree, "prompt_len": tcfg.prompt_len,
               "new_tokens": tcfg.new_tokens, "repeats": tcfg.repeats, "weights_gb": gb,
@@ -232,8 +235,7 @@ def timing(cfg: DictConfig) -> Path:
 
 
 def decode(cfg: DictConfig):
-    if cfg.threads:
-        torch.set_num_threads(int(cfg.threads))
+    set_threads(cfg.threads)
     if cfg.mode == "generate":
         return generate(cfg)
     modes = {"benchmark": benchmark, "tree_search": tree_search, "timing": timing}

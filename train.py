@@ -27,12 +27,14 @@ import lightning as L
 import torch
 from hydra.errors import HydraException, InstantiationException, MissingConfigException
 from hydra.utils import instantiate
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from data_gen.corpus import corpus_fingerprint, corpus_id, python_version
 from data_gen.tokenizer import tokenizer_sha256
+from eagle.drafter_module import StageError, require_planned_steps
+from eagle.hardware import resolve_precision, set_threads
 
 ROOT = Path(__file__).resolve().parent
 CONFIG_DIR = ROOT / "configs"
@@ -54,6 +56,24 @@ def greedy_samples(model, tokenizer, prompts: list[str], max_new_tokens: int) ->
     return out
 
 
+def build_trainer(cfg: DictConfig) -> tuple[L.Trainer, bool]:
+    """The Lightning trainer of `cfg` with its callbacks and loggers, and whether it is a
+    fast_dev_run (a smoke test that neither resumes nor saves). `precision: auto` becomes the
+    machine's choice (`eagle.hardware.auto_precision`); without a progress bar
+    (`trainer.enable_progress_bar=false`) the progress callback is left out."""
+    debug = bool(cfg.trainer.get("fast_dev_run"))
+    callbacks = [instantiate(c) for c in cfg.get("callbacks", {}).values() if "_target_" in c]
+    if debug:  # Lightning would still write last.ckpt at train end
+        callbacks = [c for c in callbacks if not isinstance(c, ModelCheckpoint)]
+    if not cfg.trainer.get("enable_progress_bar", True):
+        callbacks = [c for c in callbacks if not isinstance(c, ProgressBar)]
+    loggers = [instantiate(c) for c in cfg.get("logger", {}).values() if "_target_" in c]
+    precision = resolve_precision(cfg.trainer.get("precision", "auto"), cfg.trainer.get("accelerator", "cpu"))
+    trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False, precision=precision)
+    print(f"[train] precision {precision}, {torch.get_num_threads()} CPU threads")
+    return trainer, debug
+
+
 def train_drafter(cfg: DictConfig, group: str = "drafter") -> dict[str, Any]:
     """Train a drafter for a frozen target: EAGLE's (`drafter` config group, see
     eagle/drafter_module.py) or Medusa's heads (`medusa`, eagle/medusa_module.py); save it to
@@ -65,23 +85,18 @@ def train_drafter(cfg: DictConfig, group: str = "drafter") -> dict[str, Any]:
     module = instantiate(cfg[group], _convert_="all")  # loads the target
     datamodule = instantiate(cfg.data.datamodule, _partial_=True)(
         seed=cfg.get("seed") or 0, tokenizer=module.tokenizer, target_identity=module.target_identity)
-    debug = bool(cfg.trainer.get("fast_dev_run"))  # a smoke test: neither resumes nor saves
-    callbacks = [instantiate(c) for c in cfg.get("callbacks", {}).values() if "_target_" in c]
-    if debug:
-        callbacks = [c for c in callbacks if not isinstance(c, ModelCheckpoint)]
-    loggers = [instantiate(c) for c in cfg.get("logger", {}).values() if "_target_" in c]
-    trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
+    trainer, debug = build_trainer(cfg)
     run_dir = Path(cfg.paths.run_dir)
     metrics = fit_drafter(module, datamodule, trainer, ckpt_dir=cfg.paths.ckpt_dir,
                           save_dir=run_dir / module.artifact, resume=bool(cfg.get("resume")), debug=debug,
+                          check_baseline=bool(cfg.get("check_baseline", True)),
                           sidecar={"config": OmegaConf.to_container(cfg, resolve=True)})
     return {**metrics, "run_dir": str(run_dir)}
 
 
 def train(cfg: DictConfig) -> dict[str, Any]:
     """Build corpus, tokenizer, data and model from `cfg`, train, save, and return metrics."""
-    if cfg.get("threads"):
-        torch.set_num_threads(int(cfg.threads))
+    set_threads(cfg.get("threads"))
     groups = [g for g in DRAFTER_GROUPS if cfg.get(g) is not None]  # experiment=drafter_* / medusa_*
     if len(groups) > 1:
         raise ValueError(f"the config sets both {groups[0]} and {groups[1]}: one drafter per run")
@@ -117,12 +132,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     module = instantiate(cfg.model, _partial_=True, _convert_="all")(model_config=model_config)
     n_params = sum(p.numel() for p in module.parameters())
 
-    debug = bool(cfg.trainer.get("fast_dev_run"))  # a smoke test: neither resumes nor saves
-    callbacks = [instantiate(c) for c in cfg.get("callbacks", {}).values() if "_target_" in c]
-    if debug:  # Lightning would still write last.ckpt at train end
-        callbacks = [c for c in callbacks if not isinstance(c, ModelCheckpoint)]
-    loggers = [instantiate(c) for c in cfg.get("logger", {}).values() if "_target_" in c]
-    trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
+    trainer, debug = build_trainer(cfg)
 
     last_ckpt = ckpt_dir / "last.ckpt"
     resume = cfg.get("resume") and not debug and last_ckpt.exists()
@@ -139,11 +149,15 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     train_time = module.train_time_s()  # across resumed runs
     if not debug:
         trainer.save_checkpoint(last_ckpt)  # the resume point is the final step, always
+        require_planned_steps(trainer, cfg.task_name, last_ckpt)
 
     train_loss = float(trainer.callback_metrics.get("train/loss", float("nan")))
     val = trainer.validate(module, datamodule=datamodule, verbose=False)[0]
     val_loss = float(val["val/loss"])
     unigram_loss = datamodule.unigram_val_loss(len(tokenizer))
+    if cfg.get("check_baseline", True) and not debug and not val_loss < unigram_loss:
+        raise StageError(f"{cfg.task_name}: validation loss {val_loss:.4f} is no better than the unigram model's "
+                         f"{unigram_loss:.4f}: training failed, nothing saved to {model_dir}")
 
     dm_cfg = cfg.data.datamodule
     tokens_per_step = dm_cfg.batch_size * dm_cfg.block_size * cfg.trainer.accumulate_grad_batches

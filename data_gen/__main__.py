@@ -35,14 +35,15 @@ def generate(cfg: DictConfig) -> dict:
     """Build the samples and dump the target's features as configured; returns the metadata."""
     from data_gen.conversations import count_tokens
     from data_gen.features import dump_features
+    from eagle.hardware import resolve_dtype_name, set_threads
     from eagle.target import load_target
 
-    if cfg.get("threads"):
-        torch.set_num_threads(int(cfg.threads))
+    set_threads(cfg.get("threads"))
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:  # `???` in the config: e.g. the sharegpt source's path
         raise ValueError(f"missing config value(s): {', '.join(missing)} (set them on the command line)")
-    model, tokenizer = load_target(cfg.target_path, dtype=cfg.target_dtype, device=pick_device(cfg.device))
+    device = pick_device(cfg.device)
+    model, tokenizer = load_target(cfg.target_path, dtype=resolve_dtype_name(cfg.target_dtype, device), device=device)
     samples = instantiate(cfg.source)(tokenizer=tokenizer, max_len=cfg.max_len)
     counts = count_tokens(samples)
     print(f"samples: {len(samples['train'])} train ({counts['train']:,} tokens), "

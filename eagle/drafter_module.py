@@ -51,6 +51,29 @@ from eagle.target import embeddings, lm_head, load_target, target_forward
 
 log = logging.getLogger(__name__)
 
+
+class StageError(RuntimeError):
+    """A training stage that did not produce a usable artifact (stopped early, or no better
+    than its baseline); nothing was exported, so later stages cannot pick it up."""
+
+
+def require_planned_steps(trainer: L.Trainer, what: str, last_ckpt: str | Path) -> None:
+    """Raise `StageError` when fit() stopped before `trainer.max_steps` (its `max_time` ran out):
+    the schedule was planned for max_steps, so the model is unfinished. The resume point was saved."""
+    planned = trainer.max_steps
+    if planned is not None and planned > 0 and trainer.global_step < planned:
+        raise StageError(f"{what} stopped after {trainer.global_step} of {trainer.max_steps} steps (trainer.max_time "
+                         f"ran out): nothing was exported. Rerun the same command to resume from {last_ckpt}, or "
+                         f"give it more time (trainer.max_time=DD:HH:MM:SS)")
+
+
+def forget_timer(checkpoint: dict[str, Any]) -> None:
+    """Drop Lightning's Timer state from a checkpoint being resumed: `trainer.max_time` then
+    budgets each invocation, so that rerunning a run that ran out of time continues it (a
+    restored Timer would stop it again at once)."""
+    checkpoint.get("callbacks", {}).pop("Timer", None)
+
+
 def shift_batch(input_ids: Tensor, features: Tensor, loss_mask: Tensor) -> dict[str, Tensor]:
     """The drafter's view of a batch (see the module docstring for the alignment).
 
@@ -111,6 +134,13 @@ class FrozenTargetModule(L.LightningModule):
 
     def on_validation_epoch_start(self) -> None:
         self._val = {}
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        forget_timer(checkpoint)
+
+    def check_baseline(self, val: Mapping[str, float]) -> None:
+        """Raise `StageError` when the trained module is no better than its baseline."""
+        raise NotImplementedError
 
     def _add(self, key: str, value: Tensor | float) -> None:
         self._val[key] = self._val.get(key, 0.0) + float(value)
@@ -244,6 +274,11 @@ class EagleDrafterModule(FrozenTargetModule):
         for (d, k), (h, n) in hits.items():
             self._add(f"top{k}_d{d}/hits", h)
             self._add(f"top{k}_d{d}/count", n)
+        # baseline: a drafter that returns its input feature f_{t-1} unchanged
+        copy_hits, copy_count = metrics.masked_sum_count(
+            metrics.topk_hits(self.head(out["features_in"]), out["target_logits"]).float(), out["weight"])
+        self._add("top1_copy/hits", copy_hits)
+        self._add("top1_copy/count", copy_count)
 
     def on_validation_epoch_end(self) -> None:
         if not self._val.get("count"):
@@ -257,6 +292,11 @@ class EagleDrafterModule(FrozenTargetModule):
             logs[f"val/{name}"] = self._val[key] / max(self._val[f"{name}/count"], 1.0)
         self.log_dict(logs)
         self.log("val/top1", logs["val/top1_d1"], prog_bar=True)  # = top1_d1, for the bar
+
+    def check_baseline(self, val: Mapping[str, float]) -> None:
+        if not val["val/top1_d1"] > val["val/top1_copy"]:
+            raise StageError(f"the drafter's top-1 agreement {val['val/top1_d1']:.4f} is no better than copying its "
+                             f"input feature ({val['val/top1_copy']:.4f}): training failed")
 
     # ------------------------------------------------------------------ export
 
@@ -396,7 +436,8 @@ class OnlineDataModule(L.LightningDataModule):
 
 def fit_drafter(module: FrozenTargetModule, datamodule: L.LightningDataModule, trainer: L.Trainer,
                 ckpt_dir: str | Path, save_dir: str | Path, resume: bool = True,
-                debug: bool = False, sidecar: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                debug: bool = False, sidecar: Mapping[str, Any] | None = None,
+                check_baseline: bool = True) -> dict[str, Any]:
     """Fit (resuming from `ckpt_dir/last.ckpt`), validate, and export the drafter (EAGLE's, or
     Medusa's heads) to `save_dir`.
 
@@ -418,9 +459,12 @@ def fit_drafter(module: FrozenTargetModule, datamodule: L.LightningDataModule, t
     fit_time = time.perf_counter() - t0
     if not debug:
         trainer.save_checkpoint(last)  # the resume point is the final step, always
+        require_planned_steps(trainer, f"the {module.artifact}", last)
     train_loss = float(trainer.callback_metrics.get("train/loss", float("nan")))  # before validate() resets it
     val = trainer.validate(module, datamodule=datamodule, verbose=False)[0]
     val = {k: float(v) for k, v in sorted(val.items())}
+    if check_baseline and not debug:
+        module.check_baseline(val)
     module.export(save_dir)
     result = {**val, "train/loss": train_loss, "steps": trainer.global_step, "resumed_from_step": step0,
               "fit_time_s": round(fit_time, 2), f"{module.artifact}_dir": str(save_dir)}

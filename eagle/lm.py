@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, Sampler
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
+from eagle.drafter_module import forget_timer
 from eagle.schedules import lr_multiplier
 
 log = logging.getLogger(__name__)
@@ -125,6 +126,7 @@ class CausalLMModule(L.LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self._time_before = float(checkpoint.get("train_time_s", 0.0))
+        forget_timer(checkpoint)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids=input_ids, use_cache=False).logits

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from eagle import metrics
-from eagle.drafter_module import FrozenTargetModule
+from eagle.drafter_module import FrozenTargetModule, StageError
 from eagle.medusa import MedusaHeads
 from eagle.target import lm_head
 
@@ -155,6 +155,8 @@ class MedusaModule(FrozenTargetModule):
         with torch.no_grad():
             head0 = lm_head(self.target)(self.batch_features(batch).to(self.target.dtype))  # (B, T, V)
         self._add_hits("h0", head0, labels, w)
+        # baseline of head 1: an untrained head is the LM head itself, here judged on x_{t+2}
+        self._add_hits("h0_shift2", head0, out["labels"][0], out["weights"][0])
 
     def on_validation_epoch_end(self) -> None:
         if not self._val.get("ce_h1/count"):
@@ -170,6 +172,11 @@ class MedusaModule(FrozenTargetModule):
             logs[f"val/{name}"] = self._val[key] / max(self._val[f"{name}/count"], 1.0)
         self.log_dict(logs)
         self.log("val/top1", logs["val/top1_h1"], prog_bar=True)  # = top1_h1, for the bar
+
+    def check_baseline(self, val: Mapping[str, float]) -> None:
+        if not val["val/top1_h1"] > val["val/top1_h0_shift2"]:
+            raise StageError(f"Medusa head 1's top-1 accuracy {val['val/top1_h1']:.4f} on x_(t+2) is no better than "
+                             f"the untrained head's (the LM head, {val['val/top1_h0_shift2']:.4f}): training failed")
 
     def export(self, out_dir: str | Path) -> Path:
         """Save the heads with `eagle.checkpoint.save_medusa`."""

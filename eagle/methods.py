@@ -31,6 +31,8 @@ ENGINE_METHODS = ("vanilla", "eagle", "draft", "prompt_lookup", "medusa", "medus
 HF_METHODS = ("hf_generate", "hf_assisted", "hf_prompt_lookup")
 METHODS = ENGINE_METHODS + HF_METHODS
 TREE_METHODS = ("eagle", "draft", "eagle_static")  # take a tree: `eagle@chain5` is eagle with configs/tree/chain5.yaml
+# verify a wide tree every round: bf16 pays off for them on a CPU with bf16 instructions
+WIDE_METHODS = ("eagle", "eagle_static", "medusa", "medusa_typical")
 
 
 class MethodError(ValueError):
@@ -162,6 +164,18 @@ class MethodSpec:
     tree_dirs: tuple[str, ...] = ()
     static_max_len: int | None = None    # *_static: cache slots; None = per sequence, rounded up to 256
     compile_mode: str | None = None      # *_static: None (eager), "default", "reduce-overhead" (CUDA graphs)
+
+
+def method_dtype(name: str, device, overrides: dict | None = None) -> str:
+    """The dtype `name` runs in: `overrides[name]` (or of its base method), else the machine's
+    choice (`eagle.hardware.auto_dtype`; wide-tree methods may take bf16 on a CPU)."""
+    from eagle.hardware import auto_dtype, resolve_dtype_name
+
+    base = parse_method(name)[0]
+    overrides = overrides or {}
+    wide = base in WIDE_METHODS
+    chosen = overrides.get(name) or overrides.get(base)
+    return resolve_dtype_name(chosen, device, wide) if chosen else auto_dtype(device, wide)
 
 
 def parse_method(name: str) -> tuple[str, str | None]:

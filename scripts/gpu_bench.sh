@@ -136,10 +136,8 @@ if [ -f configs/experiment/medusa_gpu.yaml ]; then
 fi
 # --------------------------------------------------------------------------------------------
 
-dtypes=""  # every method in bf16 on the GPU
-for m in ${BENCH_METHODS//,/ }; do dtypes="$dtypes benchmark.dtypes.$m=bfloat16"; done
 stage benchmark "$CAP_BENCH" $PY decode.py mode=benchmark device=$DEVICE compile=$COMPILE $BENCH_ARGS \
-  "benchmark.methods=[$BENCH_METHODS]" $dtypes benchmark.out_dir=$RUNS/bench paths.runs_dir=$RUNS
+  "benchmark.methods=[$BENCH_METHODS]" benchmark.out_dir=$RUNS/bench paths.runs_dir=$RUNS  # bf16 on a GPU: auto
 if [ -f $RUNS/bench/results.json ] && [ -f $RUNS/timing/timing.json ]; then
   stage project "$CAP_PROJECT" $PY decode.py mode=timing timing.measured=$RUNS/timing/timing.json \
     timing.tau_from=$RUNS/bench/results.json timing.out_dir=$RUNS/timing paths.runs_dir=$RUNS

@@ -54,9 +54,7 @@ def test_benchmark_every_method_writes_report(models, tmp_path):
 
     out = tmp_path / "bench"
     cfg = decode_cfg(models, tmp_path, "mode=benchmark", f"benchmark.eval_sets=[{models / 'prompts.jsonl'}]",
-                     f"benchmark.out_dir={out}", "benchmark.dtypes.eagle=float32",
-                     "benchmark.dtypes.eagle_static=float32",
-                     "benchmark.dtypes.medusa=float32", "benchmark.dtypes.medusa_typical=float32",
+                     f"benchmark.out_dir={out}", "benchmark.dtypes={eagle:float32,eagle_static:float32,medusa:float32,medusa_typical:float32}",
                      f"benchmark.methods=[{','.join(METHODS)}]")
     decode(cfg)
     report = json.loads((out / "results.json").read_text())
@@ -122,7 +120,7 @@ def test_tree_search_writes_best_subtrees_and_compares_them(models, tmp_path):
     out = tmp_path / "search"
     decode(decode_cfg(models, tmp_path, "mode=tree_search", f"tree_search.probe={probe}",
                       "tree_search.sizes=[2,4]", f"tree_search.out_dir={out}",
-                      f"benchmark.eval_sets=[{models / 'prompts.jsonl'}]", "benchmark.dtypes.eagle=float32"))
+                      f"benchmark.eval_sets=[{models / 'prompts.jsonl'}]", "benchmark.dtypes={eagle:float32}"))
     from eagle.tree import TreeTemplate
 
     assert [TreeTemplate.from_file(out / f"best{n}.yaml").num_nodes for n in (2, 4)] == [2, 4]

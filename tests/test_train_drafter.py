@@ -25,7 +25,7 @@ from train import train
 
 def compose_train(overrides: list[str]):
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
-        return compose("train", overrides=overrides)
+        return compose("train", overrides=["threads=1", *overrides])
 
 
 def drafter_cfg(tmp_path: Path, target_dir: Path, features_dir: Path | None, *overrides: str):
@@ -48,7 +48,7 @@ def test_drafter_configs_compose():
         # EAGLE-1's recipe
         assert (d.w_feat, d.w_tok, d.noise, list(d.betas)) == (1.0, 0.1, 0.1, [0.9, 0.95])
         assert cfg.trainer.gradient_clip_val == 0.5 and cfg.trainer.gradient_clip_algorithm == "value"
-        assert cfg.trainer.precision == "bf16-mixed"
+        assert cfg.trainer.precision == "auto"
         assert cfg.data.datamodule._target_ == "eagle.drafter_module.FeatureDataModule"
     tiny = compose_train(["experiment=drafter_tiny", "paths.root_dir=/nowhere"])
     assert tiny.drafter.target_path == "/nowhere/runs/target_tiny/model"

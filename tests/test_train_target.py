@@ -28,7 +28,7 @@ LM_EXPERIMENTS = ["target_tiny", "draft_lm_tiny", "target_gpu", "draft_lm_gpu", 
 def compose_train(overrides: list[str]):
     """The real train config, as Hydra composes it for `python train.py <overrides>`."""
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
-        return compose("train", overrides=overrides)
+        return compose("train", overrides=["threads=1", *overrides])
 
 
 @pytest.fixture(autouse=True)
@@ -54,11 +54,11 @@ def test_preset_configs_compose():
         assert cfg.paths.run_dir == f"/nowhere/runs/{name}"
         assert cfg.paths.model_dir == f"/nowhere/runs/{name}/model"
     gpu = compose_train(["experiment=target_gpu"])
-    assert gpu.trainer.accelerator == "gpu" and gpu.trainer.precision == "bf16-mixed"
+    assert gpu.trainer.accelerator == "gpu" and gpu.trainer.precision == "auto"
     assert gpu.model.model_config.num_hidden_layers == 16
     tiny, draft = compose_train(["experiment=target_tiny"]), compose_train(["experiment=draft_lm_tiny"])
     assert tiny.model.model_config.num_hidden_layers == 16
-    assert tiny.trainer.max_time is not None and tiny.trainer.precision == "bf16-mixed"
+    assert tiny.trainer.max_time is not None and tiny.trainer.precision == "auto"
     # The draft LM reuses the target's tokenizer: same data folder, same tokenizer recipe.
     assert draft.data.dir == tiny.data.dir and draft.data.tokenizer == tiny.data.tokenizer
     assert draft.model.model_config.num_hidden_layers < tiny.model.model_config.num_hidden_layers
@@ -132,6 +132,48 @@ def test_train_save_load_and_resume(tmp_path, data_dir):
     assert resumed["resumed_from_step"] == cfg.trainer.max_steps
     assert resumed["train_time_s"] > side["train_time_s"]
     assert resumed["train_time_s"] == pytest.approx(side["train_time_s"] + resumed["train_time_this_run_s"], abs=0.5)
+
+
+def test_a_run_stopped_by_its_time_limit_fails_and_resumes(tmp_path, data_dir):
+    """max_time reached well before max_steps: StageError, nothing exported (the demo's stage
+    check sees no sidecar), the resume point saved; a rerun gets a fresh time budget and
+    continues from it instead of stopping at once."""
+    from eagle.drafter_module import StageError
+
+    overrides = ["experiment=target_test", f"paths.runs_dir={tmp_path}", f"paths.data_dir={data_dir}",
+                 "trainer.max_steps=100000", "trainer.max_time=00:00:00:02", "trainer.val_check_interval=100000"]
+    last = tmp_path / "target_test" / "checkpoints" / "last.ckpt"
+    with pytest.raises(StageError, match=r"stopped after \d+ of 100000 steps .*Rerun the same command"):
+        train(compose_train(overrides))
+    assert not (tmp_path / "target_test" / "model").exists()
+    first = torch.load(last, map_location="cpu", weights_only=False)["global_step"]
+    assert 0 < first < 100000
+    with pytest.raises(StageError):
+        train(compose_train(overrides))
+    assert torch.load(last, map_location="cpu", weights_only=False)["global_step"] > first
+
+
+def test_a_model_no_better_than_unigram_is_not_saved(tmp_path, data_dir):
+    from eagle.drafter_module import StageError
+
+    overrides = ["experiment=target_test", f"paths.runs_dir={tmp_path}", f"paths.data_dir={data_dir}",
+                 "model.lr=0", "trainer.max_steps=2"]
+    with pytest.raises(StageError, match="no better than the unigram"):
+        train(compose_train(overrides))
+    assert not (tmp_path / "target_test" / "model" / "eagle_target.json").exists()
+
+
+def test_progress_goes_to_a_log_file_as_lines(tmp_path, data_dir, capsys):
+    """stderr is not a terminal under pytest: progress comes as whole lines with the step
+    count; without a progress bar the run works too."""
+    train(compose_train(["experiment=target_test", f"paths.runs_dir={tmp_path}", f"paths.data_dir={data_dir}",
+                         "trainer.max_steps=6", "trainer.val_check_interval=3", "callbacks.progress_bar.every_s=0",
+                         "check_baseline=false"]))
+    err = capsys.readouterr().err
+    assert "[train] (start) step 0/6" in err and "step 6/6" in err and "(validated)" in err
+    train(compose_train(["experiment=target_test", f"paths.runs_dir={tmp_path / 'quiet'}",
+                         f"paths.data_dir={data_dir}", "trainer.max_steps=2", "trainer.enable_progress_bar=false",
+                         "check_baseline=false"]))
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,95 @@
+"""Training progress that a log file shows: tqdm on a terminal, plain lines elsewhere.
+
+A tqdm bar redraws one line with carriage returns and only every few batches: written to a
+file, a slow run shows "0/800" for minutes. `LineProgress` prints a full line every
+`every_s` seconds and after each validation instead: step, rate, elapsed time, the time
+still needed, and the bar's metrics. It also says, once, when the run cannot reach its last
+step within `trainer.max_time` at the current rate, long before it stops there.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.callbacks import ProgressBar, Timer, TQDMProgressBar
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(max(seconds, 0))
+    h, rest = divmod(seconds, 3600)
+    return f"{h}h{rest // 60:02d}m" if h else f"{rest // 60}m{rest % 60:02d}s"
+
+
+class LineProgress(ProgressBar):
+    """Progress as whole lines on stderr, every `every_s` seconds and after each validation."""
+
+    def __init__(self, every_s: float = 30.0):
+        super().__init__()
+        self.every_s = every_s
+        self._enabled = True
+        self._t0 = self._last = 0.0
+        self._step0 = 0
+        self._warned = False
+
+    def disable(self) -> None:
+        self._enabled = False
+
+    def enable(self) -> None:
+        self._enabled = True
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._t0 = self._last = time.monotonic()
+        self._step0 = trainer.global_step
+        self._line(trainer, pl_module, "start")
+
+    def on_train_batch_end(self, trainer, pl_module, outputs: Any, batch: Any, batch_idx: int) -> None:
+        now = time.monotonic()
+        if now - self._last >= self.every_s:
+            self._last = now
+            self._line(trainer, pl_module)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.sanity_checking and trainer.state.fn == "fit":
+            self._line(trainer, pl_module, "validated")
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._line(trainer, pl_module, "stopped")
+
+    def _line(self, trainer: L.Trainer, pl_module: L.LightningModule, event: str = "") -> None:
+        if not self._enabled:
+            return
+        step, total = trainer.global_step, trainer.max_steps
+        elapsed = time.monotonic() - self._t0
+        rate = (step - self._step0) / elapsed if elapsed > 0 else 0.0
+        parts = [f"step {step}/{total}" if total and total > 0 else f"step {step}", f"elapsed {_clock(elapsed)}"]
+        left = None
+        if rate > 0 and total and total > 0:
+            left = (total - step) / rate
+            parts.insert(1, f"{rate:.2f} steps/s")
+            parts.append(f"about {_clock(left)} to go")
+        metrics = {k: v for k, v in self.get_metrics(trainer, pl_module).items() if k != "v_num"}
+        shown = " ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items())
+        tag = f" ({event})" if event else ""
+        print(f"[train]{tag} {', '.join(parts)}" + (f" | {shown}" if shown else ""), file=sys.stderr, flush=True)
+        timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
+        remaining = timer.time_remaining() if timer is not None else None
+        if left is not None and remaining is not None and left > remaining and not self._warned and step > self._step0:
+            self._warned = True
+            print(f"[train] warning: at this rate the run needs about {_clock(left)} more, but trainer.max_time "
+                  f"leaves {_clock(remaining)}: it will stop before step {total} and fail (rerun to resume from "
+                  f"last.ckpt, or lower the load / raise trainer.max_time)", file=sys.stderr, flush=True)
+
+
+def progress_bar(kind: str = "auto", refresh_rate: int = 10, every_s: float = 30.0) -> ProgressBar:
+    """"tqdm" (a bar, for terminals), "lines" (`LineProgress`, for logs that go to a file) or
+    "auto": tqdm when stderr is a terminal, lines otherwise."""
+    if kind == "auto":
+        kind = "tqdm" if sys.stderr.isatty() else "lines"
+    if kind == "tqdm":
+        return TQDMProgressBar(refresh_rate=refresh_rate)
+    if kind == "lines":
+        return LineProgress(every_s=every_s)
+    raise ValueError(f"unknown progress kind {kind!r}: auto, tqdm or lines")
