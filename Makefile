@@ -53,8 +53,8 @@ medusa: artifacts
 # EAGLE-1's input noise), then the notebook executed into runs/analysis/ with its plots.
 analysis: install
 	@test -e $(RUNS)/drafter_tiny/drafter/config.json || { echo "[analysis] run 'make demo' first: it builds the target, features, drafter and benchmark"; exit 1; }
-	$(call stage,ablation drafter with input noise,test -e $(RUNS)/drafter_ablation_noise0.1/drafter/config.json,$(PY) train.py experiment=drafter_ablation drafter.noise=0.1)
-	$(call stage,ablation drafter without input noise,test -e $(RUNS)/drafter_ablation_noise0.0/drafter/config.json,$(PY) train.py experiment=drafter_ablation drafter.noise=0.0)
+	$(call stage,ablation drafter with input noise,test -e $(RUNS)/drafter_ablation_noise0.1/drafter/config.json,$(PY) train.py experiment=drafter_ablation model.noise=0.1)
+	$(call stage,ablation drafter without input noise,test -e $(RUNS)/drafter_ablation_noise0.0/drafter/config.json,$(PY) train.py experiment=drafter_ablation model.noise=0.0)
 	FEATURE_ERROR_RUNS=$(abspath $(RUNS)) $(PY) notebooks/execute.py notebooks/feature_error.ipynb $(RUNS)/analysis/feature_error.ipynb
 
 clean-runs:
@@ -87,7 +87,7 @@ gpu-bench-smoke: install
 	FEATURE_ARGS="target_path=$(SMOKE_RUNS)/target_test/model name=target_test-python_stdlib device=cpu max_len=64 \
 		source.max_files=48 source.val_fraction=0.25 source.max_samples=64 source.max_val_samples=8" \
 	DRAFTER_ARGS="experiment=drafter_test" \
-	BENCH_ARGS="target=$(SMOKE_RUNS)/target_test/model draft_lm=$(SMOKE_RUNS)/draft_lm_test/model \
-		drafter_path=$(SMOKE_RUNS)/drafter_test/drafter benchmark.eval_sets=[mtbench] benchmark.num_prompts=2 \
+	BENCH_ARGS="target=$(SMOKE_RUNS)/target_test/model draft.model=$(SMOKE_RUNS)/draft_lm_test/model \
+		eagle.drafter=$(SMOKE_RUNS)/drafter_test/drafter benchmark.eval_sets=[mtbench] benchmark.num_prompts=2 \
 		max_new_tokens=16 threads=1" \
 	bash scripts/gpu_bench.sh

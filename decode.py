@@ -4,13 +4,13 @@
     python decode.py method=vanilla temperature=0.8 top_p=0.95
     python decode.py mode=benchmark                         # writes results.json/.md + plots
     python decode.py mode=tree_search                       # the best static tree for this machine
-    python decode.py method=eagle_static compile=true       # static caches, compiled forwards
+    python decode.py method=eagle runner=static compile=true   # static caches, compiled passes
     python decode.py mode=timing device=cuda compile=true timing.tau_from=runs/bench/X/results.json
                                                             # 7B-shaped random weights: round cost
 
-Methods: vanilla | eagle | draft | prompt_lookup | medusa | medusa_typical | vanilla_static |
-eagle_static | hf_generate | hf_assisted | hf_prompt_lookup; `eagle@TREE` / `draft@TREE` /
-`eagle_static@TREE` run a tree method with another tree (several side by side). All are
+Methods are named NAME[@TREE][:RUNNER] (eagle/bench/methods.py): vanilla | eagle | draft |
+prompt_lookup | medusa | medusa_typical | hf_generate | hf_assisted | hf_prompt_lookup;
+`eagle@chain5` runs a tree method with another tree, `eagle:static` on static caches. All are
 lossless except medusa_typical (Medusa's typical acceptance), which is labelled LOSSY wherever
 it reports. The benchmark, the tree search and the timing print their output folder last.
 """
@@ -18,7 +18,6 @@ it reports. The benchmark, the tree search and the timing print their output fol
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import hydra
@@ -26,55 +25,26 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from eagle.benchmark import BenchmarkConfig, encode_prompt, run_benchmark
-from eagle.evalsets import Prompt, load_eval_set
+from eagle.bench.benchmark import BenchmarkConfig, encode_prompt, run_benchmark
+from eagle.bench.evalsets import Prompt, load_eval_set
+from eagle.bench.methods import (
+    SECTIONS,
+    MethodContext,
+    MethodError,
+    MethodSpec,
+    build_method,
+    method_dtype,
+)
+from eagle.bench.timing import project, random_target, time_methods, weights_gb, write_timing
+from eagle.bench.tree_search import candidates, position_paths, write_tree
+from eagle.cli import run_cli
 from eagle.hardware import resolve_dtype_name, set_threads
-from eagle.methods import MethodError, MethodSpec, build_method, method_dtype, parse_method
 from eagle.sampling import SamplingPolicy
 from eagle.target import load_target, resolve_dtype
-from eagle.timing import project, random_target, time_methods, weights_gb, write_timing
 from eagle.tree import resolve_tree
-from eagle.tree_search import candidates, position_paths, write_tree
-from train import ROOT, run_cli
 
+ROOT = Path(__file__).resolve().parent
 TREE_DIR = ROOT / "configs" / "tree"
-
-
-class Models:
-    """Targets and draft LMs loaded once per dtype."""
-
-    def __init__(self, cfg: DictConfig):
-        self.cfg = cfg
-        self._targets: dict[torch.dtype, tuple] = {}
-        self._drafts: dict[torch.dtype, torch.nn.Module] = {}
-
-    def target(self, dtype: str):
-        key = resolve_dtype(dtype)
-        if key not in self._targets:
-            self._targets[key] = load_target(self.cfg.target, dtype=key, device=self.cfg.device)
-        return self._targets[key]
-
-    def draft(self, dtype: str):
-        key = resolve_dtype(dtype)
-        if key not in self._drafts:
-            self._drafts[key], _ = load_target(self.cfg.draft_lm, dtype=key, device=self.cfg.device,
-                                               with_tokenizer=False)
-        return self._drafts[key]
-
-    def method(self, name: str, dtype: str, tree_dirs: tuple[str, ...] = ()):
-        base, _ = parse_method(name)
-        cfg = self.cfg
-        target, tokenizer = self.target(dtype)
-        spec = MethodSpec(tree=cfg.tree, draft_tree=cfg.draft_tree, proposal=cfg.proposal,
-                          drafter=cfg.drafter_path, random_drafter=cfg.random_drafter,
-                          prompt_lookup_tokens=cfg.prompt_lookup_tokens,
-                          prompt_lookup_ngram=cfg.prompt_lookup_ngram, medusa=cfg.medusa_path,
-                          random_medusa=cfg.random_medusa, medusa_tree=cfg.medusa_tree,
-                          typical_eps=cfg.typical_eps, typical_delta=cfg.typical_delta,
-                          tree_dirs=(*tree_dirs, str(TREE_DIR)), static_max_len=cfg.static_max_len,
-                          compile_mode=compile_mode(cfg))
-        draft = self.draft(dtype) if base in ("draft", "hf_assisted") else None
-        return build_method(name, target, tokenizer, spec, target_path=str(cfg.target), draft_model=draft)
 
 
 def compile_mode(cfg: DictConfig) -> str | None:
@@ -85,11 +55,45 @@ def compile_mode(cfg: DictConfig) -> str | None:
     return "reduce-overhead" if str(cfg.device).startswith("cuda") else "default"
 
 
+class Methods:
+    """Builds methods from the decode config; targets and draft LMs are loaded once per dtype."""
+
+    def __init__(self, cfg: DictConfig):
+        self.cfg = cfg
+        self.sections = {name: OmegaConf.to_container(cfg[name], resolve=True) for name in SECTIONS}
+        self._targets: dict[torch.dtype, tuple] = {}
+        self._drafts: dict[tuple[str, torch.dtype], torch.nn.Module] = {}
+
+    def target(self, dtype: str):
+        key = resolve_dtype(dtype)
+        if key not in self._targets:
+            self._targets[key] = load_target(self.cfg.target, dtype=key, device=self.cfg.device)
+        return self._targets[key]
+
+    def _draft_lm(self, dtype: str):
+        def load(path: str) -> torch.nn.Module:
+            key = (str(path), resolve_dtype(dtype))
+            if key not in self._drafts:
+                self._drafts[key], _ = load_target(path, dtype=key[1], device=self.cfg.device, with_tokenizer=False)
+            return self._drafts[key]
+        return load
+
+    def context(self, dtype: str, tree_dirs: tuple[str, ...] = (), target=None) -> MethodContext:
+        cfg = self.cfg
+        target, tokenizer = (target, None) if target is not None else self.target(dtype)
+        return MethodContext(target=target, tokenizer=tokenizer, target_path=str(cfg.target),
+                             tree_dirs=(*tree_dirs, str(TREE_DIR)), draft_lm=self._draft_lm(dtype),
+                             runner=cfg.runner, static_max_len=cfg.static_max_len, compile_mode=compile_mode(cfg))
+
+    def build(self, name: str, dtype: str, tree_dirs: tuple[str, ...] = ()):
+        return build_method(name, self.context(dtype, tree_dirs), self.sections)
+
+
 def generate(cfg: DictConfig) -> None:
-    models = Models(cfg)
+    methods = Methods(cfg)
     dtype = method_dtype(cfg.method, cfg.device, {} if cfg.dtype == "auto" else {cfg.method: cfg.dtype})
-    method = models.method(cfg.method, dtype)
-    _, tokenizer = models.target(dtype)
+    method = methods.build(cfg.method, dtype)
+    _, tokenizer = methods.target(dtype)
     ids = encode_prompt(tokenizer, Prompt(id="cli", text=str(cfg.prompt), chat=bool(cfg.chat)))
     policy = SamplingPolicy(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
     generator = torch.Generator().manual_seed(cfg.seed)
@@ -111,24 +115,24 @@ def generate(cfg: DictConfig) -> None:
           f"{len(out.tokens) / out.seconds:.1f} tokens/s, tau {out.tau:.2f}")
 
 
-def benchmark(cfg: DictConfig, models: Models | None = None, methods: list[str] | None = None,
+def benchmark(cfg: DictConfig, methods: Methods | None = None, names: list[str] | None = None,
               temperatures: list[float] | None = None, out_dir: str | Path | None = None,
               tree_dirs: tuple[str, ...] = ()) -> Path:
     """Run the benchmark (arguments override `cfg.benchmark`); returns its output folder."""
     bcfg = cfg.benchmark
-    models = models or Models(cfg)
-    methods = list(methods or bcfg.methods)
+    methods = methods or Methods(cfg)
+    names = list(names or bcfg.methods)
     dtypes = OmegaConf.to_container(bcfg.dtypes) if bcfg.dtypes else {}
-    for name in methods:
-        parse_method(name)  # unknown names fail before any model is loaded
+    for name in names:
+        MethodSpec.parse(name)  # unknown names fail before any model is loaded
     eval_sets = {Path(name).stem: load_eval_set(name, bcfg.num_prompts) for name in bcfg.eval_sets}
-    _, tokenizer = models.target(method_dtype("vanilla", cfg.device, dtypes))
+    _, tokenizer = methods.target(method_dtype("vanilla", cfg.device, dtypes))
 
     def build(name: str):
         dtype = method_dtype(name, cfg.device, dtypes)
-        return models.method(name, dtype, tree_dirs), dtype
+        return methods.build(name, dtype, tree_dirs), dtype
 
-    config = BenchmarkConfig(methods=tuple(methods), temperatures=tuple(temperatures or bcfg.temperatures),
+    config = BenchmarkConfig(methods=tuple(names), temperatures=tuple(temperatures or bcfg.temperatures),
                              max_new_tokens=cfg.max_new_tokens, warmup=bcfg.warmup, top_k=cfg.top_k,
                              top_p=cfg.top_p, seed=cfg.seed)
     out_dir = Path(out_dir or bcfg.out_dir)
@@ -140,23 +144,23 @@ def benchmark(cfg: DictConfig, models: Models | None = None, methods: list[str] 
 
 def tree_search(cfg: DictConfig) -> Path:
     """Run the probe tree from every position of each prompt's greedy text, keep the best
-    subtree of each size (eagle/tree_search.py), then benchmark them against vanilla and
+    subtree of each size (eagle/bench/tree_search.py), then benchmark them against vanilla and
     the default tree; the predicted and measured taus are written side by side."""
     ts, bcfg = cfg.tree_search, cfg.benchmark
     out = Path(ts.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    models = Models(cfg)
+    methods = Methods(cfg)
     dtype = method_dtype("eagle", cfg.device, OmegaConf.to_container(bcfg.dtypes) if bcfg.dtypes else {})
     probe = resolve_tree(ts.probe, [TREE_DIR])
-    method = models.method(f"eagle@{ts.probe}", dtype)
-    _, tokenizer = models.target(dtype)
+    method = methods.build(f"eagle@{ts.probe}", dtype)
+    _, tokenizer = methods.target(dtype)
     prompts = [encode_prompt(tokenizer, p) for name in bcfg.eval_sets
                for p in load_eval_set(name, ts.num_prompts)]
     greedy = SamplingPolicy()
 
     def first_round(ids: list[int], max_new: int) -> tuple[int, ...]:
-        rounds = method.generate(ids, max_new, greedy).paths
-        return rounds[0] if rounds else (0,)
+        rounds = method.generate(ids, max_new, greedy).stats.rounds
+        return rounds[0].path if rounds else (0,)
 
     paths = []
     for ids in tqdm(prompts, desc=f"probe {probe.num_nodes} nodes, every position", unit="prompt"):
@@ -168,7 +172,7 @@ def tree_search(cfg: DictConfig) -> Path:
         write_tree(c, out / f"{c.tree.name}.yaml", source=f"{probe.name} over {len(prompts)} prompts")
         print(f"[tree search] {c.tree.summary()}: predicted tau {c.predicted_tau:.2f}")
     names = ["vanilla", "eagle"] + [f"eagle@{c.tree.name}" for c in found]
-    compare = benchmark(cfg, models, methods=names, temperatures=list(ts.temperatures), out_dir=out / "compare",
+    compare = benchmark(cfg, methods, names=names, temperatures=list(ts.temperatures), out_dir=out / "compare",
                         tree_dirs=(str(out),))
     summary = []
     for run in json.loads((compare / "results.json").read_text())["runs"]:
@@ -180,7 +184,7 @@ def tree_search(cfg: DictConfig) -> Path:
         default, best = run["methods"]["eagle"], max(rows, key=lambda r: r["speedup"])
         print(f"[tree search] {run['eval_set']} T={run['temperature']:g}: default tree {default['speedup']:.2f}x "
               f"(tau {default['tau']:.2f}); best candidate {best['tree']} {best['speedup']:.2f}x "
-              f"(tau {best['tau']:.2f}, predicted {best['predicted_tau']:.2f}): tree={out / best['tree']}.yaml")
+              f"(tau {best['tau']:.2f}, predicted {best['predicted_tau']:.2f}): eagle.tree={out / best['tree']}.yaml")
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return out
 
@@ -192,15 +196,15 @@ def read_json(path: str, key: str) -> dict:
 
 
 def timing(cfg: DictConfig) -> Path:
-    """Time methods on a random-weight target of `timing.shape` (see eagle/timing.py), or, with
-    `timing.measured`, only add the projection to an earlier timing.json."""
+    """Time methods on a random-weight target of `timing.shape` (see eagle/bench/timing.py), or,
+    with `timing.measured`, only add the projection to an earlier timing.json."""
     tcfg = cfg.timing
     for name in tcfg.methods:
-        if name not in ("vanilla", "eagle", "vanilla_static", "eagle_static"):
-            raise MethodError(f"timing runs vanilla, eagle, vanilla_static and eagle_static, not {name!r}")
+        if MethodSpec.parse(name).base not in ("vanilla", "eagle"):
+            raise MethodError(f"timing runs vanilla and eagle (with any runner), not {name!r}")
     results = read_json(tcfg.tau_from, "timing.tau_from (a benchmark's results.json)") if tcfg.tau_from else None
-    if results is not None and not tcfg.measured and "eagle_static" not in tcfg.methods:
-        raise MethodError("a projection (timing.tau_from) needs eagle_static among timing.methods")
+    if results is not None and not tcfg.measured and "eagle:static" not in tcfg.methods:
+        raise MethodError("a projection (timing.tau_from) needs eagle:static among timing.methods")
     if tcfg.measured:
         report = read_json(tcfg.measured, "timing.measured (a timing.json)")
         report["tau_from"] = str(tcfg.tau_from) if tcfg.tau_from else None
@@ -211,19 +215,19 @@ def timing(cfg: DictConfig) -> Path:
     shape = OmegaConf.to_container(tcfg.shape, resolve=True)
     dtype = resolve_dtype_name(tcfg.dtype, cfg.device)
     target = random_target(shape, dtype, cfg.device, seed=cfg.seed)
-    spec = MethodSpec(tree=cfg.tree, random_drafter=True, tree_dirs=(str(TREE_DIR),),
-                      static_max_len=tcfg.max_len, compile_mode=compile_mode(cfg))
+    cfg = OmegaConf.merge(cfg, {"static_max_len": tcfg.max_len, "eagle": {"random": True}})
+    methods = Methods(cfg)
     gb = weights_gb(target)
     report = {"kind": "timing", "shape_name": tcfg.shape_name, "shape": shape,
               "params_b": sum(p.numel() for p in target.parameters()) / 1e9, "dtype": dtype,
               "device": torch.cuda.get_device_name(cfg.device) if str(cfg.device).startswith("cuda") else str(cfg.device),
-              "compile_mode": compile_mode(cfg), "tree": cfg.tree, "prompt_len": tcfg.prompt_len,
+              "compile_mode": compile_mode(cfg), "tree": cfg.eagle.tree, "prompt_len": tcfg.prompt_len,
               "new_tokens": tcfg.new_tokens, "repeats": tcfg.repeats, "weights_gb": gb,
               "bandwidth_gb_s": tcfg.bandwidth_gb_s, "floor_ms_per_token": 1000 * gb / tcfg.bandwidth_gb_s,
               "methods": {}, "tau_from": str(tcfg.tau_from) if tcfg.tau_from else None, "projection": None,
               "torch": torch.__version__}
     for name in tcfg.methods:  # the report is rewritten after each method: a killed run keeps what it timed
-        method = build_method(name, target, None, spec)
+        method = build_method(name, methods.context(dtype, target=target), methods.sections)
         report["methods"] |= time_methods(target, {name: method}, tcfg.prompt_len, tcfg.new_tokens, tcfg.repeats,
                                           seed=cfg.seed)
         write_timing(report, tcfg.out_dir)
@@ -252,4 +256,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    run_cli(main, "decode", sys.argv[1:])
+    run_cli(main, ROOT)

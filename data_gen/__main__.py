@@ -7,20 +7,24 @@
 
 Loads the target (`target_path`), builds the token samples of the chosen source
 (`configs/data_gen/`: python_corpus, sharegpt, text), and writes the features with
-`data_gen.features.dump_features` to `out_dir`. Rerunning an interrupted command resumes it.
+`eagle.data.features.dump_features` to `out_dir`. Rerunning an interrupted command resumes it.
 Tests call `generate(cfg)` with a composed config.
 """
 
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
 
 import hydra
 import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
+
+from data_gen.conversations import count_tokens
+from eagle.cli import run_cli
+from eagle.data.features import dump_features
+from eagle.hardware import resolve_dtype_name, set_threads
+from eagle.target import load_target
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -33,11 +37,6 @@ def pick_device(name: str) -> str:
 
 def generate(cfg: DictConfig) -> dict:
     """Build the samples and dump the target's features as configured; returns the metadata."""
-    from data_gen.conversations import count_tokens
-    from data_gen.features import dump_features
-    from eagle.hardware import resolve_dtype_name, set_threads
-    from eagle.target import load_target
-
     set_threads(cfg.get("threads"))
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:  # `???` in the config: e.g. the sharegpt source's path
@@ -48,12 +47,11 @@ def generate(cfg: DictConfig) -> dict:
     counts = count_tokens(samples)
     print(f"samples: {len(samples['train'])} train ({counts['train']:,} tokens), "
           f"{len(samples['validation'])} validation ({counts['validation']:,} tokens)")
-    source = OmegaConf.to_container(cfg.source, resolve=True)
     meta = dump_features(
         model, tokenizer, samples, cfg.out_dir,
-        target_path=str(cfg.target_path), source=source, max_len=cfg.max_len,
-        shard_size=cfg.shard_size, batch_size=cfg.batch_size, dtype=cfg.dtype,
-        overwrite=cfg.overwrite, fail_after=cfg.get("fail_after"), progress=cfg.progress,
+        target_path=str(cfg.target_path), source=OmegaConf.to_container(cfg.source, resolve=True),
+        max_len=cfg.max_len, shard_size=cfg.shard_size, batch_size=cfg.batch_size, dtype=cfg.dtype,
+        overwrite=cfg.overwrite, progress=cfg.progress,
     )
     c = meta["counts"]
     print(f"features: {c['samples']} samples, {c['tokens']:,} tokens, {c['shards']} shards, "
@@ -63,23 +61,8 @@ def generate(cfg: DictConfig) -> dict:
 
 @hydra.main(config_path="../configs", config_name="data_gen", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    from data_gen.features import FeatureDumpError
-    from eagle.target import TargetError
-
-    try:
-        generate(cfg)
-    except (FeatureDumpError, TargetError, FileNotFoundError, ValueError, OmegaConfBaseException,
-            HydraException) as exc:  # the user's configuration or files: one line, no trace
-        if os.environ.get("HYDRA_FULL_ERROR") == "1":
-            raise
-        text = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
-        print(f"error: {type(exc).__name__}: {text}", file=sys.stderr)
-        sys.exit(1)
+    generate(cfg)
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("PROJECT_ROOT", str(ROOT))  # runs/ under the repo, whatever the cwd
-    main()
+    run_cli(main, ROOT)

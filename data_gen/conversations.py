@@ -4,7 +4,7 @@ A *sample* is a dict `{"id": str, "input_ids": int32 (T,), "loss_mask": int8 (T,
 T <= max_len. `loss_mask[t] = 1` marks a token the target itself produces: the assistant
 tokens of a conversation (EAGLE trains on ShareGPT replies only), every token of plain
 text. How training aligns that mask with the drafter's shifted inputs is stated in
-`eagle.drafter_module`.
+`eagle.data.batches`.
 
 Sources (each returns `{"train": [...], "validation": [...]}`, in a deterministic order):
 - `sharegpt_samples`: ShareGPT JSON / JSONL (`[{"id", "conversations": [{"from", "value"}]}]`),
@@ -29,10 +29,10 @@ from typing import Any
 import numpy as np
 
 from data_gen.corpus import build_python_corpus, stable_unit
+from eagle.artifacts import SPLITS
 
 log = logging.getLogger(__name__)
 
-SPLITS = ("train", "validation")
 # ShareGPT `from` values seen in the wild, mapped to chat-template roles.
 ROLES = {
     "human": "user", "user": "user",

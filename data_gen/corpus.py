@@ -8,16 +8,17 @@ file's relative path, never on the order the filesystem lists them in.
 from __future__ import annotations
 
 import hashlib
-import json
 import sys
 import sysconfig
 from pathlib import Path
 
-from datasets import Dataset, DatasetDict, load_from_disk
+from datasets import Dataset, DatasetDict, DatasetInfo, load_from_disk
+
+from eagle.artifacts import SPLITS, Artifact
+from eagle.data.tokens import corpus_fingerprint
 
 CORPUS_NAME = "python-stdlib"
 EXCLUDED_DIRS = ("site-packages", "dist-packages")  # third-party code, not the stdlib
-SPLITS = ("train", "validation")
 META_FILE = "corpus_meta.json"
 
 
@@ -70,17 +71,6 @@ def select_files(paths: list[str], max_files: int | None) -> list[str]:
     return sorted(sorted(paths, key=lambda p: stable_unit(p, "subset"))[:max_files])
 
 
-def corpus_fingerprint(corpus: DatasetDict) -> str:
-    """sha256 over every split's paths and texts: identifies the exact corpus content."""
-    h = hashlib.sha256()
-    for split in SPLITS:
-        for path, text in zip(corpus[split]["path"], corpus[split]["text"]):
-            h.update(f"{split}\0{path}\0".encode())
-            h.update(text.encode("utf-8", errors="surrogatepass"))
-            h.update(b"\0")
-    return h.hexdigest()
-
-
 def build_python_corpus(
     val_fraction: float = 0.05,
     max_files: int | None = None,
@@ -108,17 +98,9 @@ def build_python_corpus(
         "val_fraction": val_fraction,
         "max_files": max_files,
     }
-    if cache_dir is not None:
-        cache_dir = Path(cache_dir)
-        meta_path = cache_dir / META_FILE
-        if meta_path.exists():
-            meta = json.loads(meta_path.read_text())
-            if meta["params"] != params:
-                raise ValueError(
-                    f"corpus cache {cache_dir} was built with {meta['params']}, not {params}: "
-                    "delete it or point the cache elsewhere"
-                )
-            return load_from_disk(str(cache_dir))
+    cache = Artifact(cache_dir, META_FILE, params, "corpus cache") if cache_dir is not None else None
+    if cache is not None and cache.reusable():  # a cache built with other arguments is an error
+        return load_from_disk(str(cache_dir))
 
     paths = select_files(list_python_files(root), max_files)
     rows: dict[str, dict[str, list[str]]] = {s: {"path": [], "text": []} for s in SPLITS}
@@ -133,16 +115,12 @@ def build_python_corpus(
                 f"the {split} split is empty ({len(paths)} files, val_fraction={val_fraction}): "
                 "use more files or another val_fraction"
             )
-    corpus = DatasetDict({s: Dataset.from_dict(rows[s]) for s in SPLITS})
+    info = DatasetInfo(description=params["corpus"])  # what a model trained on it records
+    corpus = DatasetDict({s: Dataset.from_dict(rows[s], info=info) for s in SPLITS})
 
-    if cache_dir is not None:
+    if cache is not None:
         corpus.save_to_disk(str(cache_dir))
-        meta = {
-            "params": params,
-            "python_version": python_version(),
-            "n_files": {s: len(rows[s]["path"]) for s in SPLITS},
-            "n_chars": {s: sum(map(len, rows[s]["text"])) for s in SPLITS},
-            "fingerprint": corpus_fingerprint(corpus),
-        }
-        (cache_dir / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+        cache.write(python_version=python_version(), n_files={s: len(rows[s]["path"]) for s in SPLITS},
+                    n_chars={s: sum(map(len, rows[s]["text"])) for s in SPLITS},
+                    fingerprint=corpus_fingerprint(corpus))
     return corpus

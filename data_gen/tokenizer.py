@@ -7,13 +7,13 @@ training stream where every file is `<|bos|> file <|eos|>`.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
+from eagle.artifacts import Artifact
 from eagle.target import tokenizer_hash
 
 BOS, EOS, PAD = "<|bos|>", "<|eos|>", "<|pad|>"
@@ -80,11 +80,6 @@ def train_bpe_tokenizer(
     )
 
 
-def tokenizer_sha256(tokenizer: PreTrainedTokenizerBase) -> str:
-    """The full-length `eagle.target.tokenizer_hash` (equal hash, same ids)."""
-    return tokenizer_hash(tokenizer, length=64)
-
-
 def build_tokenizer(
     texts: Iterable[str],
     vocab_size: int = 8192,
@@ -103,20 +98,11 @@ def build_tokenizer(
         "min_frequency": min_frequency,
         "corpus_fingerprint": corpus_fingerprint,
     }
-    if save_dir is not None:
-        save_dir = Path(save_dir)
-        meta_path = save_dir / META_FILE
-        if meta_path.exists():
-            meta = json.loads(meta_path.read_text())
-            if meta["params"] != params:
-                raise ValueError(
-                    f"tokenizer in {save_dir} was trained with {meta['params']}, not {params}: "
-                    "delete that folder or use another data.name"
-                )
-            return AutoTokenizer.from_pretrained(save_dir)
+    cache = Artifact(save_dir, META_FILE, params, "tokenizer") if save_dir is not None else None
+    if cache is not None and cache.reusable():  # one trained otherwise: models made with it would no longer match
+        return AutoTokenizer.from_pretrained(save_dir)
     tokenizer = train_bpe_tokenizer(texts, vocab_size=vocab_size, min_frequency=min_frequency)
-    if save_dir is not None:
+    if cache is not None:
         tokenizer.save_pretrained(save_dir)
-        meta = {"params": params, "sha256": tokenizer_sha256(tokenizer), "size": len(tokenizer)}
-        (save_dir / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+        cache.write(hash=tokenizer_hash(tokenizer), size=len(tokenizer))
     return tokenizer

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from eagle.tree import Tree
+
 NodeRule = Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]
 
 
@@ -94,33 +96,13 @@ def chain_parents(gamma: int) -> list[int]:
     return list(range(-1, gamma))
 
 
-def children_lists(parents: Tensor | Sequence[int]) -> list[list[int]]:
-    """Validate a parent array and return each node's children in sibling (index) order.
-
-    Args:
-        parents: (N+1,) with parents[0] == -1 and 0 <= parents[i] < i.
-    Returns:
-        N+1 lists of child indices.
-    """
-    par = _parent_list(parents)
-    if not par or par[0] != -1:
-        raise ValueError(f"parents[0] must be -1 (node 0 is the root), got {par[:1]}")
-    children: list[list[int]] = [[] for _ in par]
-    for i in range(1, len(par)):
-        if not 0 <= par[i] < i:
-            raise ValueError(f"parents[{i}] = {par[i]} must satisfy 0 <= parents[i] < {i}")
-        children[par[i]].append(i)
-    return children
-
-
-def _parent_list(parents: Tensor | Sequence[int]) -> list[int]:
-    return parents.tolist() if isinstance(parents, Tensor) else list(parents)
-
-
-def _check_sizes(children: list[list[int]], *rows: Tensor) -> None:
+def _structure(parents: Tensor | Sequence[int], *rows: Tensor) -> Tree:
+    """The validated tree of `parents`, checking that every row tensor has one row per node."""
+    tree = Tree.of(parents)
     for t in rows:
-        if t.shape[0] != len(children):
-            raise ValueError(f"expected {len(children)} rows (one per node), got {t.shape[0]}")
+        if t.shape[0] != len(tree):
+            raise ValueError(f"expected {len(tree)} rows (one per node), got {t.shape[0]}")
+    return tree
 
 
 def tree_outcome_distribution(
@@ -145,8 +127,7 @@ def tree_outcome_distribution(
         end_dist: (N+1, V) distribution of the token emitted after that path: the residual
             left after all of u's children were rejected (p_nodes[u] at a leaf, the bonus).
     """
-    children = children_lists(parents)
-    _check_sizes(children, tokens, p_nodes, q_nodes)
+    children = _structure(parents, tokens, p_nodes, q_nodes).children
     reach = [p_nodes.new_ones(())] + [None] * (len(children) - 1)  # Pr(path passes node u)
     end_prob, end_dist = [], []
     for u, ch in enumerate(children):  # parents[i] < i: a node's reach is known before it
@@ -154,7 +135,7 @@ def tree_outcome_distribution(
             end_prob.append(reach[u])
             end_dist.append(p_nodes[u])
             continue
-        accept, final = node_rule(p_nodes[u], tokens[ch], q_nodes[ch])
+        accept, final = node_rule(p_nodes[u], tokens[list(ch)], q_nodes[list(ch)])
         for c, a in zip(ch, accept):
             reach[c] = reach[u] * a
         end_prob.append(reach[u] * (1 - accept.sum()))
@@ -185,15 +166,14 @@ def verify_tree_stochastic(
         path: accepted node indices, starting with the root 0.
         next_token: the correction or bonus token emitted after the path.
     """
-    children = children_lists(parents)
-    _check_sizes(children, tokens, p_nodes, q_nodes)
+    children = _structure(parents, tokens, p_nodes, q_nodes).children
     path = [0]
     while True:
         u, ch = path[-1], children[path[-1]]
         if not ch:
             dist = p_nodes[u]  # leaf: every draft on the path accepted, bonus token from p
             break
-        accept, final = node_outcomes(p_nodes[u], tokens[ch], q_nodes[ch])
+        accept, final = node_outcomes(p_nodes[u], tokens[list(ch)], q_nodes[list(ch)])
         # one uniform picks child i with probability accept[i], or none (index m) otherwise
         u01 = torch.rand((), generator=generator, dtype=accept.dtype, device=accept.device)
         pick = int((accept.cumsum(0) <= u01).sum())
@@ -204,12 +184,12 @@ def verify_tree_stochastic(
     return path, int(torch.multinomial(dist, 1, generator=generator))
 
 
-def longest_accepted_path(children: list[list[int]], accepted: Sequence[bool],
+def longest_accepted_path(children: Sequence[Sequence[int]], accepted: Sequence[bool],
                           log_p: Sequence[float] | None = None) -> list[int]:
     """The longest root-to-node path whose every draft node is accepted.
 
     Args:
-        children: each node's children in sibling order (`children_lists`).
+        children: each node's children in sibling order (`Tree.children`).
         accepted: (N+1,) whether node i passes its rule (entry 0, the root, is ignored).
         log_p: optional (N+1,) log-probability of node i's token under the target at its
             parent; among equally long paths the most likely one wins (Medusa's tie rule).
@@ -246,13 +226,11 @@ def verify_tree_greedy(
             one that comes first in sibling order.
         next_token: the target's argmax after the path (correction or bonus token).
     """
-    children = children_lists(parents)
-    _check_sizes(children, tokens, p_nodes)
+    tree = _structure(parents, tokens, p_nodes)
     best = p_nodes.argmax(-1).tolist()  # one device sync for all nodes
     toks = tokens.tolist()
-    par = _parent_list(parents)
-    accepted = [i > 0 and toks[i] == best[par[i]] for i in range(len(children))]
-    path = longest_accepted_path(children, accepted)
+    accepted = [i > 0 and toks[i] == best[tree.parents[i]] for i in range(len(tree))]
+    path = longest_accepted_path(tree.children, accepted)
     return path, best[path[-1]]
 
 
@@ -324,12 +302,11 @@ def verify_tree_typical(
     Returns:
         path (node indices from 0) and next_token, as `verify_tree_greedy`.
     """
-    children = children_lists(parents)
-    _check_sizes(children, tokens, p_nodes)
-    parent_of = torch.as_tensor(_parent_list(parents)[1:], dtype=torch.long, device=p_nodes.device)
+    tree = _structure(parents, tokens, p_nodes)
+    parent_of = torch.as_tensor(tree.parents[1:], dtype=torch.long, device=p_nodes.device)
     p_parent = p_nodes[parent_of]  # (N, V): row i-1 is the distribution draft node i is judged by
     draft = tokens[1:].to(p_nodes.device)  # (N,)
     ok = typical_accept(p_parent, draft, eps, delta)  # (N,)
     log_p = torch.log(p_parent.gather(-1, draft[:, None]).squeeze(-1))  # (N,)
-    path = longest_accepted_path(children, [False] + ok.tolist(), [0.0] + log_p.tolist())
+    path = longest_accepted_path(tree.children, [False] + ok.tolist(), [0.0] + log_p.tolist())
     return path, int(p_nodes[path[-1]].argmax())

@@ -10,9 +10,10 @@ family. No modeling code is forked.
 
 from __future__ import annotations
 
-import inspect
+import dataclasses
 import json
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -97,12 +98,6 @@ def lm_head(model: nn.Module) -> nn.Module:
     return model.get_output_embeddings()
 
 
-def cache_kwarg(model: nn.Module) -> str:
-    """transformers 5.x renamed `past_key_values=` to `cache=`; support both releases."""
-    params = inspect.signature(model.base_model.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
-
-
 @dataclass
 class TargetOutput:
     logits: Tensor    # (B, T, V)
@@ -116,42 +111,101 @@ def target_forward(model: nn.Module, input_ids: Tensor, cache=None, attention_ma
     `logits_slice` restricts the LM head to some positions (prefill needs only the last),
     which matters for large vocabularies; features are always returned for every position.
     """
-    kwargs = {cache_kwarg(model): cache} if cache is not None else {}
-    out = model.base_model(input_ids=input_ids, attention_mask=attention_mask,
-                           position_ids=position_ids, use_cache=cache is not None, **kwargs)
+    out = model.base_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                           cache=cache, use_cache=cache is not None)
     features = out.last_hidden_state  # (B, T, H)
     head_in = features if logits_slice is None else features[:, logits_slice]
     return TargetOutput(logits=lm_head(model)(head_in), features=features)
 
 
-def target_identity(model: nn.Module, tokenizer=None, path: str | None = None) -> dict:
-    """What a drafter or a feature dump must match to be used with this target."""
-    cfg = model.config
-    ident = {
-        "target_path": str(path) if path is not None else getattr(cfg, "_name_or_path", ""),
-        "model_type": cfg.model_type,
-        "hidden_size": cfg.hidden_size,
-        "vocab_size": lm_head(model).weight.shape[0],
-    }
-    if tokenizer is not None:
-        ident["tokenizer_hash"] = tokenizer_hash(tokenizer)
-    return ident
+class TargetMismatchError(ValueError):
+    """Something made for one target (a drafter, Medusa heads, a feature dump) met another."""
 
 
-def check_identity(owner: str, target: dict, **shape: int) -> None:
-    """A trained module's record of its target (`target_identity`) must be a dict and agree
-    with the module's own shape (hidden_size=..., vocab_size=...); raise ValueError otherwise."""
+@dataclass(frozen=True)
+class TargetIdentity:
+    """What a drafter, Medusa heads or a feature dump must match to be used with a target.
+
+    Sizes always; the tokenizer hash (equal hash, same ids) and the LM head's fingerprint (a
+    retrained target with the same shapes) when known. `target_path` and `model_type` are
+    informational: folders move, and a different family with equal shapes is only warned about.
+    Stored as a plain dict (`to_dict`) in checkpoints and dump metadata.
+    """
+
+    hidden_size: int
+    vocab_size: int
+    model_type: str = ""
+    tokenizer_hash: str | None = None
+    lm_head_sha256: str | None = None
+    target_path: str = ""
+
+    CHECKED = ("hidden_size", "vocab_size", "tokenizer_hash", "lm_head_sha256")
+
+    @classmethod
+    def of(cls, model: nn.Module, tokenizer=None, path: str | os.PathLike | None = None,
+           with_lm_head: bool = False) -> TargetIdentity:
+        """The identity of a loaded target (with its LM head's fingerprint if asked: a hash of
+        the whole head, worth it for feature dumps and training, not for every load)."""
+        cfg = model.config
+        return cls(hidden_size=int(cfg.hidden_size), vocab_size=int(lm_head(model).weight.shape[0]),
+                   model_type=str(cfg.model_type),
+                   tokenizer_hash=tokenizer_hash(tokenizer) if tokenizer is not None else None,
+                   lm_head_sha256=lm_head_fingerprint(model) if with_lm_head else None,
+                   target_path=str(path) if path is not None else str(getattr(cfg, "_name_or_path", "")))
+
+    @classmethod
+    def from_dict(cls, data: dict) -> TargetIdentity:
+        if not isinstance(data, dict) or "hidden_size" not in data or "vocab_size" not in data:
+            raise ValueError(f"a target identity needs at least hidden_size and vocab_size, got {data!r}")
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    def to_dict(self) -> dict:
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+    def mismatch(self, other: TargetIdentity) -> str | None:
+        """The first checked field both identities know and disagree on, as a phrase; else None."""
+        for key in self.CHECKED:
+            mine, theirs = getattr(self, key), getattr(other, key)
+            if mine is not None and theirs is not None and mine != theirs:
+                return f"{key} {mine!r} != {theirs!r}"
+        return None
+
+    def check(self, target: TargetIdentity, what: str) -> None:
+        """Raise `TargetMismatchError` unless `what` (made for `self`) can serve `target`; warn when
+        only the model family differs."""
+        diff = self.mismatch(target)
+        if diff is not None:
+            raise TargetMismatchError(f"{what} was made for another target: {diff} (made for {self.target_path!r}, "
+                                      f"given {target.target_path!r})")
+        if self.model_type and target.model_type and self.model_type != target.model_type:
+            warnings.warn(f"{what} was made for a {self.model_type} target, this one is {target.model_type}; "
+                          f"the shapes match, using it anyway", stacklevel=3)
+
+
+def check_shape(owner: str, target: dict, **shape: int) -> None:
+    """A trained module's record of its target (`TargetIdentity.to_dict()`) must be a dict that
+    agrees with the module's own shape (hidden_size=..., vocab_size=...); raise ValueError otherwise."""
     if not isinstance(target, dict):
-        raise ValueError(f"{owner}: target must be a dict (target_identity), got {target!r}")
+        raise ValueError(f"{owner}: target must be a dict (TargetIdentity.to_dict()), got {target!r}")
     for key, value in shape.items():
         if key in target and target[key] != value:
             raise ValueError(f"{owner}: {key} {value} disagrees with its target's {target[key]}")
 
 
-def tokenizer_hash(tokenizer, length: int = 16) -> str:
-    """A stable hash of what maps text to ids: two tokenizers with the same hash give the
-    same ids. Fast tokenizers hash their model (vocabulary and merges), added tokens and
-    pre/post-processing; others their vocabulary and special tokens."""
+def lm_head_fingerprint(model: nn.Module) -> str:
+    """Hash of the target's LM head rounded to bf16: tells a retrained target (same shapes,
+    same tokenizer) from another, whatever dtype either was loaded in."""
+    import hashlib
+
+    w = lm_head(model).weight.detach().to("cpu", torch.bfloat16).contiguous()
+    return hashlib.sha256(w.view(torch.int16).numpy().tobytes()).hexdigest()[:16]
+
+
+def tokenizer_hash(tokenizer) -> str:
+    """A stable hash (16 hex digits) of what maps text to ids: two tokenizers with the same
+    hash give the same ids. Fast tokenizers hash their model (vocabulary and merges), added
+    tokens and pre/post-processing; others their vocabulary and special tokens."""
     import hashlib
 
     backend = getattr(tokenizer, "backend_tokenizer", None)
@@ -161,4 +215,4 @@ def tokenizer_hash(tokenizer, length: int = 16) -> str:
     else:
         blob = {"vocab": sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1]),
                 "special": tokenizer.all_special_tokens}
-    return hashlib.sha256(json.dumps(blob, sort_keys=True, ensure_ascii=False).encode()).hexdigest()[:length]
+    return hashlib.sha256(json.dumps(blob, sort_keys=True, ensure_ascii=False).encode()).hexdigest()[:16]

@@ -1,4 +1,8 @@
-"""Static draft-tree templates and the buffers that tree verification needs.
+"""Draft trees: the structure of a tree (`Tree`) and static tree templates (`TreeTemplate`).
+
+`Tree` is the one place a tree's structure is derived from its parent list (node 0 is the
+root, `parents[i] < i`, siblings in index order): children, depths, ancestors, leaves. The
+acceptance rules, the target runners, the proposers and the analysis all read it from here.
 
 A template is a list of child-rank paths: ``[0]`` is the root's top-1 child, ``[0, 1]``
 the second-ranked child of ``[0]``. Materialised, the tree has nodes ``0..N``: node 0
@@ -15,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 from pathlib import Path
 
 import torch
@@ -29,8 +33,107 @@ class TreeError(ValueError):
 
 
 def _fmt(path: Sequence[int]) -> str:
-    """``[0,1]`` notation (as in DESIGN.md); the empty prefix is the root."""
+    """``[0,1]`` notation (as in docs/design.md); the empty prefix is the root."""
     return "[" + ",".join(str(r) for r in path) + "]" if path else "root"
+
+
+class Tree:
+    """The structure of a draft tree, from its parent list; build it with `Tree.of(parents)`.
+
+    Node 0 is the root (the last committed token, not a draft); `parents[0] == -1` and
+    `0 <= parents[i] < i`, so every node comes after its parent; siblings are ordered by index.
+    Instances are immutable and cached per parent list: the decoding loop asks for the same
+    tree every round.
+    """
+
+    def __init__(self, parents: tuple[int, ...]):
+        if not parents or parents[0] != -1:
+            raise TreeError(f"parents[0] must be -1 (node 0 is the root), got {list(parents[:1])}")
+        for i in range(1, len(parents)):
+            if not 0 <= parents[i] < i:
+                raise TreeError(f"parents[{i}] = {parents[i]} must satisfy 0 <= parents[i] < {i}")
+        self.parents = parents
+
+    @staticmethod
+    def of(parents: Sequence[int] | torch.Tensor) -> Tree:
+        """The (cached) tree of a parent list, validated."""
+        return _tree(tuple(parents.tolist() if isinstance(parents, torch.Tensor) else (int(p) for p in parents)))
+
+    def __len__(self) -> int:
+        """Nodes, the root included."""
+        return len(self.parents)
+
+    @cached_property
+    def children(self) -> tuple[tuple[int, ...], ...]:
+        """Each node's children in sibling (index) order (tuples: index tensors with `list(...)`)."""
+        out: list[list[int]] = [[] for _ in self.parents]
+        for i in range(1, len(self.parents)):
+            out[self.parents[i]].append(i)
+        return tuple(tuple(c) for c in out)
+
+    @cached_property
+    def depths(self) -> tuple[int, ...]:
+        """Each node's depth (the root: 0); a node's position id is the committed length + its depth."""
+        out = [0] * len(self.parents)
+        for i in range(1, len(self.parents)):
+            out[i] = out[self.parents[i]] + 1
+        return tuple(out)
+
+    @cached_property
+    def depth(self) -> int:
+        return max(self.depths)
+
+    @cached_property
+    def leaves(self) -> tuple[int, ...]:
+        """Nodes without children; the root-only tree's only leaf is the root."""
+        return tuple(i for i, c in enumerate(self.children) if not c)
+
+    @cached_property
+    def is_chain(self) -> bool:
+        """Every node's parent is the node before it: causal attention is the tree's."""
+        return all(p == i - 1 for i, p in enumerate(self.parents))
+
+    @cached_property
+    def _ancestors(self) -> torch.Tensor:
+        n = len(self.parents)
+        anc = torch.eye(n, dtype=torch.bool)
+        for i in range(1, n):
+            anc[i] |= anc[self.parents[i]]  # parents precede children: row p is already final
+        return anc
+
+    def ancestors(self, width: int | None = None, device: torch.device | str | None = None) -> torch.Tensor:
+        """(width, width) bool: node i sees node j iff j is i or an ancestor of i. Padded to
+        `width` nodes (default: the tree's own size): a padding node sees only itself and no
+        real node sees it."""
+        n = len(self.parents)
+        width = n if width is None else width
+        if width < n:
+            raise TreeError(f"a tree of {n} nodes does not fit in {width}")
+        out = torch.eye(width, dtype=torch.bool)
+        out[:n, :n] = self._ancestors
+        return out.to(device)
+
+    def depth_offsets(self, width: int | None = None, device: torch.device | str | None = None) -> torch.Tensor:
+        """(width,) long: each node's depth, padding nodes at depth 0."""
+        n = len(self.parents)
+        width = n if width is None else width
+        return torch.tensor(list(self.depths) + [0] * (width - n), dtype=torch.long, device=device)
+
+    def retrieve_indices(self, device: torch.device | str | None = None) -> torch.Tensor:
+        """(L, depth+1) long: one row per leaf, its root-to-leaf node indices, -1 padded."""
+        rows = []
+        for leaf in self.leaves:
+            row, node = [], leaf
+            while node >= 0:
+                row.append(node)
+                node = self.parents[node]
+            rows.append(row[::-1] + [-1] * (self.depth + 1 - len(row)))
+        return torch.tensor(rows, dtype=torch.long, device=device)
+
+
+@lru_cache(maxsize=256)
+def _tree(parents: tuple[int, ...]) -> Tree:
+    return Tree(parents)
 
 
 def _normalise(paths: Iterable) -> tuple[RankPath, ...]:
@@ -232,22 +335,29 @@ class TreeTemplate:
         return [-1] + [self._index[p[:-1]] for p in self.paths]
 
     @cached_property
-    def depths(self) -> list[int]:
+    def structure(self) -> Tree:
+        """The tree's structure (children, depths, ancestors) for its parent list."""
+        return Tree.of(self.parents)
+
+    @property
+    def depths(self) -> tuple[int, ...]:
         """len N+1; the root has depth 0."""
-        return [0] + [len(p) for p in self.paths]
+        return self.structure.depths
+
+    @property
+    def children(self) -> tuple[tuple[int, ...], ...]:
+        """len N+1; each in rank order (guaranteed by the (depth, path) sort)."""
+        return self.structure.children
+
+    @property
+    def leaves(self) -> tuple[int, ...]:
+        """Nodes without children; the empty tree's only leaf is the root."""
+        return self.structure.leaves
 
     @cached_property
     def ranks(self) -> list[int]:
         """len N+1: which of its parent's top-k tokens a node takes; -1 for the root."""
         return [-1] + [p[-1] for p in self.paths]
-
-    @cached_property
-    def children(self) -> list[list[int]]:
-        """len N+1; each list in rank order (guaranteed by the (depth, path) sort)."""
-        out: list[list[int]] = [[] for _ in range(self.num_nodes + 1)]
-        for i, p in enumerate(self.parents[1:], start=1):
-            out[p].append(i)
-        return out
 
     @cached_property
     def nodes_per_depth(self) -> list[int]:
@@ -262,32 +372,15 @@ class TreeTemplate:
         """The top-k the drafter must produce to fill the tree (max rank + 1; 0 if empty)."""
         return max((p[-1] for p in self.paths), default=-1) + 1
 
-    @cached_property
-    def leaves(self) -> list[int]:
-        """Nodes without children; the empty tree's only leaf is the root."""
-        return [i for i, c in enumerate(self.children) if not c]
-
     # ---- verification buffers -----------------------------------------------------
 
     def buffers(self, device: torch.device | str | None = None) -> TreeBuffers:
         """Mask, position offsets, retrieve indices and parents for tree verification."""
-        n = self.num_nodes + 1
-        mask = torch.zeros(n, n, dtype=torch.bool)
-        for i, p in enumerate(self.parents):
-            if p >= 0:
-                mask[i] = mask[p]  # parents precede children, so row p is already final
-            mask[i, i] = True
-        rows = []
-        for leaf in self.leaves:
-            row, node = [], leaf
-            while node >= 0:
-                row.append(node)
-                node = self.parents[node]
-            rows.append(row[::-1] + [-1] * (self.depth + 1 - len(row)))
+        tree = self.structure
         return TreeBuffers(
-            attn_mask=mask.to(device),
-            position_offsets=torch.tensor(self.depths, dtype=torch.long, device=device),
-            retrieve_indices=torch.tensor(rows, dtype=torch.long, device=device),
+            attn_mask=tree.ancestors(device=device),
+            position_offsets=tree.depth_offsets(device=device),
+            retrieve_indices=tree.retrieve_indices(device),
             parents=torch.tensor(self.parents, dtype=torch.long, device=device),
         )
 

@@ -26,7 +26,7 @@ import json, sys, time, torch
 sys.path.insert(0, {root!r})
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
-from eagle.lm import build_causal_lm
+from eagle.training.lm import build_causal_lm
 threads = {threads}
 if threads:
     torch.set_num_threads(threads)

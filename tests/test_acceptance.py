@@ -22,7 +22,6 @@ from eagle.acceptance import (
     TypicalAcceptance,
     accept_prob,
     chain_parents,
-    children_lists,
     entropy,
     node_outcomes,
     residual,
@@ -34,6 +33,7 @@ from eagle.acceptance import (
     verify_tree_typical,
 )
 from eagle.sampling import SamplingPolicy
+from eagle.tree import Tree
 
 F64 = torch.float64
 
@@ -173,7 +173,7 @@ def draft_trees(case: Case, models: ToyModels, context: tuple[int, ...]):
     paths[u] is the tuple of draft tokens from the root to node u (empty for the root).
     """
     parents, n = case.parents, len(case.parents)
-    children = children_lists(parents)
+    children = Tree.of(parents).children
     uniform = torch.full((case.V,), 1.0 / case.V, dtype=F64)  # row 0 is unused
 
     def expand(i, prob, toks, qs, paths):
@@ -307,7 +307,7 @@ def draft_fixture(parents, V, seed, proposal="sampled"):
     p_nodes = expo / expo.sum(-1, keepdim=True)  # (N+1, V) uniform Dirichlet rows
     q_nodes = torch.full((n, V), 1.0 / V, dtype=F64)  # row 0 unused
     tokens = torch.zeros(n, dtype=torch.long)
-    for ch in children_lists(parents):
+    for ch in Tree.of(parents).children:
         q = torch.randn(V, generator=gen, dtype=F64).softmax(-1)  # (V,)
         for c in ch:
             if proposal == "topk":
@@ -331,7 +331,7 @@ def test_outcome_distribution_is_normalised(parents, proposal):
     assert (end_prob >= 0).all()
     close(end_prob.sum(), 1.0)
     close(end_dist.sum(-1), torch.ones(len(parents), dtype=F64))
-    leaves = [u for u, ch in enumerate(children_lists(parents)) if not ch]
+    leaves = [u for u, ch in enumerate(Tree.of(parents).children) if not ch]
     close(end_dist[leaves], p_nodes[leaves])  # bonus token at a leaf
 
 
@@ -413,7 +413,7 @@ def test_stochastic_reduces_to_greedy_for_one_hot_p_and_q():
         p_nodes = policy.probs(torch.randn(len(parents), V, generator=gen, dtype=F64))
         best = p_nodes.argmax(-1).tolist()
         tokens = torch.zeros(len(parents), dtype=torch.long)
-        for u, ch in enumerate(children_lists(parents)):
+        for u, ch in enumerate(Tree.of(parents).children):
             if not ch:
                 continue
             # distinct sibling tokens (top-k proposals never repeat), usually including the
@@ -422,7 +422,7 @@ def test_stochastic_reduces_to_greedy_for_one_hot_p_and_q():
             if torch.rand((), generator=gen) < 0.8:
                 perm.remove(best[u])
                 perm.insert(int(torch.randint(len(ch), (), generator=gen)), best[u])
-            tokens[ch] = torch.tensor(perm[: len(ch)])
+            tokens[list(ch)] = torch.tensor(perm[: len(ch)])
         q_nodes = torch.nn.functional.one_hot(tokens, V).to(F64)
         greedy = verify_tree_greedy(parents, tokens, p_nodes)
         assert verify_tree_stochastic(parents, tokens, p_nodes, q_nodes, gen) == greedy
@@ -431,7 +431,7 @@ def test_stochastic_reduces_to_greedy_for_one_hot_p_and_q():
 @pytest.mark.parametrize("parents", [[0, 0], [-1, 1], [-1, 0, 3, 0], []])
 def test_malformed_trees_are_rejected(parents):
     with pytest.raises(ValueError, match="parents"):
-        children_lists(parents)
+        Tree.of(parents)
 
 
 def test_row_count_mismatch_is_rejected():

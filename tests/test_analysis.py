@@ -1,4 +1,4 @@
-"""eagle.analysis: feature error and agreement by draft depth, tree acceptance from a report."""
+"""eagle.bench.analysis: feature error and agreement by draft depth, tree acceptance from a report."""
 
 from __future__ import annotations
 
@@ -8,18 +8,18 @@ import time
 
 import pytest
 import torch
-from conftest import make_tiny_model
 
-from eagle.analysis import (
+from eagle.bench.analysis import (
     conditional_acceptance,
     depth_profile,
     drafter_profile,
     latest_report,
-    node_depths,
     tree_acceptance,
     tree_layout,
 )
-from eagle.drafter import EagleDrafter
+from eagle.models.drafter import EagleDrafter
+from eagle.tree import Tree, TreeError
+from helpers.models import make_tiny_model
 
 
 def batch(features: torch.Tensor, loss_mask: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
@@ -95,16 +95,16 @@ def test_drafter_profile_runs_a_real_drafter():
 
 def test_tree_helpers():
     parents = [-1, 0, 0, 1, 1, 3]
-    assert node_depths(parents) == [0, 1, 1, 2, 2, 3]
+    assert Tree.of(parents).depths == (0, 1, 1, 2, 2, 3)
     by_node = [1.0, 0.6, 0.3, 0.3, 0.0, 0.15]
     assert conditional_acceptance(parents, by_node) == [None, 0.6, 0.3, 0.5, 0.0, 0.5]
     assert conditional_acceptance(parents, [1.0, 0.0, 0.3, 0.0, 0.0, 0.0])[3] is None
     x, depth = tree_layout(parents)
-    assert depth == node_depths(parents)
+    assert depth == [0, 1, 1, 2, 2, 3]
     assert x[5] == 0.0 and x[4] == 1.0 and x[2] == 2.0  # leaves left to right
     assert x[3] == 0.0 and x[1] == 0.5 and x[0] == 1.25  # parents centred over children
-    with pytest.raises(ValueError, match="precede"):
-        node_depths([-1, 2, 0])
+    with pytest.raises(TreeError, match=r"parents\[1\] = 2 must satisfy 0 <= parents\[i\] < 1"):
+        tree_layout([-1, 2, 0])
 
 
 def report(by_node):

@@ -6,19 +6,14 @@ import json
 
 import pytest
 import torch
-from conftest import make_tiny_model
 from safetensors import safe_open
-from test_drafter import FakeTokenizer, perturbed
 
-from eagle.checkpoint import (
-    CheckpointError,
-    DrafterMismatchError,
-    export_eagle,
-    import_eagle,
-    load_drafter,
-    save_drafter,
-)
-from eagle.drafter import EagleDrafter
+from eagle.models.checkpoint import CheckpointError, load_drafter, save_drafter
+from eagle.models.drafter import EagleDrafter
+from eagle.models.export import export_eagle, import_eagle
+from eagle.target import TargetMismatchError
+from helpers.drafters import FakeTokenizer, perturbed
+from helpers.models import make_tiny_model
 
 
 @pytest.fixture
@@ -66,15 +61,14 @@ def test_mismatched_target_is_refused(tmp_path, drafter):
     save_drafter(drafter, tmp_path / "d")
     where = str(tmp_path / "d")
     wider = make_tiny_model("llama", hidden_size=64)
-    with pytest.raises(DrafterMismatchError, match=f"drafter {where} was trained for a target with hidden "
-                                                   "size 32, this target has 64"):
+    with pytest.raises(TargetMismatchError, match=f"drafter {where} was made for another target: hidden_size 32 != 64"):
         load_drafter(where, wider)
-    with pytest.raises(DrafterMismatchError, match="vocabulary size 96, this target has 80"):
+    with pytest.raises(TargetMismatchError, match="vocab_size 96 != 80"):
         load_drafter(where, make_tiny_model("llama", vocab_size=80))
-    with pytest.raises(DrafterMismatchError, match="tokenizer hash"):
+    with pytest.raises(TargetMismatchError, match="tokenizer_hash"):
         load_drafter(where, make_tiny_model("llama"), FakeTokenizer(96, extra="x"))
     # same shapes, another family: a warning, not an error
-    with pytest.warns(UserWarning, match="trained for a llama target, this one is mistral"):
+    with pytest.warns(UserWarning, match="made for a llama target, this one is mistral"):
         load_drafter(where, make_tiny_model("mistral"), FakeTokenizer(96))
     with pytest.warns(UserWarning, match="tokenizer hash .* was not checked"):
         load_drafter(where, make_tiny_model("llama"))
@@ -134,7 +128,7 @@ def test_export_import_round_trip_and_eagle_layout(tmp_path, target, drafter):
     assert torch.equal(outputs(back), outputs(drafter))
     (out / "model.safetensors").unlink()  # SafeAILab's file alone imports the same
     assert torch.equal(outputs(import_eagle(out, target, FakeTokenizer(96))), outputs(drafter))
-    with pytest.raises(DrafterMismatchError, match="hidden size 32, this target has 64"):
+    with pytest.raises(TargetMismatchError, match="hidden_size 32 != 64"):
         import_eagle(out, make_tiny_model("llama", hidden_size=64))
 
 
@@ -144,7 +138,7 @@ def test_export_means_what_eagle_engines_compute(tmp_path, target, drafter):
     from transformers import LlamaConfig
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
-    from eagle.drafter import causal_mask
+    from eagle.decoding.masks import causal_mask
 
     out = export_eagle(drafter, tmp_path / "eagle")
     cfg = LlamaConfig.from_pretrained(out)
@@ -166,5 +160,4 @@ def test_export_means_what_eagle_engines_compute(tmp_path, target, drafter):
         pos = torch.arange(6)[None]
         ref = layer(x, attention_mask=causal_mask(0, 6, torch.float32), position_ids=pos,
                     position_embeddings=rotary(x, pos))
-        ref = ref[0] if isinstance(ref, tuple) else ref
         torch.testing.assert_close(drafter(feats, ids), ref, atol=1e-5, rtol=1e-5)

@@ -12,9 +12,8 @@ import datasets
 import numpy as np
 import pytest
 import torch
-from conftest import make_tiny_model
-from hydra import compose, initialize_config_dir
 
+import eagle.data.features as features_module
 from data_gen.__main__ import generate
 from data_gen.conversations import (
     load_sharegpt,
@@ -24,21 +23,20 @@ from data_gen.conversations import (
     sharegpt_samples,
     text_samples,
 )
-from data_gen.features import (
+from data_gen.tokenizer import CHAT_TEMPLATE, train_bpe_tokenizer
+from eagle.data.features import (
     METADATA,
     FeatureDumpError,
     FeatureShards,
     decode_features,
-    dump_identity,
     encode_features,
     open_feature_dump,
     read_metadata,
 )
-from data_gen.tokenizer import CHAT_TEMPLATE, train_bpe_tokenizer
-from eagle.target import load_target, target_forward
+from eagle.target import TargetIdentity, TargetMismatchError, load_target, target_forward
+from helpers.configs import compose_config
+from helpers.models import make_tiny_model, save_tiny_target
 
-ROOT = Path(__file__).resolve().parents[1]
-CONFIG_DIR = ROOT / "configs"
 TEXTS = ["def add(a, b):\n    return a + b\n", "for i in range(10):\n    print(i)\n",
          "Hello there! How are you? I am fine, thanks.\n"] * 20
 CONVERSATION = [
@@ -57,21 +55,20 @@ def tokenizer():
 @pytest.fixture(scope="module")
 def target_dir(tmp_path_factory, tokenizer) -> Path:
     """A tiny random Llama with the test tokenizer, saved like any Hugging Face model."""
-    path = tmp_path_factory.mktemp("target")
-    model = make_tiny_model("llama", vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id)
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+    return save_tiny_target(tmp_path_factory.mktemp("target"), tokenizer)
+
+
+def identity(model, tokenizer, path) -> TargetIdentity:
+    return TargetIdentity.of(model, tokenizer, str(path), with_lm_head=True)
 
 
 def compose_data_gen(target_dir: Path, out_dir: Path, *overrides: str):
-    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
-        return compose("data_gen", overrides=[
-            f"target_path={target_dir}", f"out_dir={out_dir}", "target_dtype=float32", "device=cpu",
-            "max_len=32", "shard_size=4", "batch_size=2", "progress=false",
-            "source.max_files=24", "source.val_fraction=0.25", "source.max_samples=10",
-            "source.max_val_samples=3", *overrides,
-        ])
+    return compose_config("data_gen", [
+        f"target_path={target_dir}", f"out_dir={out_dir}", "target_dtype=float32", "device=cpu",
+        "max_len=32", "shard_size=4", "batch_size=2", "progress=false",
+        "source.max_files=24", "source.val_fraction=0.25", "source.max_samples=10",
+        "source.max_val_samples=3", *overrides,
+    ])
 
 
 @pytest.fixture(scope="module")
@@ -225,7 +222,7 @@ def test_dump_writes_shards_and_metadata(dump, target_dir):
 
 def test_dumped_features_equal_target_forward(dump, target_dir):
     model, tokenizer = load_target(target_dir)
-    meta, splits = open_feature_dump(dump, dump_identity(model, tokenizer, str(target_dir)))
+    meta, splits = open_feature_dump(dump, identity(model, tokenizer, target_dir))
     assert len(splits["train"]) == 10 and len(splits["validation"]) == 3
     for split in splits.values():
         for i in range(len(split)):
@@ -237,11 +234,21 @@ def test_dumped_features_equal_target_forward(dump, target_dir):
             assert row["loss_mask"].tolist() == [1] * row["input_ids"].numel()  # plain text
 
 
-def test_resume_after_crash_mid_shard(tmp_path, dump, target_dir):
+def test_resume_after_crash_mid_shard(tmp_path, dump, target_dir, monkeypatch):
     out = tmp_path / "dump"
-    # batches of 2, shards of 4: the crash comes after shard 0 and half of shard 1
+    # batches of 2, shards of 4: the target "crashes" on its 4th batch, after shard 0 and half of shard 1
+    real, calls = features_module.batch_features, []
+
+    def crashing(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 4:
+            raise RuntimeError("simulated failure")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(features_module, "batch_features", crashing)
     with pytest.raises(RuntimeError, match="simulated failure"):
-        generate(compose_data_gen(target_dir, out, "fail_after=6"))
+        generate(compose_data_gen(target_dir, out))
+    monkeypatch.setattr(features_module, "batch_features", real)
     assert json.loads((out / METADATA).read_text())["status"] == "incomplete"
     assert (out / "train" / "shard_00000" / "shard.json").exists()
     assert (out / "train" / "shard_00001.tmp" / "data.arrow").exists()  # the partial shard
@@ -273,8 +280,8 @@ def test_resume_after_crash_mid_shard(tmp_path, dump, target_dir):
 
 def test_corrupt_or_mismatched_dumps_fail_clearly(tmp_path, dump, target_dir):
     model, tokenizer = load_target(target_dir)
-    identity = dump_identity(model, tokenizer, str(target_dir))
-    open_feature_dump(dump, identity)  # the intact dump opens
+    ident = identity(model, tokenizer, target_dir)
+    open_feature_dump(dump, ident)  # the intact dump opens
 
     flipped = tmp_path / "flipped"
     shutil.copytree(dump, flipped)
@@ -283,7 +290,7 @@ def test_corrupt_or_mismatched_dumps_fail_clearly(tmp_path, dump, target_dir):
     blob[len(blob) // 2] ^= 0xFF  # a flipped byte inside the features
     data.write_bytes(bytes(blob))
     with pytest.raises(FeatureDumpError, match="shard_00001 is corrupt: sha256"):
-        open_feature_dump(flipped, identity)
+        open_feature_dump(flipped, ident)
 
     truncated = tmp_path / "truncated"
     shutil.copytree(dump, truncated)
@@ -302,22 +309,21 @@ def test_corrupt_or_mismatched_dumps_fail_clearly(tmp_path, dump, target_dir):
         open_feature_dump(tmp_path / "nowhere")
 
     other = make_tiny_model("llama", seed=1, vocab_size=len(tokenizer))  # same shapes, other weights
-    with pytest.raises(FeatureDumpError, match="another target: lm_head_sha256"):
-        open_feature_dump(dump, dump_identity(other, tokenizer, "other"))
+    with pytest.raises(TargetMismatchError, match="another target: lm_head_sha256"):
+        open_feature_dump(dump, identity(other, tokenizer, "other"))
     wider = make_tiny_model("llama", vocab_size=len(tokenizer), hidden_size=64)
-    with pytest.raises(FeatureDumpError, match="another target: hidden_size"):
-        open_feature_dump(dump, dump_identity(wider, tokenizer, "wider"))
+    with pytest.raises(TargetMismatchError, match="another target: hidden_size"):
+        open_feature_dump(dump, identity(wider, tokenizer, "wider"))
     other_tok = train_bpe_tokenizer(["qwerty uiop asdf ghjkl"] * 30, vocab_size=300)
-    with pytest.raises(FeatureDumpError, match="another target: tokenizer_hash"):
-        open_feature_dump(dump, dump_identity(model, other_tok, "other"))
+    with pytest.raises(TargetMismatchError, match="another target: tokenizer_hash"):
+        open_feature_dump(dump, identity(model, other_tok, "other"))
 
 
 def test_data_gen_configs_compose():
-    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
-        cfg = compose("data_gen", overrides=["paths.root_dir=/nowhere"])
-        assert cfg.out_dir == "/nowhere/runs/data/features/target_tiny-python_stdlib"
-        assert cfg.target_path == "/nowhere/runs/target_tiny/model"
-        assert cfg.source._target_ == "data_gen.conversations.python_corpus_samples"
-        for name, fn in (("sharegpt", "sharegpt_samples"), ("text", "text_samples")):
-            cfg = compose("data_gen", overrides=[f"data_gen={name}", "source.path=x"])
-            assert cfg.source._target_ == f"data_gen.conversations.{fn}"
+    cfg = compose_config("data_gen", ["paths.root_dir=/nowhere"])
+    assert cfg.out_dir == "/nowhere/runs/data/features/target_tiny-python_stdlib"
+    assert cfg.target_path == "/nowhere/runs/target_tiny/model"
+    assert cfg.source._target_ == "data_gen.conversations.python_corpus_samples"
+    for name, fn in (("sharegpt", "sharegpt_samples"), ("text", "text_samples")):
+        cfg = compose_config("data_gen", [f"data_gen={name}", "source.path=x"])
+        assert cfg.source._target_ == f"data_gen.conversations.{fn}"

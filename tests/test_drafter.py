@@ -1,11 +1,12 @@
-"""The EAGLE drafter computes what EAGLE-1 specifies, and the EAGLE proposer is lossless.
+"""The EAGLE drafter computes what EAGLE-1 specifies, and the EAGLE proposer drafts what it should.
 
 Model: a hand-written forward (fc -> RoPE/GQA attention -> residual -> post-attention
 RMSNorm -> MLP -> residual) in plain torch; cached and tree-masked forwards equal plain
 causal ones. Proposer: tree drafting equals evaluating each path sequentially with the
-parents' predicted features; greedy output equals `generate`; sampled output follows the
-target's distribution; the drafter's cache holds no branch KV between rounds. The proposer
-tests run with the growing caches and with the static ones (drafter and target).
+parents' predicted features; a trained drafter's paths are accepted, with EOS inside them;
+the drafter's cache holds no branch KV between rounds. The proposer tests run with the
+growing caches and with the static ones (drafter and target). Greedy and sampled exactness
+of the EAGLE proposer on every runner and family: tests/test_conformance.py.
 """
 
 from __future__ import annotations
@@ -15,28 +16,19 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import chi2_pvalue, make_tiny_model
-from test_engine import POLICIES, exact_joint, hf_greedy, make_runner, prompts, tree
 
-from eagle.drafter import DrafterConfig, EagleDrafter
-from eagle.engine import SpeculativeDecoder
-from eagle.kv_cache import tree_attention_mask
+from eagle.decoding import SpeculativeDecoder, StaticRunner, make_runner
+from eagle.decoding.draft_cache import draft_cache
+from eagle.decoding.masks import tree_attention_mask
+from eagle.models.drafter import DrafterConfig, EagleDrafter
 from eagle.proposers import eagle_proposer
 from eagle.proposers.eagle import EagleDraftModel, pass_shape
 from eagle.proposers.template import TemplateProposer
 from eagle.target import target_forward
-from eagle.target_runner import StaticRunner
 from eagle.tree import TreeTemplate
-
-
-def perturbed(drafter: EagleDrafter, seed: int = 1) -> EagleDrafter:
-    """Give the norm weight non-trivial values (a fresh one is all ones)."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        w = drafter.layers[0].post_attention_layernorm.weight
-        w.copy_(1 + 0.5 * torch.randn(w.shape, generator=g))
-    return drafter
-
+from helpers.decoding import greedy_cases, hf_greedy, prompts, run_greedy_cases, tree
+from helpers.drafters import FakeTokenizer, perturbed, train_tiny_drafter
+from helpers.models import make_tiny_model
 
 # ---------------------------------------------------------------------------------------
 # The model
@@ -121,15 +113,6 @@ def test_target_modules_are_frozen_and_never_saved():
     assert d(feats, ids).dtype == torch.float64
 
 
-class FakeTokenizer:
-    def __init__(self, vocab: int, extra: str = ""):
-        self.vocab = {f"t{i}{extra if i == 5 else ''}": i for i in range(vocab)}
-        self.all_special_tokens = ["t0", "t1", "t2"]
-
-    def get_vocab(self):
-        return self.vocab
-
-
 @pytest.mark.parametrize("family", ["llama", "mistral", "qwen2"])
 def test_config_from_target(family):
     target = make_tiny_model(family, num_key_value_heads=1, rope_theta=2500.0, rms_norm_eps=1e-5)
@@ -196,14 +179,15 @@ def test_tree_mask_forward_equals_sequential_paths():
 def draft_model(cache: str, drafter, template: TreeTemplate) -> EagleDraftModel:
     """dynamic | static | padded: static with every pass padded to one shape, as compiled
     (here run eagerly, so the padding is tested without compiling)."""
-    return EagleDraftModel(drafter, static=cache != "dynamic",
-                           pass_shape=pass_shape(template) if cache == "padded" else None)
+    kv = draft_cache("dynamic" if cache == "dynamic" else "static", drafter.llama_config, drafter.dtype,
+                     drafter.device)
+    return EagleDraftModel(drafter, kv, pass_shape=pass_shape(template) if cache == "padded" else None)
 
 
 def eagle_setup(cache: str, target, drafter, template: TreeTemplate, proposal: str = "topk"):
     """(proposer, target runner): both caches growing, or both static."""
     proposer = TemplateProposer(draft_model(cache, drafter, template), template, proposal=proposal, name="eagle")
-    return proposer, make_runner("dynamic" if cache == "dynamic" else "static", target, proposer)
+    return proposer, make_runner("dynamic" if cache == "dynamic" else "static", target, tree_size=template.num_nodes)
 
 
 def test_pass_shape_fits_every_pass_of_a_round():
@@ -271,65 +255,16 @@ def test_tree_drafting_equals_sequential_evaluation_with_parent_features(cache):
     proposer.propose = spy_propose
     model.catch_up, model.step = spy_catch_up, spy_step
     prompt = prompts(4, 96)[3]
-    runner = make_runner("dynamic" if cache == "dynamic" else "static", target, proposer)
-    res = SpeculativeDecoder(target, proposer, eos_token_id=[], runner=runner).generate(prompt, 12, tree_size_hint=25)
+    runner = make_runner("dynamic" if cache == "dynamic" else "static", target, tree_size=tpl.num_nodes)
+    res = SpeculativeDecoder(target, proposer, eos_token_id=[], runner=runner).generate(prompt, 12)
     assert res.tokens == hf_greedy(target, prompt, 12, None)
     assert len(checked) == len(res.stats.rounds) > 3
 
 
 @pytest.fixture(scope="module")
 def trained_llama():
-    """A tiny Llama target and a drafter trained for a few seconds on the target's own
-    greedy continuations (SmoothL1 on features + 0.1 CE on the target's distribution)."""
-    target = make_tiny_model("llama")
-    g = torch.Generator().manual_seed(0)
-    starts = torch.randint(3, 96, (16, 4), generator=g)
-    with torch.no_grad():
-        seqs = target.generate(starts, do_sample=False, max_new_tokens=44, min_new_tokens=44,
-                               pad_token_id=0, attention_mask=torch.ones_like(starts))
-        feats = target_forward(target, seqs).features  # (B, T, H)
-        p = target.lm_head(feats[:, 1:]).softmax(-1)  # (B, T-1, V)
-    d = EagleDrafter.random(target, seed=0)
-    opt = torch.optim.AdamW(d.parameters(), lr=1e-2)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        for _ in range(60):
-            f_hat = d(feats[:, :-1], seqs[:, 1:])  # [f_{t-1}; E(x_t)] -> f_t
-            loss = F.smooth_l1_loss(f_hat, feats[:, 1:]) + 0.1 * F.cross_entropy(
-                d.logits(f_hat).flatten(0, 1), p.flatten(0, 1))
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-    return target, d.eval().requires_grad_(False)
-
-
-def greedy_cases(target, n: int, max_news=(1, 2, 9, 20, 32)):
-    """(prompt, max_new_tokens, eos, reference): every other case has an EOS mid-way."""
-    cases = []
-    for i, prompt in enumerate(prompts(n, target.config.vocab_size, seed=7)):
-        max_new = max_news[i % len(max_news)]
-        ref = hf_greedy(target, prompt, max_new, eos=None)
-        eos = ref[len(ref) // 2] if i % 2 and len(ref) > 3 else None
-        cases.append((prompt, max_new, eos, hf_greedy(target, prompt, max_new, eos) if eos is not None else ref))
-    return cases
-
-
-def run_greedy_cases(target, proposer, runner, cases, label: str) -> None:
-    for prompt, max_new, eos, ref in cases:
-        decoder = SpeculativeDecoder(target, proposer, eos_token_id=[] if eos is None else eos, runner=runner)
-        res = decoder.generate(prompt, max_new, tree_size_hint=25)
-        assert res.tokens == ref, f"{label}: prompt of {len(prompt)} tokens, max_new {max_new}, eos {eos}"
-
-
-@pytest.mark.parametrize("cache", ["dynamic", "static", "padded"])
-@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2"])
-def test_greedy_identical_to_generate(family, cache):
-    target = make_tiny_model(family)
-    cases = greedy_cases(target, 10)
-    drafter = EagleDrafter.random(target, seed=1)
-    for name in ("eagle_default", "chain5"):
-        proposer, runner = eagle_setup(cache, target, drafter, tree(name))
-        run_greedy_cases(target, proposer, runner, cases, f"{family}/{name}/{cache}")
+    """A tiny Llama target and a drafter trained on its own greedy continuations."""
+    return train_tiny_drafter()
 
 
 @pytest.mark.parametrize("cache", ["dynamic", "static", "padded"])
@@ -382,46 +317,18 @@ def test_drafter_cache_holds_committed_context_only(trained_llama, cache):
 
     def spy_catch_up(state):
         out = catch_up(state)
-        assert model.cache_len() == len(state.tokens) - 1  # x_1..x_L: x_0 has no previous feature
+        assert model.cache.length == len(state.tokens) - 1  # x_1..x_L: x_0 has no previous feature
         return out
 
     def spy_accept(state, tree_, path):
         accept(state, tree_, path)
         new = state.new_features.shape[1]  # the block just committed, fed at the next catch-up
-        assert model.cache_len() == len(state.tokens) - 1 - new, "branch KV left in the drafter cache"
+        assert model.cache.length == len(state.tokens) - 1 - new, "branch KV left in the drafter cache"
         seen.append(len(path))
 
     model.catch_up, proposer.accept = spy_catch_up, spy_accept
     SpeculativeDecoder(target, proposer, eos_token_id=[], runner=runner).generate(prompts(3, 96)[2], 40)
     assert len(seen) > 5 and max(seen) > 2  # several rounds, some accepting deep paths
-
-
-# ---------------------------------------------------------------------------------------
-# Sampling: the emitted tokens follow the target's distribution (as in test_engine)
-
-
-@pytest.mark.parametrize("policy_name,proposal,cache", [("t1", "sample", "dynamic"), ("topk", "topk", "dynamic"),
-                                                        ("t1", "sample", "padded")])
-def test_sampled_tokens_follow_target_distribution(policy_name, proposal, cache):
-    policy = POLICIES[policy_name]
-    target = make_tiny_model("llama", vocab_size=5, seed=3)
-    drafter = EagleDrafter.random(target, seed=5)
-    small_tree = TreeTemplate.from_paths([[0], [1], [0, 0], [0, 1], [1, 0]], name="small")
-    proposer, runner = eagle_setup(cache, target, drafter, small_tree, proposal=proposal)
-    prompt, n, runs = [1, 3, 2], 3, 1000
-    decoder = SpeculativeDecoder(target, proposer, policy, eos_token_id=[], runner=runner)
-    g = torch.Generator().manual_seed(1234)
-    counts: dict[tuple, int] = {}
-    accepted = 0
-    for _ in range(runs):
-        res = decoder.generate(prompt, n, generator=g)
-        counts[tuple(res.tokens)] = counts.get(tuple(res.tokens), 0) + 1
-        accepted += sum(r.accepted for r in res.stats.rounds)
-    assert accepted > 0.1 * runs  # drafts are accepted, so the acceptance rule is exercised
-    expected = exact_joint(target, prompt, policy, n)
-    assert set(counts) <= {s for s, pr in expected.items() if pr > 0}, "emitted a sequence of probability 0"
-    pvalue = chi2_pvalue(counts, expected, runs)
-    assert pvalue > 1e-3, f"eagle/{proposal}/{cache}: chi2 p-value {pvalue:.2e}"
 
 
 @pytest.mark.slow
@@ -432,7 +339,7 @@ def test_compiled_static_decoding_identical_to_generate(trained_llama):
     cases = greedy_cases(target, 6)
     for name in ("eagle_default", "chain5"):
         template = tree(name)
-        proposer = eagle_proposer(drafter, template, static=True, compile_mode="default")
+        proposer = eagle_proposer(drafter, template, cache="static", compile_mode="default")
         runner = StaticRunner(target, tree_size=template.num_nodes, compile_mode="default")
         run_greedy_cases(target, proposer, runner, cases, f"compiled/{name}")
     run_greedy_cases(target, None, StaticRunner(target, compile_mode="default"), cases, "compiled/vanilla")

@@ -65,7 +65,7 @@ def test_idle_cores_is_within_the_cores_we_have():
 
 
 def test_benchmark_dtypes_come_from_the_machine(bf16_cpu):
-    from eagle.methods import method_dtype
+    from eagle.bench.methods import method_dtype
 
     bf16_cpu(False)
     assert {m: method_dtype(m, "cpu") for m in ("vanilla", "eagle", "medusa", "draft")} == dict.fromkeys(

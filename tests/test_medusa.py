@@ -1,7 +1,7 @@
-"""Medusa-1: distinct heads, exact verification through the engine (greedy = `generate` for
-every family, sampled = the target's distribution), typical acceptance lossy under sampling
-(its rule itself: tests/test_acceptance.py), training through train.py with resume, and clear
-errors for a wrong target or a tree deeper than the heads."""
+"""Medusa-1: distinct heads, typical acceptance greedy at temperature 0 and lossy under
+sampling (its rule itself: tests/test_acceptance.py; exact verification with Medusa heads:
+tests/test_conformance.py), training through train.py with resume, and clear errors for a
+wrong target or a tree deeper than the heads."""
 
 from __future__ import annotations
 
@@ -12,27 +12,21 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import FAMILIES, chi2_pvalue, make_tiny_model
 from omegaconf import OmegaConf
-from test_engine import POLICIES, exact_joint, hf_greedy, prompts, tree
-from test_train_drafter import compose_train
 
 from eagle.acceptance import TypicalAcceptance
-from eagle.checkpoint import (
-    CheckpointError,
-    DrafterMismatchError,
-    load_medusa,
-    save_drafter,
-    save_medusa,
-)
-from eagle.drafter import EagleDrafter
-from eagle.engine import SpeculativeDecoder
-from eagle.medusa import MedusaConfig, MedusaError, MedusaHead, MedusaHeads
-from eagle.medusa_module import loss_weights, shifted_labels
+from eagle.decoding import SpeculativeDecoder
+from eagle.models.checkpoint import CheckpointError, load_medusa, save_drafter, save_medusa
+from eagle.models.drafter import EagleDrafter
+from eagle.models.medusa import MedusaConfig, MedusaError, MedusaHead, MedusaHeads
 from eagle.proposers import medusa_proposer
-from eagle.sampling import SamplingPolicy
-from eagle.target import lm_head, load_target
+from eagle.target import TargetMismatchError, lm_head, load_target
+from eagle.training.medusa import loss_weights, shifted_labels
 from eagle.tree import TreeTemplate
+from helpers.configs import compose_train
+from helpers.decoding import greedy_cases, tree
+from helpers.models import FAMILIES, make_tiny_model
+from helpers.stats import POLICIES, chi2_pvalue, exact_joint, sample_counts
 from train import train
 
 SMALL_TREE = TreeTemplate.from_paths([[0], [1], [0, 0], [0, 1], [1, 0]], name="small")
@@ -98,50 +92,20 @@ def test_head_forward_is_medusas_residual_block():
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_greedy_identical_to_generate(family):
+def test_typical_acceptance_at_temperature_0_is_greedy(family):
     target = make_tiny_model(family)
     heads = MedusaHeads.random(target, num_heads=4)
-    proposers = {"medusa_default": medusa_proposer(heads, tree("medusa_default")),
-                 "chain4": medusa_proposer(heads, TreeTemplate.chain(4))}
+    cases = greedy_cases(target, 8)
     accepted = 0
-    for i, prompt in enumerate(prompts(8, target.config.vocab_size)):
-        max_new = [1, 2, 7, 24, 40][i % 5]
-        ref = hf_greedy(target, prompt, max_new, eos=None)
-        eos = ref[len(ref) // 2] if i % 2 and len(ref) > 3 else None  # stop inside an accepted path
-        if eos is not None:
-            ref = hf_greedy(target, prompt, max_new, eos)
-        for name, proposer in proposers.items():
-            for typical in (None, TypicalAcceptance()):  # typical at temperature 0 is greedy
-                decoder = SpeculativeDecoder(target, proposer, SamplingPolicy(),
-                                             eos_token_id=eos if eos is not None else [], typical=typical)
-                res = decoder.generate(prompt, max_new, tree_size_hint=25)
-                assert res.tokens == ref, f"{family}/{name}/typical={typical}: prompt {len(prompt)}, max_new {max_new}"
-                accepted += sum(r.accepted for r in res.stats.rounds)
-    assert accepted > 0  # the random heads do get paths accepted: the cache compaction is exercised
-
-
-def sampled_counts(decoder: SpeculativeDecoder, prompt: list[int], n: int, runs: int) -> dict[tuple, int]:
-    g = torch.Generator().manual_seed(1234)
-    counts: dict[tuple, int] = {}
-    for _ in range(runs):
-        seq = tuple(decoder.generate(prompt, n, generator=g).tokens)
-        counts[seq] = counts.get(seq, 0) + 1
-    return counts
-
-
-@pytest.mark.parametrize("policy_name,proposal", [("t1", "topk"), ("topk", "topk"), ("topp", "sample")])
-def test_exact_mode_follows_target_distribution(policy_name, proposal):
-    policy = POLICIES[policy_name]
-    target = make_tiny_model("llama", vocab_size=5, seed=3)
-    heads = MedusaHeads.random(target, num_heads=2, seed=4)
-    decoder = SpeculativeDecoder(target, medusa_proposer(heads, SMALL_TREE, proposal=proposal), policy,
-                                 eos_token_id=[])
-    prompt, n, runs = [1, 3, 2], 3, 1000
-    counts = sampled_counts(decoder, prompt, n, runs)
-    expected = exact_joint(target, prompt, policy, n)
-    assert set(counts) <= {s for s, pr in expected.items() if pr > 0}, "emitted a sequence of probability 0"
-    pvalue = chi2_pvalue(counts, expected, runs)
-    assert pvalue > 1e-3, f"medusa exact, {policy_name}/{proposal}: chi2 p-value {pvalue:.2e}"
+    for name, template in (("medusa_default", tree("medusa_default")), ("chain4", TreeTemplate.chain(4))):
+        proposer = medusa_proposer(heads, template)
+        for prompt, max_new, eos, ref in cases:
+            decoder = SpeculativeDecoder(target, proposer, eos_token_id=[] if eos is None else eos,
+                                         typical=TypicalAcceptance())
+            res = decoder.generate(prompt, max_new)
+            assert res.tokens == ref, f"{family}/{name}/typical: prompt {len(prompt)}, max_new {max_new}"
+            accepted += sum(r.accepted for r in res.stats.rounds)
+    assert accepted > 0  # the random heads do get paths accepted
 
 
 def test_typical_mode_is_lossy_under_sampling():
@@ -152,7 +116,7 @@ def test_typical_mode_is_lossy_under_sampling():
     decoder = SpeculativeDecoder(target, medusa_proposer(heads, SMALL_TREE), policy, eos_token_id=[],
                                  typical=TypicalAcceptance())
     prompt, n, runs = [1, 3, 2], 3, 200
-    counts = sampled_counts(decoder, prompt, n, runs)
+    counts, _ = sample_counts(lambda g: decoder.generate(prompt, n, generator=g), runs)
     assert chi2_pvalue(counts, exact_joint(target, prompt, policy, n), runs) < 1e-6
 
 
@@ -178,10 +142,10 @@ def test_checkpoint_round_trip_and_wrong_target(tmp_path):
     f = feature_batch()
     with torch.no_grad():
         assert torch.equal(loaded(f), heads(f))
-    with pytest.raises(DrafterMismatchError, match=f"Medusa heads {where} was trained for a target with "
-                                                   "hidden size 32, this target has 64"):
+    with pytest.raises(TargetMismatchError, match=f"Medusa heads {where} was made for another target: "
+                                                   "hidden_size 32 != 64"):
         load_medusa(where, make_tiny_model("llama", hidden_size=64))
-    with pytest.raises(DrafterMismatchError, match="vocabulary size 96, this target has 80"):
+    with pytest.raises(TargetMismatchError, match="vocab_size 96 != 80"):
         load_medusa(where, make_tiny_model("llama", vocab_size=80))
     save_drafter(EagleDrafter.random(target), tmp_path / "d")
     with pytest.raises(CheckpointError, match="architecture is 'EagleDrafter', expected 'MedusaHeads'"):
@@ -214,20 +178,19 @@ def test_medusa_configs_compose():
     for name in ("medusa_tiny", "medusa_test"):
         cfg = compose_train([f"experiment={name}", "paths.root_dir=/nowhere"])
         OmegaConf.resolve(cfg)
-        assert cfg.task_name == name and "model" not in cfg and "drafter" not in cfg
-        m = cfg.medusa
-        assert m._target_ == "eagle.medusa_module.MedusaModule"
+        assert cfg.task_name == name
+        m = cfg.model
+        assert m._target_ == "eagle.training.medusa.MedusaModule"
         # Medusa-1's recipe
-        assert (m.lr, m.weight_decay, m.schedule, m.num_layers) == (1e-3, 0.0, "cosine", 1)
-        assert cfg.data.datamodule._target_ == "eagle.drafter_module.FeatureDataModule"
+        assert (m.optim.lr, m.optim.weight_decay, m.optim.schedule, m.num_layers) == (1e-3, 0.0, "cosine", 1)
+        assert cfg.data.datamodule._target_ == "eagle.training.datamodules.FeatureDataModule"
     tiny = compose_train(["experiment=medusa_tiny", "paths.root_dir=/nowhere"])
-    assert tiny.medusa.target_path == "/nowhere/runs/target_tiny/model"
-    assert tiny.medusa.num_heads >= TreeTemplate.from_file(
-        Path(__file__).resolve().parents[1] / "configs" / "tree" / "medusa_default.yaml").depth
+    assert tiny.model.target_path == "/nowhere/runs/target_tiny/model"
+    assert tiny.model.num_heads >= tree("medusa_default").depth
 
 
 def medusa_cfg(tmp_path: Path, target_dir: Path, features_dir: Path, *overrides: str):
-    return compose_train(["experiment=medusa_test", f"paths.runs_dir={tmp_path}", f"medusa.target_path={target_dir}",
+    return compose_train(["experiment=medusa_test", f"paths.runs_dir={tmp_path}", f"model.target_path={target_dir}",
                           f"data.datamodule.features_dir={features_dir}", *overrides])
 
 
@@ -255,5 +218,5 @@ def test_train_resume_and_export(tmp_path, target_dir, features_dir):
     other = tmp_path / "other"
     make_tiny_model("llama", seed=7, hidden_size=64, vocab_size=len(tokenizer)).save_pretrained(other)
     tokenizer.save_pretrained(other)
-    with pytest.raises(DrafterMismatchError, match="hidden size 32, this target has 64"):
+    with pytest.raises(TargetMismatchError, match="hidden_size 32 != 64"):
         load_medusa(run_dir / "medusa", *load_target(other))

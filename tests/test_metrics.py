@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from eagle import metrics
+from eagle.training import metrics
 
 
 def test_feature_loss_known_values():

@@ -8,18 +8,13 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from conftest import make_tiny_model
-from hydra import compose, initialize_config_dir
 
 from data_gen.__main__ import generate
-from data_gen.tokenizer import train_bpe_tokenizer
+from helpers.configs import compose_config, compose_train
+from helpers.models import ROOT, save_tiny_target, small_tokenizer
 from train import train
 
-ROOT = Path(__file__).resolve().parents[1]
-CONFIGS = str(ROOT / "configs")
 NOTEBOOK = ROOT / "notebooks" / "feature_error.ipynb"
-TEXTS = ["def add(a, b):\n    return a + b\n", "for i in range(10):\n    print(i)\n",
-         "class Point:\n    def __init__(self, x, y):\n        self.x = x\n        self.y = y\n"] * 20
 
 
 @pytest.fixture(scope="module")
@@ -27,31 +22,24 @@ def tiny_run(tmp_path_factory) -> Path:
     """target_tiny/model, its features, drafter_tiny, the two ablation drafters and a benchmark,
     all tiny (random target, a few drafter steps), at the paths the notebook reads by default."""
     runs = tmp_path_factory.mktemp("runs")
-    target = runs / "target_tiny" / "model"
-    tokenizer = train_bpe_tokenizer(TEXTS, vocab_size=300)
-    model = make_tiny_model("llama", vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
-                            bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
-    model.save_pretrained(target)
-    tokenizer.save_pretrained(target)
-    with initialize_config_dir(CONFIGS, version_base="1.3"):
-        generate(compose("data_gen", overrides=[
-            f"target_path={target}", f"out_dir={runs / 'data/features/target_tiny-python_stdlib'}",
-            "target_dtype=float32", "device=cpu", "max_len=32", "shard_size=8", "batch_size=4", "progress=false",
-            "source.max_files=24", "source.val_fraction=0.25", "source.max_samples=16", "source.max_val_samples=4"]))
-        for task, noise in (("drafter_tiny", 0.1), ("drafter_ablation_noise0.1", 0.1),
-                            ("drafter_ablation_noise0.0", 0.0)):
-            train(compose("train", overrides=[
-                "experiment=drafter_test", f"paths.runs_dir={runs}", f"task_name={task}",
-                f"drafter.target_path={target}", f"drafter.noise={noise}", "logger=csv", "trainer.max_steps=2",
-                f"data.datamodule.features_dir={runs / 'data/features/target_tiny-python_stdlib'}"]))
-        prompts = runs / "prompts.jsonl"
-        prompts.write_text("\n".join(json.dumps({"prompt": t}) for t in ("def f(x):", "class A:")))
-        from decode import decode
+    target = save_tiny_target(runs / "target_tiny" / "model", small_tokenizer())
+    generate(compose_config("data_gen", [
+        f"target_path={target}", f"out_dir={runs / 'data/features/target_tiny-python_stdlib'}",
+        "target_dtype=float32", "device=cpu", "max_len=32", "shard_size=8", "batch_size=4", "progress=false",
+        "source.max_files=24", "source.val_fraction=0.25", "source.max_samples=16", "source.max_val_samples=4"]))
+    for task, noise in (("drafter_tiny", 0.1), ("drafter_ablation_noise0.1", 0.1), ("drafter_ablation_noise0.0", 0.0)):
+        train(compose_train([
+            "experiment=drafter_test", f"paths.runs_dir={runs}", f"task_name={task}",
+            f"model.target_path={target}", f"model.noise={noise}", "logger=csv", "trainer.max_steps=2",
+            f"data.datamodule.features_dir={runs / 'data/features/target_tiny-python_stdlib'}"]))
+    prompts = runs / "prompts.jsonl"
+    prompts.write_text("\n".join(json.dumps({"prompt": t}) for t in ("def f(x):", "class A:")))
+    from decode import decode
 
-        decode(compose("decode", overrides=[
-            f"target={target}", f"drafter_path={runs / 'drafter_tiny/drafter'}", f"paths.runs_dir={runs}",
-            "max_new_tokens=12", "mode=benchmark", f"benchmark.eval_sets=[{prompts}]",
-            "benchmark.methods=[vanilla,eagle]", f"benchmark.out_dir={runs / 'bench/run1'}"]))
+    decode(compose_config("decode", [
+        f"target={target}", f"eagle.drafter={runs / 'drafter_tiny/drafter'}", f"paths.runs_dir={runs}",
+        "max_new_tokens=12", "mode=benchmark", f"benchmark.eval_sets=[{prompts}]",
+        "benchmark.methods=[vanilla,eagle]", f"benchmark.out_dir={runs / 'bench/run1'}"]))
     return runs
 
 
@@ -87,14 +75,12 @@ def test_ablation_preset_differs_from_drafter_tiny_only_in_length_and_noise():
     from omegaconf import OmegaConf
 
     def cfg(*overrides):
-        with initialize_config_dir(CONFIGS, version_base="1.3"):
-            c = compose("train", overrides=[*overrides, "paths.root_dir=/nowhere"])
-        return OmegaConf.to_container(c, resolve=True)
+        return OmegaConf.to_container(compose_train([*overrides, "paths.root_dir=/nowhere"]), resolve=True)
 
     tiny = cfg("experiment=drafter_tiny")
     for noise in (0.1, 0.0):
-        abl = cfg("experiment=drafter_ablation", f"drafter.noise={noise}")
+        abl = cfg("experiment=drafter_ablation", f"model.noise={noise}")
         assert abl["task_name"] == f"drafter_ablation_noise{noise}"
-        assert abl["drafter"] == {**tiny["drafter"], "noise": noise}
+        assert abl["model"] == {**tiny["model"], "noise": noise}
         assert abl["data"] == tiny["data"] and abl["seed"] == tiny["seed"]
         assert abl["trainer"]["max_steps"] == 250 < tiny["trainer"]["max_steps"]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import FAMILIES, make_tiny_model
 
 from eagle.target import (
     TargetError,
@@ -15,6 +14,7 @@ from eagle.target import (
     load_tokenizer,
     target_forward,
 )
+from helpers.models import FAMILIES, make_tiny_model
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))

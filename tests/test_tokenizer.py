@@ -6,7 +6,8 @@ import pytest
 from transformers import AutoTokenizer
 
 from data_gen.corpus import build_python_corpus, stdlib_dir
-from data_gen.tokenizer import BOS, EOS, PAD, ROLE_TOKENS, build_tokenizer, tokenizer_sha256
+from data_gen.tokenizer import BOS, EOS, PAD, ROLE_TOKENS, build_tokenizer
+from eagle.target import tokenizer_hash
 
 # Real stdlib files that stress the round trip: non-ASCII text, a file that is not UTF-8
 # (decoded with replacement characters), and \r\n line endings.
@@ -111,10 +112,10 @@ def test_chat_template(tok):
 def test_reuse_and_mismatch(tokenizer_dir, tok, corpus):
     texts = list(corpus["train"]["text"])
     again = build_tokenizer(texts, vocab_size=512, save_dir=tokenizer_dir)  # reloads
-    assert tokenizer_sha256(again) == tokenizer_sha256(tok)
+    assert tokenizer_hash(again) == tokenizer_hash(tok)
     fresh = build_tokenizer(texts, vocab_size=512)  # retrain: deterministic
-    assert tokenizer_sha256(fresh) == tokenizer_sha256(tok)
-    with pytest.raises(ValueError, match="was trained with"):
+    assert tokenizer_hash(fresh) == tokenizer_hash(tok)
+    with pytest.raises(ValueError, match=r"was built with other settings \(vocab_size: 512 -> 1024\)"):
         build_tokenizer(texts, vocab_size=1024, save_dir=tokenizer_dir)
     with pytest.raises(ValueError, match="vocab_size"):
         build_tokenizer(texts, vocab_size=100)

@@ -9,30 +9,26 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import CONFIG_DIR, make_tiny_model
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from data_gen.__main__ import generate
-from data_gen.features import FeatureDumpError, FeatureShards
-from eagle import metrics
-from eagle.checkpoint import load_drafter
-from eagle.drafter_module import EagleDrafterModule, collate, shift_batch
-from eagle.schedules import lr_multiplier
-from eagle.target import load_target
+from eagle.data.batches import collate, shift_batch
+from eagle.data.features import FeatureShards
+from eagle.models.checkpoint import load_drafter
+from eagle.target import TargetMismatchError, load_target
+from eagle.training import metrics
+from eagle.training.drafter import EagleDrafterModule
+from eagle.training.optim import adamw, lr_schedule
+from helpers.configs import compose_config, compose_train
+from helpers.models import make_tiny_model
 from train import train
-
-
-def compose_train(overrides: list[str]):
-    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
-        return compose("train", overrides=["threads=1", *overrides])
 
 
 def drafter_cfg(tmp_path: Path, target_dir: Path, features_dir: Path | None, *overrides: str):
     """drafter_test on the tiny target; offline from `features_dir`, or online when None."""
     data = [f"data.datamodule.features_dir={features_dir}"] if features_dir else []
     return compose_train(["experiment=drafter_test", f"paths.runs_dir={tmp_path}",
-                          f"drafter.target_path={target_dir}", *data, *overrides])
+                          f"model.target_path={target_dir}", *data, *overrides])
 
 
 # --------------------------------------------------------------------------- pieces
@@ -42,27 +38,27 @@ def test_drafter_configs_compose():
     for name in ("drafter_tiny", "drafter_test", "drafter_gpu"):
         cfg = compose_train([f"experiment={name}", "paths.root_dir=/nowhere"])
         OmegaConf.resolve(cfg)
-        assert cfg.task_name == name and "model" not in cfg
-        d = cfg.drafter
-        assert d._target_ == "eagle.drafter_module.EagleDrafterModule"
+        assert cfg.task_name == name
+        d = cfg.model
+        assert d._target_ == "eagle.training.drafter.EagleDrafterModule"
         # EAGLE-1's recipe
-        assert (d.w_feat, d.w_tok, d.noise, list(d.betas)) == (1.0, 0.1, 0.1, [0.9, 0.95])
+        assert (d.w_feat, d.w_tok, d.noise, list(d.optim.betas)) == (1.0, 0.1, 0.1, [0.9, 0.95])
         assert cfg.trainer.gradient_clip_val == 0.5 and cfg.trainer.gradient_clip_algorithm == "value"
         assert cfg.trainer.precision == "auto"
-        assert cfg.data.datamodule._target_ == "eagle.drafter_module.FeatureDataModule"
+        assert cfg.data.datamodule._target_ == "eagle.training.datamodules.FeatureDataModule"
     tiny = compose_train(["experiment=drafter_tiny", "paths.root_dir=/nowhere"])
-    assert tiny.drafter.target_path == "/nowhere/runs/target_tiny/model"
-    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):  # data_gen's default dump
-        assert compose("data_gen", overrides=["paths.root_dir=/nowhere"]).out_dir == \
-            tiny.data.datamodule.features_dir
+    assert tiny.model.target_path == "/nowhere/runs/target_tiny/model"
+    # data_gen's default dump is what drafter_tiny reads
+    assert compose_config("data_gen", ["paths.root_dir=/nowhere"]).out_dir == tiny.data.datamodule.features_dir
     gpu = compose_train(["experiment=drafter_gpu", "paths.root_dir=/nowhere"])
-    assert gpu.drafter.target_path == "/nowhere/runs/target_gpu/model" and gpu.trainer.accelerator == "gpu"
-    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):  # the dump scripts/gpu_bench.sh writes
-        assert compose("data_gen", overrides=["paths.root_dir=/nowhere", "name=target_gpu-python_stdlib"]).out_dir == \
-            gpu.data.datamodule.features_dir
+    assert gpu.model.target_path == "/nowhere/runs/target_gpu/model" and gpu.trainer.accelerator == "gpu"
+    # the dump scripts/gpu_bench.sh writes
+    assert compose_config("data_gen", ["paths.root_dir=/nowhere", "name=target_gpu-python_stdlib"]).out_dir == \
+        gpu.data.datamodule.features_dir
     online = compose_train(["experiment=drafter_test", "data=online"])
-    assert online.data.datamodule._target_ == "eagle.drafter_module.OnlineDataModule"
+    assert online.data.datamodule._target_ == "eagle.training.datamodules.OnlineDataModule"
     assert online.data.datamodule.source._target_ == "data_gen.conversations.python_corpus_samples"
+    assert online.data.datamodule.tokenizer_path == online.model.target_path
 
 
 def test_shift_batch_alignment():
@@ -79,16 +75,28 @@ def test_shift_batch_alignment():
     assert v["weight"].tolist() == [[1, 1, 0, 0]]
 
 
-def test_lr_multiplier():
-    assert lr_multiplier(0, 10, 110) == pytest.approx(0.1)
-    assert lr_multiplier(9, 10, 110) == pytest.approx(1.0)
-    assert lr_multiplier(60, 10, 110, "linear") == pytest.approx(0.5)
-    assert lr_multiplier(110, 10, 110, "linear") == pytest.approx(0.0)
-    assert lr_multiplier(110, 10, 110, "cosine", 0.1) == pytest.approx(0.1)
-    assert lr_multiplier(60, 10, 110, "cosine") == pytest.approx(0.5)
-    assert lr_multiplier(100, 10, 110, "constant") == 1.0
-    with pytest.raises(ValueError):
-        lr_multiplier(50, 10, 110, "step")
+def test_lr_schedules_come_from_transformers():
+    """Linear warmup from 0, then EAGLE-1's linear decay to 0, or cosine to a floor, or flat."""
+    def lrs(schedule: str, min_lr_ratio: float = 0.0) -> list[float]:
+        opt = adamw(torch.nn.Linear(2, 2), lr=1.0, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
+        sched = lr_schedule(opt, schedule, warmup_steps=10, total_steps=110, min_lr_ratio=min_lr_ratio)
+        out = []
+        for _ in range(111):
+            out.append(opt.param_groups[0]["lr"])
+            opt.step()
+            sched.step()
+        return out
+
+    linear, cosine, constant = lrs("linear"), lrs("cosine", 0.1), lrs("constant")
+    assert linear[0] == 0.0 and linear[5] == pytest.approx(0.5) and linear[10] == pytest.approx(1.0)
+    assert linear[60] == pytest.approx(0.5) and linear[110] == pytest.approx(0.0)
+    assert cosine[60] == pytest.approx(0.55) and cosine[110] == pytest.approx(0.1)
+    assert constant[10:] == [1.0] * 101
+    opt = adamw(torch.nn.Linear(2, 2), lr=1.0, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
+    with pytest.raises(ValueError, match="unknown schedule"):
+        lr_schedule(opt, "step", 10, 110)
+    with pytest.raises(ValueError, match="decays to 0"):
+        lr_schedule(opt, "linear", 10, 110, min_lr_ratio=0.1)
 
 
 # -------------------------------------------------------------------------- training
@@ -158,7 +166,7 @@ def test_features_of_another_target_are_refused(tmp_path, target_dir, features_d
     model, tokenizer = load_target(target_dir)
     make_tiny_model("llama", seed=7, vocab_size=len(tokenizer)).save_pretrained(other)
     tokenizer.save_pretrained(other)
-    with pytest.raises(FeatureDumpError, match="another target"):
+    with pytest.raises(TargetMismatchError, match="made for another target: lm_head_sha256"):
         train(drafter_cfg(tmp_path, other, features_dir, "debug=fdr"))
 
 
@@ -179,7 +187,7 @@ def test_drafter_overfits_one_batch(target_dir, features_dir):
     assert out["feat_loss"].item() < 0.05 * first["feat_loss"].item()
     entropy = metrics.token_loss(out["target_logits"], out["target_logits"], out["weight"]).item()
     assert entropy <= out["tok_loss"].item() < entropy + 0.1 < first["tok_loss"].item()
-    assert module.target_identity["lm_head_sha256"]  # what the feature dump is checked against
+    assert module.target_identity.lm_head_sha256  # what the feature dump is checked against
     assert not any(k.startswith("target") for k in module.state_dict())
 
 
@@ -190,13 +198,12 @@ def test_end_to_end_target_features_drafter(tmp_path):
     runs = tmp_path / "runs"
     train(compose_train(["experiment=target_test", f"paths.runs_dir={runs}"]))
     target = runs / "target_test" / "model"
-    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
-        generate(compose("data_gen", overrides=[
-            f"paths.runs_dir={runs}", f"target_path={target}", "name=target_test-python_stdlib",
-            "max_len=64", "source.max_files=48", "source.val_fraction=0.25", "source.max_samples=256",
-            "source.max_val_samples=16", "progress=false"]))
-    common = ["experiment=drafter_test", f"drafter.target_path={target}", "drafter.lr=3e-3",
-              "drafter.warmup_steps=10", "data.datamodule.batch_size=8", f"paths.data_dir={runs}/data"]
+    generate(compose_config("data_gen", [
+        f"paths.runs_dir={runs}", f"target_path={target}", "name=target_test-python_stdlib",
+        "max_len=64", "source.max_files=48", "source.val_fraction=0.25", "source.max_samples=256",
+        "source.max_val_samples=16", "progress=false"]))
+    common = ["experiment=drafter_test", f"model.target_path={target}", "model.optim.lr=3e-3",
+              "model.optim.warmup_steps=10", "data.datamodule.batch_size=8", f"paths.data_dir={runs}/data"]
     before = train(compose_train([*common, f"paths.runs_dir={tmp_path}/a", "debug=fdr"]))
     after = train(compose_train([*common, f"paths.runs_dir={tmp_path}/b", "trainer.max_steps=200",
                                  "trainer.val_check_interval=100"]))

@@ -44,7 +44,7 @@ def test_every_config_loads(path):
 def test_chain_and_static_shapes():
     chain = TreeTemplate.from_file(TREE_DIR / "chain5.yaml")
     assert chain.paths == tuple((0,) * d for d in range(1, 6))
-    assert chain.leaves == [5] and chain.max_rank == 1
+    assert chain.leaves == (5,) and chain.max_rank == 1
     assert str(chain) == "chain5: 5 nodes, depth 5, per depth [1, 1, 1, 1, 1], 1 leaf"
 
     s221 = TreeTemplate.static_expansion([2, 2, 1])
@@ -56,7 +56,7 @@ def test_chain_and_static_shapes():
 
 def test_vanilla_is_root_only():
     tree = TreeTemplate.from_file(TREE_DIR / "vanilla.yaml")
-    assert tree.num_nodes == 0 and tree.depth == 0 and tree.leaves == [0]
+    assert tree.num_nodes == 0 and tree.depth == 0 and tree.leaves == (0,)
     buf = tree.buffers()
     assert buf.attn_mask.tolist() == [[True]]
     assert buf.retrieve_indices.tolist() == [[0]]
@@ -102,7 +102,7 @@ def test_buffers(tree):
     assert torch.equal(buf.attn_mask, expected)
 
     assert buf.position_offsets.dtype == torch.long
-    assert buf.position_offsets.tolist() == [len(p) for p in paths] == tree.depths
+    assert buf.position_offsets.tolist() == [len(p) for p in paths] == list(tree.depths)
 
     ri = buf.retrieve_indices
     assert ri.shape == (len(tree.leaves), tree.depth + 1)

@@ -1,14 +1,11 @@
-"""eagle.tree_search: the best subtree of a probe from measured per-node acceptance."""
+"""eagle.bench.tree_search: the best subtree of a probe from measured per-node acceptance."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from conftest import make_tiny_model
 
-from eagle.engine import SpeculativeDecoder
-from eagle.tree import TreeError, TreeTemplate
-from eagle.tree_search import (
+from eagle.bench.tree_search import (
     acceptance_by_position,
     best_subtree,
     candidates,
@@ -16,6 +13,9 @@ from eagle.tree_search import (
     simulate,
     write_tree,
 )
+from eagle.decoding.engine import SpeculativeDecoder
+from eagle.tree import TreeError, TreeTemplate
+from helpers.models import make_tiny_model
 
 
 def target_and_perturbed_copy():
@@ -116,30 +116,28 @@ def test_simulate_replays_rounds_by_hand():
 def test_simulated_tau_is_the_decoded_tau():
     """float32 greedy: decoding with a subtree measures exactly the tau that `simulate`
     predicts from the probe's paths at every position of the same texts."""
-    from eagle.methods import EngineMethod
     from eagle.proposers import DraftLM, TemplateProposer
-    from eagle.sampling import SamplingPolicy
 
     target, draft = target_and_perturbed_copy()
     probe = TreeTemplate.rank_budget(5, 2)
 
     def method(tree):
-        return EngineMethod("t", target, None, TemplateProposer(DraftLM(draft), tree), tree_size=tree.num_nodes)
+        return SpeculativeDecoder(target, TemplateProposer(DraftLM(draft), tree), eos_token_id=[])
 
-    greedy, max_new = SamplingPolicy(), 24
+    max_new = 24
     g = torch.Generator().manual_seed(0)
     prompts = [[1] + torch.randint(3, 90, (4 + 3 * i,), generator=g).tolist() for i in range(4)]
     probe_method = method(probe)
-    texts = [probe_method.generate(p, max_new, greedy).tokens for p in prompts]
-    paths = [position_paths(lambda ids, n: probe_method.generate(ids, n, greedy).paths[0], probe, p, t)
+    texts = [probe_method.generate(p, max_new).tokens for p in prompts]
+    paths = [position_paths(lambda ids, n: probe_method.generate(ids, n).stats.rounds[0].path, probe, p, t)
              for p, t in zip(prompts, texts)]
     found = candidates(probe, paths, [1, 3, 8, 20], max_new)
     assert [c.tree.num_nodes for c in found] == [1, 3, 8, 20]
     taus = []
     for c in found:
-        outs = [method(c.tree).generate(p, max_new, greedy) for p in prompts]
+        outs = [method(c.tree).generate(p, max_new) for p in prompts]
         assert [o.tokens for o in outs] == texts  # lossless: the same text with every tree
-        measured = sum(len(o.tokens) - 1 for o in outs) / sum(o.forwards for o in outs)
+        measured = sum(len(o.tokens) - 1 for o in outs) / sum(o.stats.forwards for o in outs)
         assert measured == pytest.approx(c.predicted_tau, abs=1e-12), c.tree.name
         taus.append(measured)
     assert taus[-1] > taus[0] > 1.0  # the probe saw real acceptances

@@ -1,47 +1,57 @@
 """Classic speculative decoding: a small Hugging Face LM sharing the target's tokenizer drafts
-a chain (template `chain<gamma>`) or a tree from its top-k, with its own KV cache."""
+a chain (template `chain<gamma>`) or a tree from its top-k, with its own KV cache (growing or
+static, `eagle.decoding.draft_cache`)."""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
 
-from eagle.engine import DecodeState
-from eagle.kv_cache import cache_length, crop, new_cache, tree_attention_mask
+from eagle.decoding.draft_cache import DraftCache, draft_cache
+from eagle.decoding.engine import DecodeState
 from eagle.target import target_forward
 
 
 class DraftLM:
-    """A causal LM as a `TreeDraftModel` (see `eagle.proposers.template`)."""
+    """A causal LM as a `TreeDraftModel` (see `eagle.proposers.template`).
 
-    def __init__(self, model: nn.Module):
+    Its cache holds every committed token, the root included, after `catch_up`.
+    """
+
+    def __init__(self, model: nn.Module, cache: str | DraftCache = "dynamic"):
+        p = next(model.parameters())
         self.model = model
-        self.cache = None
-        self._device = next(model.parameters()).device
+        self.cache = draft_cache(cache, model.config, p.dtype, p.device) if isinstance(cache, str) else cache
 
     @property
     def dtype(self) -> torch.dtype:
         return next(self.model.parameters()).dtype
 
-    def cache_len(self) -> int:
-        return cache_length(self.cache)
+    def reset(self, state: DecodeState) -> None:
+        self.cache.begin(state.max_len)
 
-    def rollback(self, length: int) -> None:
-        crop(self.cache, length)
-
-    def reset(self) -> None:
-        self.cache = new_cache(self.model)
+    def end_round(self) -> None:
+        self.cache.keep(self.cache.length)
 
     def catch_up(self, state: DecodeState) -> tuple[Tensor, None]:
-        start = self.cache_len()
-        x = torch.tensor([state.tokens[start:]], device=self._device)  # (1, new)
-        out = target_forward(self.model, x, self.cache, logits_slice=slice(-1, None))
+        start = self.cache.length
+        k = len(state.tokens) - start
+        device = self.cache.device
+        ids = torch.tensor([state.tokens[start:]], device=device)  # (1, k)
+        causal = torch.ones(k, k, dtype=torch.bool, device=device).tril()
+        self.cache.reserve(start + k)
+        mask = self.cache.prepare(start, causal, start)
+        out = target_forward(self.model, ids, self.cache.hf, attention_mask=mask,
+                             position_ids=torch.arange(start, start + k, device=device)[None],
+                             logits_slice=slice(-1, None))
+        self.cache.keep(start + k)
         return out.logits[0, -1], None
 
     def step(self, tokens: Tensor, parent_hidden: Tensor | None, position_ids: Tensor,
              visible: Tensor) -> tuple[Tensor, None]:
-        committed = self.cache_len() - (visible.shape[1] - len(tokens))  # earlier steps' nodes follow it
-        mask = tree_attention_mask(committed, visible, self.dtype)
-        out = target_forward(self.model, tokens[None], self.cache, attention_mask=mask,
+        committed, (n, s) = self.cache.length, visible.shape
+        self.cache.reserve(committed + s)
+        mask = self.cache.prepare(committed, visible, committed + s - n)  # earlier steps' nodes follow it
+        out = target_forward(self.model, tokens[None], self.cache.hf, attention_mask=mask,
                              position_ids=position_ids[None])
         return out.logits[0], None

@@ -9,14 +9,11 @@ relative positions, so the outputs are the same.)
 Per round (see `eagle.proposers.template`): `catch_up` feeds the tokens committed since the
 last round with the target's TRUE features (one drafter pass), then one `step` pass per
 tree depth, where each node is fed its PARENT's predicted feature f_hat. The branch KV of
-those passes is dropped after verification (`rollback`). With EAGLE-1's default tree that
+those passes is dropped after verification (`end_round`). With EAGLE-1's default tree that
 is 5 drafter passes per round: catch-up + depths 1-4 (depth-5 nodes are leaves).
 
-With `static=True` the same passes run on a preallocated, position-indexed cache
-(`eagle.static_cache`): entry i sits in slot i - 1, a round's catch-up is padded to depth + 1
-tokens, and `rollback` only lowers the committed length (the branch KV stays, hidden by the
-mask, until the next round overwrites it). Each pass then has the same shapes every round,
-so it can be compiled.
+The cache is an `eagle.decoding.draft_cache.DraftCache`: a growing one, or a static one in
+which every pass can be padded to one fixed shape (`pass_shape`) and compiled.
 """
 
 from __future__ import annotations
@@ -24,11 +21,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from eagle.drafter import EagleDrafter
-from eagle.engine import DecodeState
-from eagle.kv_cache import cache_length, crop, tree_attention_mask
+from eagle.decoding.compile import compile_static
+from eagle.decoding.draft_cache import DraftCache, draft_cache
+from eagle.decoding.engine import DecodeState
+from eagle.models.drafter import EagleDrafter
 from eagle.proposers.template import TemplateProposer
-from eagle.static_cache import StaticKVCache, compile_static
 from eagle.tree import TreeTemplate
 
 
@@ -37,43 +34,31 @@ class EagleDraftModel:
 
     Args:
         drafter: the trained drafter.
-        static: keep the drafter's KV in a preallocated, position-indexed `StaticKVCache`
-            (sized like the target's for each sequence) instead of a growing `DynamicCache`.
-        compile_mode: with `static`, compile the drafter pass (`eagle.static_cache.compile_static`).
-        pass_shape: (rows, window) every compiled pass is padded to: the most tokens one pass
-            feeds (catch-up: depth + 1; a depth's expanded nodes) and the most branch entries
-            it sees. One graph then serves the catch-up and every depth; a longer pass (the
-            prompt's catch-up) runs eagerly.
+        cache: its KV cache (`eagle.decoding.draft_cache`).
+        compile_mode: compile the drafter pass (`eagle.decoding.compile.compile_static`); needs
+            a fixed-shape cache and a `pass_shape`.
+        pass_shape: (rows, window) every fixed-shape pass is padded to: the most tokens one
+            pass feeds (catch-up: depth + 1; a depth's expanded nodes) and the most branch
+            entries it sees. One graph then serves the catch-up and every depth; a longer pass
+            (the prompt's catch-up) runs eagerly.
     """
 
-    def __init__(self, drafter: EagleDrafter, static: bool = False, compile_mode: str | None = None,
+    def __init__(self, drafter: EagleDrafter, cache: DraftCache, compile_mode: str | None = None,
                  pass_shape: tuple[int, int] | None = None):
-        if compile_mode is not None and (not static or pass_shape is None):
-            raise ValueError("compiling the drafter needs its static cache and a pass_shape")
-        self.drafter, self.static, self.pass_shape = drafter, static, pass_shape
-        self.cache = None
+        if (compile_mode is not None or pass_shape is not None) and not (cache.fixed_shape and pass_shape):
+            raise ValueError("compiling the drafter needs a static cache and a pass_shape")
+        self.drafter, self.cache, self.pass_shape = drafter, cache, pass_shape
         self._scores_fixed = compile_static(self._scores, compile_mode)
 
     @property
     def dtype(self) -> torch.dtype:
         return self.drafter.dtype
 
-    def cache_len(self) -> int:
-        if self.static:
-            return 0 if self.cache is None else self.cache.length
-        return cache_length(self.cache)
+    def reset(self, state: DecodeState) -> None:
+        self.cache.begin(state.max_len)
 
-    def reset(self) -> None:
-        if not self.static:
-            self.cache = self.drafter.new_cache()
-        elif self.cache is not None:
-            self.cache.length = 0  # buffers are kept for the next sequence; stale slots stay hidden
-
-    def rollback(self, length: int) -> None:
-        if self.static:
-            self.cache.length = length  # the branch KV stays in its slots, hidden, until overwritten
-        else:
-            crop(self.cache, length)
+    def end_round(self) -> None:
+        self.cache.keep(self.cache.length)  # the branch KV goes; the committed context stays
 
     def catch_up(self, state: DecodeState) -> tuple[Tensor, Tensor]:
         """Feed the newly committed tokens with the target's features of the positions before them.
@@ -81,13 +66,10 @@ class EagleDraftModel:
         Returns:
             the root's draft logits (V,) and its predicted feature f_hat (H,).
         """
-        if self.cache is None or (self.static and not self.cache.fits(1, state.max_len, self.dtype,
-                                                                       self.drafter.device)):
-            self._new_cache(state.max_len)
         features = state.new_features  # (1, k, H): feature j pairs with tokens[-k + j]
         k = features.shape[1]
         start = len(state.tokens) - k  # index (= position) of the first new token
-        have = self.cache_len()
+        have = self.cache.length
         if k == 0 or start < 1 or have != start - 1:
             raise RuntimeError(
                 f"EAGLE drafter cache out of step: it holds {have} entries, but {k} new features for "
@@ -95,13 +77,9 @@ class EagleDraftModel:
         device = self.drafter.device
         ids = torch.tensor([state.tokens[start:]], device=device)  # (1, k)
         pos = torch.arange(start, len(state.tokens), device=device)  # (k,)
-        if not self.static:
-            hidden = self.drafter(features, ids, position_ids=pos[None], cache=self.cache)  # (1, k, H)
-            last = hidden[0, -1]  # (H,) f_hat of the root
-            return self.drafter.logits(last), last
         causal = torch.ones(k, k, dtype=torch.bool, device=device).tril()
         hidden, logits = self._pass(features, ids, have, causal, pos, write_at=have)
-        self.cache.length = have + k
+        self.cache.keep(have + k)
         return logits[-1], hidden[-1]
 
     def step(self, tokens: Tensor, parent_hidden: Tensor | None, position_ids: Tensor,
@@ -110,63 +88,45 @@ class EagleDraftModel:
 
         Returns:
             logits (n, V) and predicted features (n, H); the nodes' KV stays in the cache
-            until `rollback`.
+            until `end_round`.
         """
         if parent_hidden is None:
             raise ValueError("the EAGLE drafter needs its parents' predicted features")
-        committed, (n, s) = self.cache_len(), visible.shape
-        if self.static:  # earlier steps' nodes sit in the s - n slots after the committed entries
-            hidden, logits = self._pass(parent_hidden[None], tokens[None], committed, visible, position_ids,
-                                        write_at=committed + s - n)
-            return logits, hidden
-        mask = tree_attention_mask(committed - (s - n), visible, self.dtype)
-        hidden = self.drafter(parent_hidden[None], tokens[None], position_ids=position_ids[None],
-                              attention_mask=mask, cache=self.cache)  # (1, n, H)
-        return self.drafter.logits(hidden[0]), hidden[0]
-
-    def _new_cache(self, max_len: int) -> None:
-        if not self.static:
-            self.cache = self.drafter.new_cache()
-            return
-        if max_len < 1:
-            raise ValueError("the static drafter cache needs the sequence's max_len (DecodeState.max_len)")
-        self.cache = StaticKVCache.for_config(self.drafter.llama_config, max_len, self.dtype, self.drafter.device)
+        committed, (n, s) = self.cache.length, visible.shape
+        # earlier steps' nodes sit in the s - n entries after the committed ones
+        hidden, logits = self._pass(parent_hidden[None], tokens[None], committed, visible, position_ids,
+                                    write_at=committed + s - n)
+        return logits, hidden
 
     def _pass(self, features: Tensor, ids: Tensor, start: int, visible: Tensor, positions: Tensor,
               write_at: int) -> tuple[Tensor, Tensor]:
-        """A static-cache pass (see `_scores`), padded to `pass_shape` when it has one and the
-        pass fits in it (padding rows see nothing of the branch and write past this pass's slots,
+        """One drafter pass (see `_scores`), padded to `pass_shape` when there is one and the pass
+        fits in it (padding rows see nothing of the branch and write past this pass's entries,
         where later passes overwrite them). Returns f_hat (n, H) and logits (n, V)."""
         (n, s), device = visible.shape, self.drafter.device
         rows, window = self.pass_shape or (0, 0)
-        if n > rows or s > window:  # no fixed shape (not compiled), or a long prompt's catch-up
-            self._check_room(write_at + n)
-            return self._scores(features, ids, torch.tensor(start, device=device), visible, positions,
-                                torch.tensor(write_at, device=device))
-        self._check_room(max(write_at + rows, start + window))
+        if n > rows or s > window:  # no fixed shape, or a long prompt's catch-up
+            self.cache.reserve(write_at + n)
+            return self._scores(features, ids, start, visible, positions, write_at)
+        self.cache.reserve(max(write_at + rows, start + window))
         pad = rows - n
         features = torch.cat([features, features.new_zeros(1, pad, features.shape[-1])], 1)  # (1, rows, H)
         ids = torch.cat([ids, ids[:, :1].expand(1, pad)], 1)  # (1, rows)
         positions = torch.cat([positions, positions[:1].expand(pad)])  # (rows,)
         padded = torch.zeros(rows, window, dtype=torch.bool, device=device)
         padded[:n, :s] = visible
+        # 0-d tensors: one compiled graph serves every committed length
         hidden, logits = self._scores_fixed(features, ids, torch.tensor(start, device=device), padded, positions,
                                             torch.tensor(write_at, device=device))
         return hidden[:n], logits[:n]
 
-    def _check_room(self, need: int) -> None:
-        if need > self.cache.max_len:
-            raise RuntimeError(f"the static drafter cache ({self.cache.max_len} slots) cannot hold {need} entries; "
-                               "size it for prompt + new tokens + tree (DecodeState.max_len)")
-
-    def _scores(self, features: Tensor, ids: Tensor, start: Tensor, visible: Tensor, positions: Tensor,
-                write_at: Tensor) -> tuple[Tensor, Tensor]:
-        """One static-cache drafter pass: features (1, n, H) and ids (1, n) written at slots
-        write_at..write_at+n-1, at `positions` (n,), each seeing the committed entries (slots
-        before `start`) and what `visible` (n, S) allows of the S slots from `start`.
-        Returns f_hat (n, H) and logits (n, V)."""
-        mask = self.cache.prepare(start, visible, write_at)  # (1, 1, n, max_len)
-        hidden = self.drafter(features, ids, position_ids=positions[None], attention_mask=mask, cache=self.cache)
+    def _scores(self, features: Tensor, ids: Tensor, start: int | Tensor, visible: Tensor, positions: Tensor,
+                write_at: int | Tensor) -> tuple[Tensor, Tensor]:
+        """features (1, n, H) and ids (1, n) written at entries write_at..write_at+n-1, at `positions`
+        (n,), each seeing the committed entries (before `start`) and what `visible` (n, S) allows of
+        the S entries from `start`. Returns f_hat (n, H) and logits (n, V)."""
+        mask = self.cache.prepare(start, visible, write_at)  # (1, 1, n, width)
+        hidden = self.drafter(features, ids, position_ids=positions[None], attention_mask=mask, cache=self.cache.hf)
         return hidden[0], self.drafter.logits(hidden[0])
 
 
@@ -178,11 +138,13 @@ def pass_shape(template: TreeTemplate) -> tuple[int, int]:
     return max([template.depth + 1, *per_depth]), max(template.depth + 1, len(expanded))
 
 
-def eagle_proposer(drafter: EagleDrafter, template: TreeTemplate, proposal: str = "sample", static: bool = False,
+def eagle_proposer(drafter: EagleDrafter, template: TreeTemplate, proposal: str = "sample", cache: str = "dynamic",
                    compile_mode: str | None = None) -> TemplateProposer:
     """EAGLE-1: the drafter fills `template` (top-k per expanded node, or draws under sampling
-    with `proposal="sample"`); verification by `eagle.engine.SpeculativeDecoder` keeps it exact.
-    `static` / `compile_mode`: see `EagleDraftModel` (compiled passes share one padded shape)."""
+    with `proposal="sample"`); verification by `eagle.decoding.engine.SpeculativeDecoder` keeps
+    it exact. `cache`: "dynamic" or "static" (`eagle.decoding.draft_cache`); `compile_mode`
+    compiles the static passes, all padded to one shape."""
+    kv = draft_cache(cache, drafter.llama_config, drafter.dtype, drafter.device)
     shape = pass_shape(template) if compile_mode is not None else None
-    model = EagleDraftModel(drafter, static=static, compile_mode=compile_mode, pass_shape=shape)
-    return TemplateProposer(model, template, proposal=proposal, name="eagle")
+    return TemplateProposer(EagleDraftModel(drafter, kv, compile_mode, shape), template, proposal=proposal,
+                            name="eagle")

@@ -4,7 +4,7 @@ Once per round the K heads read the target's feature of the last accepted node,
 `state.new_features[:, -1]`: the feature whose LM head produced the root token x_{t+1}.
 Head d then predicts the token at depth d (x_{t+d+1}), so the node at depth d with rank r
 takes the r-th most likely token of head d, the same token under every parent at that
-depth (DESIGN.md §4; Medusa's "cartesian product of the heads' top-k", trimmed to a
+depth (docs/design.md §4; Medusa's "cartesian product of the heads' top-k", trimmed to a
 template). The heads never see the draft tokens, so there is nothing to run per depth.
 
 This is a `TreeDraftModel` for `TemplateProposer`, which does the filling and records each
@@ -20,8 +20,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from eagle.engine import DecodeState
-from eagle.medusa import MedusaError, MedusaHeads
+from eagle.decoding.engine import DecodeState
+from eagle.models.medusa import MedusaError, MedusaHeads
 from eagle.proposers.template import TemplateProposer
 from eagle.tree import TreeTemplate
 
@@ -36,13 +36,10 @@ class MedusaDraftModel:
     def dtype(self) -> torch.dtype:
         return self.heads.dtype
 
-    def cache_len(self) -> int:
-        return 0
-
-    def reset(self) -> None:
+    def reset(self, state: DecodeState) -> None:
         pass
 
-    def rollback(self, length: int) -> None:
+    def end_round(self) -> None:
         pass
 
     def catch_up(self, state: DecodeState) -> tuple[Tensor, Tensor]:

@@ -17,17 +17,20 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from eagle.engine import DecodeState, DraftTree, Proposer
+from eagle.decoding.engine import DecodeState, DraftTree, Proposer
 from eagle.tree import TreeTemplate
 
 PROPOSALS = ("topk", "sample")
 
 
 class TreeDraftModel(Protocol):
-    """A draft model with its own KV cache over the committed context (possibly empty).
+    """A draft model with its own KV cache over the committed context (possibly none).
 
     The "hidden output" of a node is whatever its children's `step` needs from it: EAGLE's
     predicted feature, nothing (None) for a small LM, the unused heads' logits for Medusa."""
+
+    def reset(self, state: DecodeState) -> None:
+        """Start a new sequence (the target has just read the prompt)."""
 
     def catch_up(self, state: DecodeState) -> tuple[Tensor, Tensor | None]:
         """Feed the committed tokens not yet in the cache (the root included).
@@ -36,19 +39,14 @@ class TreeDraftModel(Protocol):
 
     def step(self, tokens: Tensor, parent_hidden: Tensor | None, position_ids: Tensor,
              visible: Tensor) -> tuple[Tensor, Tensor | None]:
-        """Score n draft nodes (n,) on top of the committed cache; their KV is kept until `rollback`.
+        """Score n draft nodes (n,) on top of the committed cache; their KV is kept until `end_round`.
 
         `visible` (n, S) bool: which of this round's S branch entries (those of earlier steps,
         then these n nodes, in order after the committed cache) each node sees.
         Returns: logits (n, V) and hidden outputs (n, H) or None."""
 
-    def cache_len(self) -> int: ...
-
-    def reset(self) -> None:
-        """Start a new sequence: forget the cache."""
-
-    def rollback(self, length: int) -> None:
-        """Drop every cache entry past `length` (the branch KV of a round)."""
+    def end_round(self) -> None:
+        """Drop the round's branch KV (verification is done)."""
 
     @property
     def dtype(self) -> torch.dtype: ...
@@ -73,31 +71,28 @@ class TemplateProposer(Proposer):
         if template.num_nodes == 0:
             raise ValueError(f"tree {template.name!r} has no draft nodes; use vanilla decoding")
         self.model, self.template, self.proposal, self.name = model, template, proposal, name
-        parents = template.parents
-        self.parents = tuple(parents)
-        self.ancestors = template.buffers().attn_mask  # (N+1, N+1) bool
-        depths = template.depths
+        self.max_nodes = template.num_nodes
+        tree = template.structure
+        self.parents = tree.parents
+        ancestors = tree.ancestors()  # (N+1, N+1) bool
         # nodes with children, grouped by depth: only these need a draft forward
-        self.expanded_by_depth = [[i for i in range(1, len(parents)) if depths[i] == d and template.children[i]]
-                                  for d in range(template.depth + 1)]
+        self.expanded_by_depth = [[i for i in range(1, len(tree)) if tree.depths[i] == d and tree.children[i]]
+                                  for d in range(tree.depth + 1)]
         # what each depth's nodes see of the branch entries forwarded so far (theirs last)
         self.visible_by_depth, seen = [], []
         for nodes in self.expanded_by_depth:
             seen = seen + nodes
-            self.visible_by_depth.append(self.ancestors[nodes][:, seen])  # (m, len(seen)) ancestor-or-self
-        self._committed = 0
+            self.visible_by_depth.append(ancestors[nodes][:, seen])  # (m, len(seen)) ancestor-or-self
 
     def reset(self, state: DecodeState) -> None:
-        self.model.reset()
-        self._committed = 0
+        self.model.reset(state)
 
     def accept(self, state: DecodeState, tree: DraftTree, path: list[int]) -> None:
-        self.model.rollback(self._committed)
+        self.model.end_round()
 
     def propose(self, state: DecodeState) -> DraftTree:
         tpl, model, policy = self.template, self.model, state.policy
         root_logits, root_hidden = model.catch_up(state)
-        self._committed = model.cache_len()
         root_pos = len(state.tokens) - 1
         n = tpl.num_nodes + 1
         tokens = torch.empty(n, dtype=torch.long, device=root_logits.device)
@@ -107,7 +102,7 @@ class TemplateProposer(Proposer):
         hidden = {0: root_hidden}
         for depth in range(1, tpl.depth + 1):
             for parent in [0] if depth == 1 else self.expanded_by_depth[depth - 1]:
-                kids = tpl.children[parent]
+                kids = list(tpl.children[parent])  # a list: a tuple would index dimensions
                 tokens[kids], q_kids = self._choose(logits[parent], len(kids), state)
                 if q is not None:
                     q[kids] = q_kids

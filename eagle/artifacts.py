@@ -1,0 +1,100 @@
+"""Artifacts that later stages reuse: a folder plus a JSON sidecar saying what built it.
+
+Every stage of the data flow (corpus -> tokenizer -> target -> features -> drafter) writes a
+folder that the next stage reads instead of rebuilding it. One helper decides whether such a
+folder can be reused: its sidecar holds the `params` that produced it and a `status`, and
+
+- no sidecar (or an unreadable one): absent, build it;
+- other params: stale, an error naming the difference (or, for a pure cache, rebuild it);
+- `status` "incomplete": an interrupted build with the same params, to be resumed;
+- `status` "complete" with the same params: reuse it.
+
+The sidecar is written atomically, so an interrupted write never leaves a half file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+SPLITS = ("train", "validation")  # the splits of every corpus, sample set and feature dump
+
+
+class ArtifactError(ValueError):
+    """A folder that exists but was built from other parameters."""
+
+
+def read_json(path: str | Path) -> dict | None:
+    """The JSON object in `path`, or None when the file is absent or not a JSON object."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def write_json(path: str | Path, data: dict) -> None:
+    """Write `data` as JSON through a temporary file and a rename (atomic on POSIX)."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+class Artifact:
+    """A folder built from `params`, described by the sidecar `folder / sidecar`.
+
+    Args:
+        folder: where the artifact lives.
+        sidecar: the JSON file's name inside it.
+        params: what decides the content (JSON-serialisable); compared on reuse.
+        what: the artifact's name in messages ("corpus cache", "feature dump", ...).
+    """
+
+    def __init__(self, folder: str | Path, sidecar: str, params: dict[str, Any], what: str):
+        self.folder, self.sidecar, self.params, self.what = Path(folder), sidecar, params, what
+
+    @property
+    def path(self) -> Path:
+        return self.folder / self.sidecar
+
+    def meta(self) -> dict | None:
+        return read_json(self.path)
+
+    def differences(self, meta: dict | None = None) -> list[str]:
+        """The params keys whose values differ from the recorded ones."""
+        meta = self.meta() if meta is None else meta
+        old = (meta or {}).get("params", {})
+        return sorted(k for k in set(old) | set(self.params) if old.get(k) != self.params.get(k))
+
+    def state(self) -> str:
+        """"absent", "stale", "incomplete" or "complete"."""
+        meta = self.meta()
+        if meta is None:
+            return "absent"
+        if self.differences(meta):
+            return "stale"
+        return "complete" if meta.get("status", "complete") == "complete" else "incomplete"
+
+    def reusable(self, on_stale: str = "error") -> bool:
+        """True when the folder holds a complete artifact built from these params.
+
+        A stale one raises `ArtifactError` (`on_stale="error"`) or counts as absent
+        (`on_stale="rebuild"`, for caches that are cheap to rebuild)."""
+        state = self.state()
+        if state == "stale" and on_stale == "error":
+            old = self.meta().get("params", {})
+            diff = {k: (old.get(k), self.params.get(k)) for k in self.differences()}
+            raise ArtifactError(f"{self.what} in {self.folder} was built with other settings "
+                                f"({', '.join(f'{k}: {a!r} -> {b!r}' for k, (a, b) in diff.items())}): "
+                                f"delete it or point elsewhere")
+        return state == "complete"
+
+    def write(self, status: str = "complete", **info: Any) -> dict:
+        """Record the params, `status` and `info` (top-level keys) in the sidecar."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        meta = {"params": self.params, "status": status, **info}
+        write_json(self.path, meta)
+        return meta

@@ -1,0 +1,299 @@
+"""Benchmark: every method on the same target and prompts, in one run.
+
+Speedup = a method's tokens/s divided by vanilla decoding's tokens/s measured in the same
+run (same target, same prompts, same machine state), after a warm-up. Methods take turns
+prompt by prompt, so load drift on a shared machine hits them alike. We report the
+aggregate (total tokens / total time) and the median over prompts. tau = tokens committed
+per target forward after the prefill, bonus token included (`eagle.decoding.stats.tau`).
+When the run also has `vanilla:static` (static cache, compiled when the run compiles),
+`speedup_vs_static` is the same ratio against it: the fastest plain decoding is the baseline
+a user compares with.
+Peak memory: CUDA's peak allocation per method; on CPU the process's peak RSS (it only
+grows, so read it for the first method only).
+
+Output (in `out_dir`): results.json, results.md, speedup.png, tau.png, acceptance.png, and
+speedup_vs_static.png when the run has vanilla:static.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+import resource
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from eagle.bench.evalsets import Prompt
+from eagle.bench.methods import Method
+from eagle.decoding.stats import DecodeResult, accepted_histogram, tau
+from eagle.sampling import SamplingPolicy
+from eagle.tree import Tree
+
+
+@dataclass
+class BenchmarkConfig:
+    methods: Sequence[str] = ("vanilla", "eagle")
+    temperatures: Sequence[float] = (0.0, 1.0)
+    max_new_tokens: int = 128
+    warmup: int = 1           # prompts decoded before timing each method (not recorded)
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+
+
+@dataclass
+class MethodResult:
+    method: str
+    dtype: str
+    lossless: bool
+    tau: float
+    tokens_per_s: float
+    tokens_per_s_median: float
+    speedup: float = float("nan")  # over vanilla (eager, growing cache)
+    speedup_median: float = float("nan")
+    speedup_vs_static: float = float("nan")  # over vanilla:static, when the run has it
+    speedup_vs_static_median: float = float("nan")
+    new_tokens: int = 0
+    seconds: float = 0.0
+    draft_frac: float = 0.0
+    verify_frac: float = 0.0
+    other_frac: float = 0.0
+    ms_per_token: float = 0.0
+    ms_per_round: float = 0.0  # per target forward after the prefill, prefill time excluded (HF methods: included)
+    draft_ms_per_round: float = 0.0
+    verify_ms_per_round: float = 0.0
+    accepted_hist: list[int] = field(default_factory=list)
+    acceptance_by_depth: list[float] = field(default_factory=list)  # P(accepted >= d), d = 1..
+    tree_parents: list[int] | None = None  # the fixed draft tree (node 0 = root), if the method has one
+    acceptance_by_node: list[float] | None = None  # P(node i on the accepted path), i = 0..N, full-tree rounds
+    peak_memory_mb: float = 0.0
+    identical_to_reference: float | None = None  # greedy: fraction of prompts equal to vanilla/hf output
+
+
+def encode_prompt(tokenizer, prompt: Prompt) -> list[int]:
+    if not prompt.text.strip():
+        raise ValueError(f"prompt {prompt.id!r} is empty")
+    if prompt.chat and getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt.text}],
+                                            add_generation_prompt=True, tokenize=True)
+        ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+        return list(ids)
+    ids = tokenizer(prompt.text, add_special_tokens=False)["input_ids"]
+    bos = tokenizer.bos_token_id
+    return ([bos] if bos is not None else []) + list(ids)
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # process peak RSS (KB on Linux)
+
+
+def acceptance_by_node(parents: Sequence[int], results: list[DecodeResult]) -> list[float]:
+    """Share of rounds in which each node of a fixed tree lies on the accepted path (the root:
+    1.0). Only rounds that scored the whole tree count (the last round may draft fewer)."""
+    n = len(Tree.of(parents))
+    hits, rounds = [0] * n, 0
+    for r in (r for res in results for r in res.stats.rounds):
+        if r.tree_size != n - 1:
+            continue
+        rounds += 1
+        for i in r.path:
+            hits[i] += 1
+    return [h / max(rounds, 1) for h in hits]
+
+
+def summarise(method: Method, dtype: str, results: list[DecodeResult]) -> MethodResult:
+    """Aggregate statistics of one method over prompts (one `DecodeResult` each)."""
+    stats = [res.stats for res in results]
+    tokens = sum(len(res.tokens) for res in results)
+    seconds = sum(s.total_s for s in stats)
+    forwards = sum(s.forwards for s in stats)
+    accepted = [r.accepted for s in stats for r in s.rounds]
+    hist = accepted_histogram(accepted)
+    depth = len(hist) - 1
+    draft, verify = sum(s.draft_s for s in stats), sum(s.verify_s for s in stats)
+    rounds_s = seconds - sum(s.prefill_s for s in stats)
+    return MethodResult(
+        method=method.name, dtype=dtype, lossless=method.lossless,
+        tau=tau(sum(s.committed for s in stats), forwards),
+        tokens_per_s=tokens / seconds if seconds else 0.0,
+        tokens_per_s_median=statistics.median(len(res.tokens) / res.seconds for res in results),
+        new_tokens=tokens, seconds=seconds,
+        draft_frac=draft / seconds if seconds else 0.0, verify_frac=verify / seconds if seconds else 0.0,
+        other_frac=max(0.0, 1 - (draft + verify) / seconds) if seconds and (draft or verify) else 0.0,
+        ms_per_token=1000 * seconds / max(tokens, 1), ms_per_round=1000 * rounds_s / max(forwards, 1),
+        draft_ms_per_round=1000 * draft / max(forwards, 1), verify_ms_per_round=1000 * verify / max(forwards, 1),
+        accepted_hist=hist,
+        acceptance_by_depth=[sum(hist[d:]) / max(len(accepted), 1) for d in range(1, depth + 1)],
+        tree_parents=list(method.tree_parents) if method.tree_parents else None,
+        acceptance_by_node=acceptance_by_node(method.tree_parents, results) if method.tree_parents else None,
+    )
+
+
+def run_benchmark(eval_sets: dict[str, list[Prompt]], tokenizer, build: Callable[[str], tuple[Method, str]],
+                  cfg: BenchmarkConfig, target_name: str, out_dir: str | Path, device=None) -> dict:
+    """Run every method on every eval set and temperature; write results into `out_dir`.
+
+    Args:
+        eval_sets: name -> prompts.
+        build: method name -> (method, dtype name); called once per method, cached here.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    device = torch.device(device or "cpu")
+    methods: dict[str, tuple[Method, str]] = {}
+    runs = []
+    total = sum(len(p) for p in eval_sets.values()) * len(cfg.temperatures) * len(cfg.methods)
+    bar = tqdm(total=total, desc="benchmark", unit="prompt")
+    for set_name, prompts in eval_sets.items():
+        encoded = [encode_prompt(tokenizer, p) for p in prompts]
+        for temperature in cfg.temperatures:
+            policy = SamplingPolicy(temperature=temperature, top_k=cfg.top_k if temperature else 0,
+                                    top_p=cfg.top_p if temperature else 1.0)
+            results: dict[str, MethodResult] = {}
+            outputs: dict[str, list[list[int]]] = {}
+            for name in cfg.methods:
+                if name not in methods:
+                    methods[name] = build(name)
+                bar.set_postfix_str(f"{set_name} T={temperature} {name} warm-up")
+                warm = torch.Generator().manual_seed(cfg.seed)
+                for ids in encoded[: cfg.warmup]:
+                    methods[name][0].generate(ids, min(cfg.max_new_tokens, 16), policy, warm)
+            # Methods take turns prompt by prompt (in a rotating order), so a drift in the load
+            # of a shared machine falls on every method alike rather than on whichever ran
+            # during it. Each method keeps its own generator: its samples do not depend on the
+            # others.
+            generators = {name: torch.Generator().manual_seed(cfg.seed) for name in cfg.methods}
+            outcomes: dict[str, list[DecodeResult]] = {name: [] for name in cfg.methods}
+            peaks = dict.fromkeys(cfg.methods, 0.0)
+            for i, ids in enumerate(encoded):
+                shift = i % len(cfg.methods)
+                for name in list(cfg.methods[shift:]) + list(cfg.methods[:shift]):
+                    bar.set_postfix_str(f"{set_name} T={temperature} {name}")
+                    if device.type == "cuda":
+                        torch.cuda.synchronize(device)
+                        torch.cuda.reset_peak_memory_stats(device)
+                    outcomes[name].append(methods[name][0].generate(ids, cfg.max_new_tokens, policy,
+                                                                    generators[name]))
+                    peaks[name] = max(peaks[name], peak_memory_mb(device))
+                    bar.update(1)
+            for name in cfg.methods:
+                method, dtype = methods[name]
+                result = summarise(method, dtype, outcomes[name])
+                result.peak_memory_mb = peaks[name]
+                results[name], outputs[name] = result, [o.tokens for o in outcomes[name]]
+            _relate(results, outputs, greedy=policy.greedy)
+            runs.append({"eval_set": set_name, "temperature": float(temperature), "target": target_name,
+                         "num_prompts": len(prompts), "max_new_tokens": cfg.max_new_tokens,
+                         "methods": {k: asdict(v) for k, v in results.items()}})
+    bar.close()
+    report = {"runs": runs, "config": asdict(cfg) | {"methods": list(cfg.methods),
+                                                      "temperatures": list(cfg.temperatures)},
+              "machine": {"platform": platform.platform(), "processor": platform.processor(),
+                          "torch": torch.__version__, "threads": torch.get_num_threads(),
+                          "device": str(device)},
+              "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+    write_report(report, out_dir)
+    return report
+
+
+def _relate(results: dict[str, MethodResult], outputs: dict[str, list[list[int]]], greedy: bool) -> None:
+    """Speedups against vanilla (and vanilla:static) of the same run; greedy outputs against a
+    reference of the same dtype, of the same cache kind when there is one."""
+    for base_name, key in (("vanilla", "speedup"), ("vanilla:static", "speedup_vs_static")):
+        base = results.get(base_name)
+        if base is None or not base.tokens_per_s:
+            continue
+        for r in results.values():
+            setattr(r, key, r.tokens_per_s / base.tokens_per_s)
+            setattr(r, key + "_median", r.tokens_per_s_median / base.tokens_per_s_median)
+    if not greedy:
+        return
+    for name, r in results.items():
+        order = ("vanilla:static", "vanilla", "hf_generate") if name.endswith(":static") else (
+            "vanilla", "hf_generate", "vanilla:static")
+        ref = next((k for k in order if k in results and k != name and results[k].dtype == r.dtype), None)
+        if ref is not None:
+            same = sum(a == b for a, b in zip(outputs[name], outputs[ref]))
+            r.identical_to_reference = same / max(len(outputs[name]), 1)
+
+
+def markdown_table(report: dict) -> str:
+    lines = []
+    for run in report["runs"]:
+        static = "vanilla:static" in run["methods"]  # the compiled/static baseline is in this run
+        lines += [f"### {run['eval_set']}, temperature {run['temperature']:g} "
+                  f"({run['num_prompts']} prompts, {run['max_new_tokens']} new tokens, target {run['target']})", "",
+                  "| method | dtype | tau | tokens/s | ms/token | " + ("speedup vs static | " if static else "")
+                  + "speedup | median speedup | draft / verify / other | ms/round (draft + verify) | "
+                  "lossless | identical (greedy) |",
+                  "|---|---|---:|---:|---:|" + ("---:|" if static else "") + "---:|---:|---|---|---|---:|"]
+        for m in run["methods"].values():
+            split = (f"{m['draft_frac']:.0%} / {m['verify_frac']:.0%} / {m['other_frac']:.0%}"
+                     if m["draft_frac"] or m["verify_frac"] else "-")
+            per_round = (f"{m['ms_per_round']:.2f} ({m['draft_ms_per_round']:.2f} + {m['verify_ms_per_round']:.2f})"
+                         if m["draft_frac"] or m["verify_frac"] else "-")
+            ident = "-" if m["identical_to_reference"] is None else f"{m['identical_to_reference']:.0%}"
+            speeds = (["speedup_vs_static"] if static else []) + ["speedup", "speedup_median"]
+            speed = " | ".join("-" if math.isnan(m[k]) else f"{m[k]:.2f}x" for k in speeds)
+            lines.append(f"| {m['method']} | {m['dtype']} | {m['tau']:.2f} | {m['tokens_per_s']:.1f} | "
+                         f"{m['ms_per_token']:.2f} | {speed} | {split} | {per_round} | "
+                         f"{'yes' if m['lossless'] else 'NO (lossy)'} | {ident} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write_report(report: dict, out_dir: Path) -> None:
+    (out_dir / "results.json").write_text(json.dumps(report, indent=2))
+    (out_dir / "results.md").write_text(markdown_table(report))
+    plot_report(report, out_dir)
+
+
+def plot_report(report: dict, out_dir: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = report["runs"]
+    plots = [("speedup", "speedup.png", "speedup over vanilla (x)"),
+             ("tau", "tau.png", "tau (tokens per target forward)")]
+    if any("vanilla:static" in r["methods"] for r in runs):
+        plots.append(("speedup_vs_static", "speedup_vs_static.png", "speedup over vanilla:static (x)"))
+    for key, fname, label in plots:
+        fig, ax = plt.subplots(figsize=(8, 4))
+        names = list(dict.fromkeys(m for r in runs for m in r["methods"]))
+        width = 0.8 / max(len(runs), 1)
+        for i, run in enumerate(runs):
+            values = [run["methods"].get(n, {}).get(key, float("nan")) for n in names]
+            ax.bar([j + i * width for j in range(len(names))], values, width,
+                   label=f"{run['eval_set']} T={run['temperature']:g}")
+        ax.set_xticks([j + width * (len(runs) - 1) / 2 for j in range(len(names))], names, rotation=20)
+        ax.set_ylabel(label)
+        if key.startswith("speedup"):
+            ax.axhline(1.0, color="gray", lw=0.8, ls="--")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out_dir / fname, dpi=120)
+        plt.close(fig)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for run in runs:
+        for name, m in run["methods"].items():
+            if m["acceptance_by_depth"]:
+                ax.plot(range(1, len(m["acceptance_by_depth"]) + 1), m["acceptance_by_depth"], marker="o",
+                        label=f"{name} {run['eval_set']} T={run['temperature']:g}")
+    ax.set_xlabel("draft depth d")
+    ax.set_ylabel("P(accepted length >= d)")
+    ax.set_ylim(0, 1)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out_dir / "acceptance.png", dpi=120)
+    plt.close(fig)

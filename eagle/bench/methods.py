@@ -1,0 +1,395 @@
+"""Decoding methods by name: one registry, one parser, one typed settings class per method.
+
+A method is named `NAME[@TREE][:RUNNER]`:
+  - NAME: a key of `METHODS` (vanilla, eagle, draft, prompt_lookup, medusa, medusa_typical, and
+    the Hugging Face peers hf_generate, hf_assisted, hf_prompt_lookup);
+  - @TREE: another tree for a method that drafts one (`eagle@chain5`, a name in configs/tree/
+    or a YAML path), so several trees run side by side in one benchmark;
+  - :RUNNER: how the target (and the draft model's cache) keeps its KV for an engine method:
+    `dynamic` (a growing cache) or `static` (preallocated, fixed shapes, compilable); without
+    it, the context's default runner.
+
+`METHODS` says, per method, how to build it and what it is: whether it takes a tree, needs a
+draft LM, is lossy (only medusa_typical: Medusa's typical acceptance), verifies wide trees
+(bf16 pays off for those where the hardware has it), and whether it runs in our engine.
+Every method reports the same statistics (`eagle.decoding.stats`), the Hugging Face peers
+included: their rounds are rebuilt from forward hooks on the target.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+from torch import nn
+
+from eagle.acceptance import TypicalAcceptance
+from eagle.decoding.engine import Proposer, SpeculativeDecoder
+from eagle.decoding.runners import RUNNERS, make_runner
+from eagle.decoding.stats import DecodeResult, DecodeStats, RoundStats
+from eagle.hardware import auto_dtype, resolve_dtype_name
+from eagle.sampling import SamplingPolicy
+from eagle.tree import resolve_tree
+
+
+class MethodError(ValueError):
+    """A method that cannot be built as configured."""
+
+
+# ---------------------------------------------------------------------------------------
+# settings: one typed class per method family; the decode config has one section of each
+
+
+@dataclass(frozen=True)
+class EagleSettings:
+    drafter: str | None = None     # drafter checkpoint directory
+    random: bool = False           # explicit: an untrained drafter (to check losslessness on a new target)
+    tree: str = "eagle_default"    # tree name (configs/tree/) or YAML path
+    proposal: str = "sample"       # under sampling: "sample" (drawn without replacement) or "topk"
+
+
+@dataclass(frozen=True)
+class DraftSettings:
+    model: str | None = None       # small LM sharing the target's tokenizer
+    tree: str = "chain5"           # classic speculative decoding drafts a chain
+    proposal: str = "sample"
+
+
+@dataclass(frozen=True)
+class PromptLookupSettings:
+    num_tokens: int = 10           # draft length
+    max_ngram: int = 2             # longest n-gram matched (Hugging Face's max_matching_ngram_size)
+
+
+@dataclass(frozen=True)
+class MedusaSettings:
+    heads: str | None = None       # Medusa heads checkpoint directory
+    random: bool = False           # explicit: untrained heads, one per depth of the tree
+    tree: str = "medusa_default"
+    proposal: str = "sample"
+    typical_eps: float = 0.09      # medusa_typical only: Medusa's posterior_threshold
+    typical_delta: float = 0.3     # medusa_typical only: Medusa's posterior_alpha
+
+
+@dataclass
+class MethodContext:
+    """What every method is built against: the target (in the method's dtype) and the run's options.
+
+    Attributes:
+        draft_lm: loads a draft LM from a path, on the target's device and in its dtype.
+        runner: the default runner of engine methods ("dynamic" or "static").
+        static_max_len: slots of static caches (None: per sequence, rounded up).
+        compile_mode: compile static passes (`eagle.decoding.compile.compile_static`).
+    """
+
+    target: nn.Module
+    tokenizer: Any = None
+    target_path: str | None = None
+    tree_dirs: tuple[str, ...] = ()
+    draft_lm: Callable[[str], nn.Module] | None = None
+    runner: str = "dynamic"
+    static_max_len: int | None = None
+    compile_mode: str | None = None
+
+    @property
+    def eos(self):
+        return self.tokenizer.eos_token_id if self.tokenizer is not None else None
+
+
+# ---------------------------------------------------------------------------------------
+# methods
+
+
+class Method:
+    """A named way to decode with a target; `generate` returns tokens and statistics."""
+
+    def __init__(self, name: str, info: MethodInfo, target: nn.Module, eos_token_id,
+                 tree_parents: tuple[int, ...] | None = None):
+        self.name, self.info, self.target, self.eos_token_id = name, info, target, eos_token_id
+        self.tree_parents = tree_parents  # the fixed draft tree's parent list, if any
+
+    @property
+    def lossy(self) -> str | None:
+        """Why the output distribution differs from the target's; None: lossless."""
+        return self.info.lossy
+
+    @property
+    def lossless(self) -> bool:
+        """Distribution-preserving by construction (proved by the test suite)."""
+        return self.info.lossy is None
+
+    def generate(self, prompt: list[int], max_new_tokens: int, policy: SamplingPolicy,
+                 generator: torch.Generator | None = None, on_commit=None) -> DecodeResult:
+        raise NotImplementedError
+
+
+class EngineMethod(Method):
+    """A proposer run by the speculative loop (vanilla when `proposer` is None) with a target
+    runner kept across generations (a static runner's buffers and compiled graphs are reused)."""
+
+    def __init__(self, name: str, info: MethodInfo, ctx: MethodContext, runner: str,
+                 proposer: Proposer | None = None, tree_parents: tuple[int, ...] | None = None,
+                 typical: TypicalAcceptance | None = None):
+        super().__init__(name, info, ctx.target, ctx.eos, tree_parents)
+        self.proposer, self.typical = proposer, typical
+        compile_mode = ctx.compile_mode if runner == "static" else None
+        self.runner = make_runner(runner, ctx.target, tree_size=proposer.max_nodes if proposer else 0,
+                                  max_len=ctx.static_max_len, compile_mode=compile_mode)
+
+    def generate(self, prompt, max_new_tokens, policy, generator=None, on_commit=None) -> DecodeResult:
+        decoder = SpeculativeDecoder(self.target, self.proposer, policy, eos_token_id=self.eos_token_id,
+                                     typical=self.typical, runner=self.runner)
+        return decoder.generate(prompt, max_new_tokens, generator=generator, on_commit=on_commit)
+
+
+class HFMethod(Method):
+    """`model.generate`, with assisted generation or prompt lookup as asked. Forward hooks on
+    the target time each forward and read the position its input starts at, which gives the
+    same per-round statistics as the engine: the first forward is the prefill (committing one
+    token, as in the engine), each later forward is a round whose tokens beyond the first are
+    drafts, and the start of the next forward says how many tokens it committed. (Assisted
+    generation verifies candidates in its first forward already; those tokens are counted in
+    the last round, which keeps tau = (new tokens - 1) / forwards after the first.)"""
+
+    def __init__(self, name: str, info: MethodInfo, target: nn.Module, eos_token_id, **generate_kwargs):
+        super().__init__(name, info, target, eos_token_id)
+        self.generate_kwargs = generate_kwargs
+        self._calls: list[list[float]] = []  # per forward: [start position, tokens in, t begin, t end]
+
+    def _before(self, module, args, kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        pos = kwargs.get("position_ids")
+        start = int(pos[0, 0]) if pos is not None and pos.numel() else 0
+        self._calls.append([start, ids.shape[-1], time.perf_counter(), 0.0])
+
+    def _after(self, module, args, output):
+        self._calls[-1][3] = time.perf_counter()
+
+    def generate(self, prompt, max_new_tokens, policy, generator=None, on_commit=None) -> DecodeResult:
+        device = next(self.target.parameters()).device
+        ids = torch.tensor([prompt], device=device)
+        sampling = {"do_sample": False} if policy.greedy else {
+            "do_sample": True, "temperature": policy.temperature, "top_k": policy.top_k, "top_p": policy.top_p}
+        if generator is not None and not policy.greedy:  # HF samples from the global RNG: seed it from ours
+            torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=generator, device=generator.device)))
+        eos = self.eos_token_id if self.eos_token_id is not None else []
+        self._calls = []
+        hooks = [self.target.register_forward_pre_hook(self._before, with_kwargs=True),
+                 self.target.register_forward_hook(self._after)]
+        start = time.perf_counter()
+        try:
+            with torch.inference_mode():
+                out = self.target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                                           eos_token_id=eos, pad_token_id=eos if isinstance(eos, int) else 0,
+                                           **sampling, **self.generate_kwargs)
+        finally:
+            for h in hooks:
+                h.remove()
+        tokens = out[0, len(prompt):].tolist()
+        stats = self._stats(len(prompt), len(tokens), start, time.perf_counter())
+        if on_commit:
+            on_commit(tokens)
+        return DecodeResult(tokens=tokens, stats=stats)
+
+    def _stats(self, prompt_len: int, new_tokens: int, start: float, end: float) -> DecodeStats:
+        calls = self._calls
+        stats = DecodeStats(prompt_len=prompt_len, total_s=end - start,
+                            prefill_s=calls[0][3] - start if calls else 0.0)
+        rounds = calls[1:]
+        committed = [b[0] - a[0] for a, b in zip(rounds, rounds[1:])]
+        committed.append(new_tokens - 1 - sum(committed))  # the last round: whatever was left
+        prev_end = calls[0][3] if calls else start
+        for (_, n_in, t0, t1), c in zip(rounds, committed):
+            drafts = int(n_in) - 1
+            stats.rounds.append(RoundStats(accepted=max(min(c - 1, drafts), 0), committed=int(c), tree_size=drafts,
+                                           draft_s=t0 - prev_end, verify_s=t1 - t0))
+            prev_end = t1
+        return stats
+
+
+# ---------------------------------------------------------------------------------------
+# builders
+
+
+def _tree(ctx: MethodContext, name: str):
+    return resolve_tree(name, ctx.tree_dirs)
+
+
+def _vanilla(ctx: MethodContext, info, settings, name, runner) -> Method:
+    return EngineMethod(name, info, ctx, runner)
+
+
+def _prompt_lookup(ctx: MethodContext, info, s: PromptLookupSettings, name, runner) -> Method:
+    from eagle.proposers import PromptLookupProposer
+
+    return EngineMethod(name, info, ctx, runner, PromptLookupProposer(num_tokens=s.num_tokens, max_ngram=s.max_ngram))
+
+
+def _draft_model(ctx: MethodContext, s: DraftSettings, name: str) -> nn.Module:
+    if not s.model:
+        raise MethodError(f"method {name!r} needs a small draft LM (draft.model=DIR)")
+    if ctx.draft_lm is None:
+        raise MethodError(f"method {name!r} needs a draft LM loader in its context")
+    return ctx.draft_lm(s.model)
+
+
+def _draft(ctx: MethodContext, info, s: DraftSettings, name, runner) -> Method:
+    from eagle.proposers import DraftLM, TemplateProposer
+
+    template = _tree(ctx, s.tree)
+    proposer = TemplateProposer(DraftLM(_draft_model(ctx, s, name), cache=runner), template, proposal=s.proposal,
+                                name="draft")
+    return EngineMethod(name, info, ctx, runner, proposer, tuple(template.parents))
+
+
+def _eagle(ctx: MethodContext, info, s: EagleSettings, name, runner) -> Method:
+    from eagle.models.checkpoint import load_drafter
+    from eagle.models.drafter import EagleDrafter
+    from eagle.proposers import eagle_proposer
+
+    template = _tree(ctx, s.tree)
+    if s.random:
+        drafter = EagleDrafter.random(ctx.target, ctx.tokenizer, ctx.target_path)
+    elif s.drafter:
+        drafter = load_drafter(s.drafter, ctx.target, ctx.tokenizer, ctx.target_path)
+    else:
+        raise MethodError(f"method {name!r} needs a trained drafter (eagle.drafter=DIR) or, explicitly, "
+                          "eagle.random=true")
+    drafter.to(next(ctx.target.parameters()).dtype)
+    compile_mode = ctx.compile_mode if runner == "static" else None
+    proposer = eagle_proposer(drafter, template, proposal=s.proposal, cache=runner, compile_mode=compile_mode)
+    return EngineMethod(name, info, ctx, runner, proposer, tuple(template.parents))
+
+
+def _medusa(ctx: MethodContext, info, s: MedusaSettings, name, runner) -> Method:
+    from eagle.models.checkpoint import load_medusa
+    from eagle.models.medusa import MedusaHeads
+    from eagle.proposers import medusa_proposer
+
+    template = _tree(ctx, s.tree)
+    if s.random:
+        heads = MedusaHeads.random(ctx.target, template.depth, ctx.tokenizer, ctx.target_path)
+    elif s.heads:
+        heads = load_medusa(s.heads, ctx.target, ctx.tokenizer, ctx.target_path)  # in the target's dtype
+    else:
+        raise MethodError(f"method {name!r} needs trained Medusa heads (medusa.heads=DIR) or, explicitly, "
+                          f"medusa.random=true")
+    typical = TypicalAcceptance(s.typical_eps, s.typical_delta) if info.lossy else None
+    return EngineMethod(name, info, ctx, runner, medusa_proposer(heads, template, proposal=s.proposal),
+                        tuple(template.parents), typical=typical)
+
+
+def _hf_generate(ctx: MethodContext, info, settings, name, runner) -> Method:
+    return HFMethod(name, info, ctx.target, ctx.eos)
+
+
+def _hf_assisted(ctx: MethodContext, info, s: DraftSettings, name, runner) -> Method:
+    return HFMethod(name, info, ctx.target, ctx.eos, assistant_model=_draft_model(ctx, s, name))
+
+
+def _hf_prompt_lookup(ctx: MethodContext, info, s: PromptLookupSettings, name, runner) -> Method:
+    return HFMethod(name, info, ctx.target, ctx.eos, prompt_lookup_num_tokens=s.num_tokens,
+                    max_matching_ngram_size=s.max_ngram)
+
+
+@dataclass(frozen=True)
+class MethodInfo:
+    """A registry entry: how to build a method and what it is."""
+
+    build: Callable[..., Method]
+    settings: type | None = None  # its typed settings class
+    section: str | None = None    # the decode config's section holding them (shared by related methods)
+    takes_tree: bool = False      # NAME@TREE
+    needs_draft_lm: bool = False
+    lossy: str | None = None      # why it does not preserve the target's distribution
+    wide: bool = False            # verifies a wide tree every round: bf16 pays off where it is fast
+    engine: bool = True           # runs in our loop (runner options apply); False: Hugging Face's generate
+
+
+METHODS: dict[str, MethodInfo] = {
+    "vanilla": MethodInfo(_vanilla),
+    "eagle": MethodInfo(_eagle, EagleSettings, "eagle", takes_tree=True, wide=True),
+    "draft": MethodInfo(_draft, DraftSettings, "draft", takes_tree=True, needs_draft_lm=True),
+    "prompt_lookup": MethodInfo(_prompt_lookup, PromptLookupSettings, "prompt_lookup"),
+    "medusa": MethodInfo(_medusa, MedusaSettings, "medusa", takes_tree=True, wide=True),
+    "medusa_typical": MethodInfo(_medusa, MedusaSettings, "medusa", takes_tree=True, wide=True,
+                                 lossy="typical acceptance"),
+    "hf_generate": MethodInfo(_hf_generate, engine=False),
+    "hf_assisted": MethodInfo(_hf_assisted, DraftSettings, "draft", needs_draft_lm=True, engine=False),
+    "hf_prompt_lookup": MethodInfo(_hf_prompt_lookup, PromptLookupSettings, "prompt_lookup", engine=False),
+}
+SECTIONS = sorted({info.section for info in METHODS.values() if info.section})  # decode config sections
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """A parsed method name `NAME[@TREE][:RUNNER]` (see the module docstring)."""
+
+    base: str
+    tree: str | None = None
+    runner: str | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> MethodSpec:
+        rest, colon, runner = str(text).partition(":")
+        base, at, tree = rest.partition("@")
+        if base not in METHODS:
+            raise MethodError(f"unknown method {text!r}; choose one of {', '.join(METHODS)} "
+                              f"(as NAME[@TREE][:RUNNER])")
+        info = METHODS[base]
+        if at and (not info.takes_tree or not tree):
+            takes = ", ".join(k for k, v in METHODS.items() if v.takes_tree)
+            raise MethodError(f"method {text!r}: only {takes} take a tree, as NAME@TREE")
+        if colon:
+            if not info.engine:
+                raise MethodError(f"method {text!r}: {base} runs Hugging Face's generate, which takes no runner")
+            if runner not in RUNNERS:
+                raise MethodError(f"method {text!r}: unknown runner {runner!r}; choose one of {RUNNERS}")
+        return cls(base, tree or None, runner or None)
+
+    @property
+    def info(self) -> MethodInfo:
+        return METHODS[self.base]
+
+    def __str__(self) -> str:
+        return self.base + (f"@{self.tree}" if self.tree else "") + (f":{self.runner}" if self.runner else "")
+
+
+def method_settings(spec: MethodSpec, sections: Mapping[str, Mapping[str, Any]]):
+    """The typed settings of `spec` from the config `sections` (`section name -> mapping`),
+    with the spec's tree; unknown keys are an error, not ignored."""
+    info = spec.info
+    if info.settings is None:
+        return None
+    raw = dict(sections.get(info.section) or {})
+    known = {f.name for f in dataclasses.fields(info.settings)}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise MethodError(f"{info.section}: unknown setting(s) {unknown}; known: {sorted(known)}")
+    settings = info.settings(**raw)
+    return replace(settings, tree=spec.tree) if spec.tree else settings
+
+
+def build_method(spec: str | MethodSpec, ctx: MethodContext,
+                 sections: Mapping[str, Mapping[str, Any]] | None = None) -> Method:
+    """Build the method `spec` names against `ctx`, with its settings from `sections`."""
+    spec = MethodSpec.parse(spec) if isinstance(spec, str) else spec
+    info = spec.info
+    runner = spec.runner or ctx.runner
+    if info.engine and runner not in RUNNERS:
+        raise MethodError(f"unknown runner {runner!r}; choose one of {RUNNERS}")
+    return info.build(ctx, info, method_settings(spec, sections or {}), str(spec), runner)
+
+
+def method_dtype(spec: str | MethodSpec, device, overrides: Mapping[str, str] | None = None) -> str:
+    """The dtype a method runs in: `overrides[label]` or `overrides[base name]`, else the
+    machine's choice (`eagle.hardware.auto_dtype`; wide-tree methods may take bf16 on a CPU)."""
+    spec = MethodSpec.parse(spec) if isinstance(spec, str) else spec
+    overrides = overrides or {}
+    chosen = overrides.get(str(spec)) or overrides.get(spec.base)
+    wide = spec.info.wide
+    return resolve_dtype_name(chosen, device, wide) if chosen else auto_dtype(device, wide)

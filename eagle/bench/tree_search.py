@@ -1,0 +1,160 @@
+"""Choose a static draft tree from measured acceptance instead of by guesswork.
+
+Under greedy decoding whether a tree node is accepted depends only on its own path: the
+drafter's top-k ranks along it and the target's argmaxes (at most one child of a node can
+match the argmax). So from a given context, any subtree of a large probe tree accepts
+exactly the longest prefix of the probe's accepted path that it kept.
+
+`position_paths` runs one probe round from EVERY position of the greedy text (not only
+where the probe's own rounds started: those sit right after the hard tokens that ended the
+previous round, the easiest places to draft from, and predicting a small tree from them
+overestimated its tau by up to 1.3 tokens, LOG.md). From those paths:
+
+* `acceptance_by_position` gives each node's share of positions where it is accepted, and
+  `best_subtree` keeps the N nodes with the largest total (a tree's tokens per round,
+  averaged over positions rather than over its own rounds);
+* `simulate` replays a decode with any subtree over the same text: rounds start where the
+  previous one ended, exactly as in the engine, so the tau it returns is the tau that
+  decoding with that subtree measures (identical in float32, where every tree produces
+  the same text; a bf16 verification of another shape may round a near-tie differently).
+
+Which N is best depends on what a wider verification and a deeper draft cost on the
+machine, so `decode.py mode=tree_search` benchmarks the candidates. At temperature > 0
+siblings interact through the residual distribution: the greedy-optimal shape is a good
+guess there, not a proof.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from eagle.tree import TreeError, TreeTemplate
+
+RankPathT = tuple[tuple[int, ...], ...]  # an accepted path as child-rank paths, root excluded
+
+
+@dataclass
+class Candidate:
+    tree: TreeTemplate
+    predicted_tau: float  # `candidates`: simulated decode over the probed texts (`simulate`);
+                          # `best_subtree` alone: 1 + its nodes' acceptance per position
+
+
+def position_paths(generate: Callable[[list[int], int], list[int]], probe: TreeTemplate, prompt: list[int],
+                   text: list[int]) -> list[RankPathT]:
+    """The probe's accepted path from every position of a greedy text.
+
+    Args:
+        generate: `generate(ids, max_new_tokens) -> accepted node indices of the FIRST round`
+            of a greedy decode with `probe` (its prefill emits the next token, the root).
+        prompt: prompt token ids; text: the greedy continuation decoded from it.
+    Returns:
+        entry t: the rank paths accepted in a round whose root is text[t] (t < len(text) - 1).
+    """
+    out = []
+    for t in range(len(text) - 1):
+        path = generate(prompt + text[:t], probe.depth + 2)  # room for a full-depth path + bonus
+        out.append(tuple(probe.paths[i - 1] for i in path[1:]))
+    return out
+
+
+def acceptance_by_position(probe: TreeTemplate, paths: Sequence[Sequence[RankPathT]]) -> list[float]:
+    """Share of probed positions (all texts) at which each probe node is accepted; root = 1."""
+    index = {p: i for i, p in enumerate(probe.paths, start=1)}
+    hits, n = [0] * (probe.num_nodes + 1), 0
+    for text_paths in paths:
+        for path in text_paths:
+            n += 1
+            hits[0] += 1
+            for p in path:
+                hits[index[p]] += 1
+    return [h / max(n, 1) for h in hits]
+
+
+def simulate(paths: Sequence[Sequence[RankPathT]], tree: TreeTemplate, max_new_tokens: int) -> float:
+    """tau (tokens committed per round after the prefill) of greedy decoding with `tree` over
+    the probed texts, replayed: each round accepts the longest prefix of the probe's path at
+    its root that `tree` holds, plus one token, cut at max_new_tokens (and at the text's
+    end, where EOS stopped it), and the next round's root is the token after that."""
+    kept = set(tree.paths)
+    committed = rounds = 0
+    for text_paths in paths:
+        length = min(len(text_paths) + 1, max_new_tokens)  # tokens of this text
+        t = 0  # index of the current root in the text (the prefill committed token 0)
+        while t + 1 < length:
+            accepted = 0
+            for p in text_paths[t]:
+                if p not in kept:
+                    break
+                accepted += 1
+            step = min(accepted + 1, length - 1 - t)
+            committed += step
+            rounds += 1
+            t += step
+    return committed / max(rounds, 1)
+
+
+def best_subtree(probe: TreeTemplate, by_node: Sequence[float], size: int, name: str | None = None) -> Candidate:
+    """The `size`-node subtree of `probe` with the largest total acceptance (its tokens per
+    round at an average position: `predicted_tau` of the returned candidate).
+
+    A template may only hold rank r under a parent if it holds ranks 0..r-1 too, so a node
+    becomes eligible once its parent and its previous sibling are kept; the most accepted
+    eligible node is added until `size` nodes are kept. Acceptance never grows from parent
+    to child, which makes this greedy choice optimal whenever it also does not grow from a
+    sibling to the next one (the usual case; a drafter whose second choice beats its first
+    at some node may leave a little on the table).
+
+    Args:
+        probe: the tree the acceptance was measured on.
+        by_node: P(node on the accepted path) for nodes 0..N of `probe` (node 0 = root), e.g.
+            `acceptance_by_position`.
+        size: draft nodes to keep (at most the probe's).
+    """
+    if len(by_node) != probe.num_nodes + 1:
+        raise TreeError(f"{len(by_node)} acceptance values for the {probe.num_nodes + 1} nodes of {probe.name}")
+    if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= probe.num_nodes:
+        raise TreeError(f"subtree size must be in 1..{probe.num_nodes}, got {size!r}")
+    kept = {0}
+    eligible = {c for c in probe.children[0] if probe.ranks[c] == 0}
+    while len(kept) < size + 1:
+        node = max(eligible, key=lambda i: (by_node[i], -i))  # ties: shallower / lower rank first
+        eligible.remove(node)
+        kept.add(node)
+        siblings = probe.children[probe.parents[node]]
+        nxt = siblings.index(node) + 1
+        if nxt < len(siblings):
+            eligible.add(siblings[nxt])
+        eligible.update(c for c in probe.children[node] if probe.ranks[c] == 0)
+    paths = [probe.paths[i - 1] for i in sorted(kept) if i > 0]
+    per_round = 1.0 + sum(by_node[i] for i in kept if i > 0)  # tokens per round at an average position
+    return Candidate(TreeTemplate.from_paths(paths, name or f"best{size}"), per_round)
+
+
+def candidates(probe: TreeTemplate, paths: Sequence[Sequence[RankPathT]], sizes: Sequence[int],
+               max_new_tokens: int) -> list[Candidate]:
+    """`best_subtree` for each size (sizes beyond the probe's are skipped), with the tau
+    that `simulate` predicts for it."""
+    by_node = acceptance_by_position(probe, paths)
+    out = []
+    for n in sizes:
+        if n <= probe.num_nodes:
+            tree = best_subtree(probe, by_node, n, name=f"best{n}").tree
+            out.append(Candidate(tree, simulate(paths, tree, max_new_tokens)))
+    return out
+
+
+def write_tree(candidate: Candidate, path: str | Path, source: str = "") -> Path:
+    """Save a candidate as a `kind: paths` tree config, with where it came from as a comment."""
+    path = Path(path)
+    tree = candidate.tree
+    header = [f"# {tree.summary()}; predicted tau {candidate.predicted_tau:.3f} (greedy)",
+              "# chosen by eagle.bench.tree_search.best_subtree" + (f" from {source}" if source else "")]
+    body = yaml.safe_dump({"kind": "paths", "paths": [list(p) for p in tree.paths]}, default_flow_style=None,
+                          sort_keys=False)
+    path.write_text("\n".join(header) + "\n" + body)
+    return path

@@ -1,0 +1,421 @@
+"""Dump the target's features for drafter training, as sharded `datasets` Arrow files.
+
+Layout of a dump (`out_dir`):
+
+    metadata.json                   what produced it and what it holds (see below)
+    train/shard_00000/data.arrow    Arrow stream file: `datasets.Dataset.from_file` reads it
+    train/shard_00000/shard.json    rows, tokens, bytes and sha256 of data.arrow
+    train/shard_00001/...
+    validation/shard_00000/...
+
+Each row is one sample: `id` (string), `input_ids` (int32 list), `loss_mask` (int8 list),
+`length` (int32) and `features`: the raw little-endian bytes of the (T, H) array of the
+target's features (the hidden state that feeds its LM head) in the storage dtype named in
+`metadata.json` (`features.dtype`). Arrow has no bfloat16: bf16 features are stored as
+their 16-bit patterns (a `torch.bfloat16` tensor viewed as int16); `decode_features`
+turns the bytes back into a tensor. fp16 and fp32 are stored as themselves.
+
+Resuming. Sample i of a split goes to shard `i // shard_size`, and the sample order is a
+function of the source config and the tokenizer only, so a rerun computes the same shards.
+Each shard is written into `shard_XXXXX.tmp/` and renamed to `shard_XXXXX/` only once its
+file and `shard.json` are complete: a rerun keeps complete shards whose sample fingerprint
+matches, and recomputes the rest (a leftover `.tmp` is deleted). `metadata.json` is the
+dump's `eagle.artifacts.Artifact` sidecar: the plan as its params, and `"status":
+"incomplete"` until the last shard is in.
+
+Loading (`open_feature_dump`) checks the status, the row counts and file sizes of every
+shard, optionally their sha256, and the target identity (tokenizer hash, hidden size,
+vocabulary, LM head fingerprint), and fails with one clear line otherwise.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from eagle.artifacts import SPLITS, Artifact, read_json
+from eagle.target import TargetIdentity, target_forward
+
+log = logging.getLogger(__name__)
+
+FORMAT = "eagle-features/2"  # 2: the plan is the sidecar's "params" (eagle.artifacts)
+METADATA = "metadata.json"
+SHARD_META = "shard.json"
+DATA_FILE = "data.arrow"
+# storage dtype -> (torch dtype of the tensor, numpy dtype of its bytes)
+STORAGE = {
+    "bfloat16": (torch.bfloat16, np.int16),  # bf16 bit patterns, viewed as int16
+    "float16": (torch.float16, np.float16),
+    "float32": (torch.float32, np.float32),
+}
+STORAGE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+VERIFY = ("checksum", "size", "none")
+REDO = "; delete that shard folder and rerun `python -m data_gen` with the same settings to redo it"
+
+
+class FeatureDumpError(ValueError):
+    """A feature dump that is missing, incomplete, corrupt or made for another target."""
+
+
+# --------------------------------------------------------------------------- encoding
+
+
+def storage_dtype(name: str) -> str:
+    name = STORAGE_ALIASES.get(name, name)
+    if name not in STORAGE:
+        raise ValueError(f"unknown feature dtype {name!r}; choose one of {sorted(STORAGE)}")
+    return name
+
+
+def encode_features(features: torch.Tensor, dtype: str) -> bytes:
+    """(T, H) tensor -> raw bytes in the storage dtype (bf16 as its int16 bit pattern)."""
+    torch_dtype, np_dtype = STORAGE[dtype]
+    t = features.detach().to("cpu", torch_dtype).contiguous()
+    if torch_dtype == torch.bfloat16:
+        t = t.view(torch.int16)
+    return t.numpy().astype(np_dtype, copy=False).tobytes()
+
+
+def decode_features(blob: bytes, length: int, hidden_size: int, dtype: str) -> torch.Tensor:
+    """Raw bytes -> (T, H) tensor of the storage dtype (bf16 stays bf16)."""
+    torch_dtype, np_dtype = STORAGE[dtype]
+    expected = length * hidden_size * np.dtype(np_dtype).itemsize
+    if len(blob) != expected:
+        raise FeatureDumpError(f"feature row holds {len(blob)} bytes, expected {expected} "
+                               f"({length} x {hidden_size} {dtype}): corrupt shard")
+    arr = np.frombuffer(blob, dtype=np_dtype).reshape(length, hidden_size).copy()
+    t = torch.from_numpy(arr)
+    return t.view(torch.bfloat16) if torch_dtype == torch.bfloat16 else t
+
+
+def row_schema():
+    """The `datasets.Features` of a shard; its Arrow schema carries them as metadata."""
+    import datasets
+
+    return datasets.Features({
+        "id": datasets.Value("string"),
+        "input_ids": datasets.List(datasets.Value("int32")),
+        "loss_mask": datasets.List(datasets.Value("int8")),
+        "length": datasets.Value("int32"),
+        "features": datasets.Value("large_binary"),  # (length, H) in metadata's dtype
+    })
+
+
+# ---------------------------------------------------------------------------- hashing
+
+
+def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def samples_fingerprint(samples: Sequence[dict]) -> str:
+    """sha256 over ids, tokens and masks: equal fingerprints, same samples in the same order."""
+    h = hashlib.sha256()
+    for s in samples:
+        h.update(s["id"].encode() + b"\0")
+        h.update(np.asarray(s["input_ids"], dtype=np.int32).tobytes())
+        h.update(np.asarray(s["loss_mask"], dtype=np.int8).tobytes())
+    return h.hexdigest()
+
+
+# ----------------------------------------------------------------------------- writing
+
+
+def shard_ranges(n: int, shard_size: int) -> list[tuple[int, int]]:
+    """Sample index ranges of the shards: sample i is in shard i // shard_size."""
+    if shard_size < 1:
+        raise ValueError(f"shard_size must be >= 1, got {shard_size}")
+    return [(a, min(a + shard_size, n)) for a in range(0, n, shard_size)]
+
+
+def pad_batch(samples: Sequence[dict], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad token ids: (B, T) ids and (B, T) attention mask (1 = real token)."""
+    t = max(s["input_ids"].size for s in samples)
+    ids = torch.full((len(samples), t), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(samples), t), dtype=torch.long)
+    for i, s in enumerate(samples):
+        n = s["input_ids"].size
+        ids[i, :n] = torch.from_numpy(np.asarray(s["input_ids"], dtype=np.int64))
+        mask[i, :n] = 1
+    return ids, mask
+
+
+@torch.inference_mode()
+def batch_features(model: nn.Module, samples: Sequence[dict], pad_id: int) -> list[torch.Tensor]:
+    """The target's features of each sample, (T_i, H) each, from one padded forward."""
+    device = next(model.parameters()).device
+    ids, mask = pad_batch(samples, pad_id)  # (B, T) each
+    # right padding: with a causal mask no real token attends to a pad, pads are dropped below
+    feats = target_forward(model, ids.to(device), attention_mask=mask.to(device)).features  # (B, T, H)
+    return [feats[i, : s["input_ids"].size] for i, s in enumerate(samples)]
+
+
+def write_shard(model: nn.Module, samples: Sequence[dict], shard_dir: Path, *, batch_size: int,
+                dtype: str, pad_id: int, on_batch: Callable[[int], None] | None = None) -> dict:
+    """Compute and write one shard atomically: into `<shard_dir>.tmp`, then a rename.
+
+    Batches are formed after sorting the shard's samples by length (less padding); rows are
+    written in that order, which depends only on the samples. `on_batch(n)` is called after
+    each batch of n rows is on disk (progress bar, and the tests' simulated crash).
+    Returns the shard's info (also written to `shard.json`).
+    """
+    import pyarrow as pa
+
+    tmp = shard_dir.with_name(shard_dir.name + ".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)  # a partial shard from an interrupted run
+    tmp.mkdir(parents=True)
+    schema = row_schema().arrow_schema
+    order = sorted(range(len(samples)), key=lambda i: (-samples[i]["input_ids"].size, i))
+    rows = tokens = loss_tokens = 0
+    with pa.OSFile(str(tmp / DATA_FILE), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
+        for a in range(0, len(order), batch_size):
+            batch = [samples[i] for i in order[a: a + batch_size]]
+            feats = batch_features(model, batch, pad_id)
+            record = {
+                "id": [s["id"] for s in batch],
+                "input_ids": [np.asarray(s["input_ids"], np.int32) for s in batch],
+                "loss_mask": [np.asarray(s["loss_mask"], np.int8) for s in batch],
+                "length": [int(s["input_ids"].size) for s in batch],
+                "features": [encode_features(f, dtype) for f in feats],
+            }
+            writer.write_batch(pa.RecordBatch.from_pydict(record, schema=schema))
+            sink.flush()
+            rows += len(batch)
+            tokens += sum(record["length"])
+            loss_tokens += int(sum(int(s["loss_mask"].sum()) for s in batch))
+            if on_batch is not None:
+                on_batch(len(batch))
+    info = {
+        "name": shard_dir.name,
+        "rows": rows,
+        "tokens": tokens,
+        "loss_tokens": loss_tokens,
+        "bytes": (tmp / DATA_FILE).stat().st_size,
+        "sha256": file_sha256(tmp / DATA_FILE),
+        "samples_fingerprint": samples_fingerprint(samples),
+    }
+    (tmp / SHARD_META).write_text(json.dumps(info, indent=2) + "\n")
+    os.replace(tmp, shard_dir)  # atomic on POSIX: the shard is either absent or complete
+    return info
+
+
+def dump_features(model: nn.Module, tokenizer, samples: dict[str, list[dict]], out_dir: str | Path, *,
+                  target_path: str | None = None, source: dict | None = None, max_len: int | None = None,
+                  shard_size: int = 512, batch_size: int = 8, dtype: str = "bfloat16",
+                  overwrite: bool = False, progress: bool = True) -> dict:
+    """Write the features of `samples` (split -> list of samples) to `out_dir`, resumably.
+
+    Args:
+        model: the target, in eval mode, on the device to compute on.
+        tokenizer: its tokenizer (its hash goes in the metadata; pad id for batching).
+        samples: from `data_gen.conversations` (`{"train": [...], "validation": [...]}`).
+        out_dir: the dump folder; an existing dump with the same plan is resumed.
+        target_path, source, max_len: recorded in the metadata (what produced the samples).
+        shard_size: samples per shard.
+        batch_size: samples per target forward.
+        dtype: storage dtype of the features, "bfloat16" or "float16" (or "float32").
+        overwrite: delete an existing dump that was made with another plan (else an error).
+        progress: show a tqdm bar.
+    Returns:
+        The final metadata (also in `out_dir/metadata.json`).
+    """
+    from tqdm.auto import tqdm
+
+    dtype = storage_dtype(dtype)
+    out_dir = Path(out_dir)
+    identity = TargetIdentity.of(model, tokenizer, target_path, with_lm_head=True)
+    hidden = identity.hidden_size
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    target = identity.to_dict()
+    target.pop("target_path", None)  # the folder may move
+    plan = {  # what decides the content; a rerun with the same plan resumes
+        "format": FORMAT,
+        "target": target,
+        "source": source or {},
+        "max_len": max_len,
+        "shard_size": shard_size,
+        "dtype": dtype,
+        "splits": {s: {"samples": len(samples.get(s, [])), "fingerprint": samples_fingerprint(samples.get(s, []))}
+                   for s in SPLITS},
+    }
+    dump = Artifact(out_dir, METADATA, plan, "feature dump")
+    if dump.state() == "stale":
+        diff = dump.differences()
+        if not overwrite:
+            raise FeatureDumpError(f"{out_dir} holds a feature dump made with another plan (differs in "
+                                   f"{diff}); pass overwrite=true or choose another out_dir")
+        log.warning("overwriting the feature dump in %s (plan differs in %s)", out_dir, diff)
+        shutil.rmtree(out_dir)
+    # a complete dump goes through the loop too: intact shards are skipped, missing ones redone
+    started = time.time()
+    dump.write(status="incomplete", format=FORMAT)
+
+    total = sum(len(samples.get(s, [])) for s in SPLITS)
+
+    split_info: dict[str, Any] = {}
+    with tqdm(total=total, desc="features", unit="sample", disable=not progress) as bar:
+        for split in SPLITS:
+            rows = samples.get(split, [])
+            shards = []
+            for k, (a, b) in enumerate(shard_ranges(len(rows), shard_size)):
+                shard_dir = out_dir / split / f"shard_{k:05d}"
+                info = read_json(shard_dir / SHARD_META) if shard_dir.exists() else None
+                if (info is not None and info.get("samples_fingerprint") == samples_fingerprint(rows[a:b])
+                        and (shard_dir / DATA_FILE).exists()
+                        and (shard_dir / DATA_FILE).stat().st_size == info.get("bytes")):
+                    bar.update(b - a)  # done by an earlier run
+                else:
+                    if shard_dir.exists():  # not ours, or damaged: redo it
+                        log.warning("recomputing %s (incomplete or from other samples)", shard_dir)
+                        shutil.rmtree(shard_dir)
+                    info = write_shard(model, rows[a:b], shard_dir, batch_size=batch_size, dtype=dtype,
+                                       pad_id=pad_id, on_batch=bar.update)
+                shards.append(info)
+            split_info[split] = {
+                "samples": sum(s["rows"] for s in shards),
+                "tokens": sum(s["tokens"] for s in shards),
+                "loss_tokens": sum(s["loss_tokens"] for s in shards),
+                "bytes": sum(s["bytes"] for s in shards),
+                "shards": shards,
+            }
+
+    n_tokens = sum(v["tokens"] for v in split_info.values())
+    n_bytes = sum(v["bytes"] for v in split_info.values())
+    return dump.write(
+        status="complete",
+        format=FORMAT,
+        target_path=target_path,
+        tokenizer_hash=identity.tokenizer_hash,
+        hidden_size=hidden,
+        features={
+            "dtype": dtype,
+            "hidden_size": hidden,
+            "encoding": "raw little-endian bytes of a (length, hidden_size) array; bfloat16 as "
+                        "its 16-bit patterns (torch.bfloat16 viewed as int16)",
+            "what": "the target's last hidden state, after the final norm (the LM head's input)",
+        },
+        counts={
+            "samples": sum(v["samples"] for v in split_info.values()),
+            "tokens": n_tokens,
+            "loss_tokens": sum(v["loss_tokens"] for v in split_info.values()),
+            "shards": sum(len(v["shards"]) for v in split_info.values()),
+            "bytes": n_bytes,
+            "bytes_per_token": round(n_bytes / n_tokens, 2) if n_tokens else None,
+        },
+        splits=split_info,
+        seconds_this_run=round(time.time() - started, 2),
+    )
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+def read_metadata(dump_dir: str | Path) -> dict:
+    dump_dir = Path(dump_dir)
+    path = dump_dir / METADATA
+    if not path.exists():
+        raise FeatureDumpError(f"no feature dump in {dump_dir} ({METADATA} missing): run `python -m data_gen` first")
+    meta = read_json(path)
+    if meta is None:
+        raise FeatureDumpError(f"{path} is not valid JSON: corrupt feature dump")
+    if meta.get("format") != FORMAT:
+        raise FeatureDumpError(f"{dump_dir}: unknown feature dump format {meta.get('format')!r} (want {FORMAT})")
+    if meta.get("status") != "complete":
+        raise FeatureDumpError(f"feature dump {dump_dir} is incomplete (an interrupted run): rerun "
+                               "`python -m data_gen` with the same settings to finish it")
+    return meta
+
+
+def made_for(meta: dict) -> TargetIdentity:
+    """The identity of the target a dump's features came from."""
+    return TargetIdentity.from_dict({**meta["params"]["target"], "target_path": meta.get("target_path") or ""})
+
+
+def verify_shard(shard_dir: Path, info: dict, verify: str = "checksum") -> None:
+    """Check one shard against its metadata: presence, size, (sha256), row count."""
+    if verify not in VERIFY:
+        raise ValueError(f"verify must be one of {VERIFY}, got {verify!r}")
+    data = shard_dir / DATA_FILE
+    if not data.exists():
+        raise FeatureDumpError(f"shard {shard_dir} is missing ({DATA_FILE} not found){REDO}")
+    if verify == "none":
+        return
+    size = data.stat().st_size
+    if size != info["bytes"]:
+        raise FeatureDumpError(f"shard {shard_dir} is corrupt or partial: {size} bytes, metadata says "
+                               f"{info['bytes']}{REDO}")
+    if verify == "checksum" and file_sha256(data) != info["sha256"]:
+        raise FeatureDumpError(f"shard {shard_dir} is corrupt: sha256 differs from the metadata{REDO}")
+
+
+class FeatureShards(torch.utils.data.Dataset):
+    """The samples of one split of a dump, memory-mapped shard by shard.
+
+    Items: `{"input_ids": long (T,), "loss_mask": long (T,), "features": (T, H) storage dtype}`.
+    """
+
+    def __init__(self, dump_dir: str | Path, split: str, meta: dict | None = None, verify: str = "checksum"):
+        import datasets
+
+        self.dump_dir = Path(dump_dir)
+        self.meta = meta if meta is not None else read_metadata(dump_dir)
+        self.dtype = self.meta["features"]["dtype"]
+        self.hidden_size = int(self.meta["features"]["hidden_size"])
+        if split not in self.meta["splits"]:
+            raise FeatureDumpError(f"feature dump {dump_dir} has no {split!r} split")
+        infos = self.meta["splits"][split]["shards"]
+        parts = []
+        for info in infos:
+            shard_dir = self.dump_dir / split / info["name"]
+            verify_shard(shard_dir, info, verify)
+            try:
+                ds = datasets.Dataset.from_file(str(shard_dir / DATA_FILE))
+            except Exception as err:  # noqa: BLE001 - pyarrow raises several types for bad files
+                raise FeatureDumpError(f"shard {shard_dir} cannot be read ({type(err).__name__}: "
+                                       f"{str(err).splitlines()[0] if str(err) else ''}): corrupt") from err
+            if len(ds) != info["rows"]:
+                raise FeatureDumpError(f"shard {shard_dir} holds {len(ds)} rows, metadata says "
+                                       f"{info['rows']}{REDO}")
+            parts.append(ds)
+        self.shards = parts
+        self.offsets = np.cumsum([0] + [len(p) for p in parts])
+
+    def __len__(self) -> int:
+        return int(self.offsets[-1])
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        k = int(np.searchsorted(self.offsets, i, side="right") - 1)
+        row = self.shards[k][int(i - self.offsets[k])]
+        n = int(row["length"])
+        return {
+            "input_ids": torch.tensor(row["input_ids"], dtype=torch.long),
+            "loss_mask": torch.tensor(row["loss_mask"], dtype=torch.long),
+            "features": decode_features(row["features"], n, self.hidden_size, self.dtype),
+        }
+
+
+def open_feature_dump(dump_dir: str | Path, identity: TargetIdentity | None = None,
+                      verify: str = "checksum") -> tuple[dict, dict[str, FeatureShards]]:
+    """Validate a dump (and, given the training target's `identity`, that it came from that
+    target: tokenizer, sizes, LM head) and open both splits."""
+    meta = read_metadata(dump_dir)
+    if identity is not None:
+        made_for(meta).check(identity, f"the feature dump {dump_dir}")
+    splits = {s: FeatureShards(dump_dir, s, meta, verify) for s in SPLITS if s in meta["splits"]}
+    return meta, splits

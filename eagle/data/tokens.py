@@ -1,0 +1,111 @@
+"""Token streams for training a causal LM from scratch: the corpus tokenised once into flat
+`.npy` streams, random fixed-length blocks for training, fixed blocks for validation, and the
+unigram baseline a trained LM must beat."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, Sampler
+
+from eagle.artifacts import SPLITS
+
+log = logging.getLogger(__name__)
+
+
+def corpus_fingerprint(corpus: Mapping[str, Any]) -> str:
+    """sha256 over every split's paths and texts: identifies the exact corpus content."""
+    h = hashlib.sha256()
+    for split in SPLITS:
+        for path, text in zip(corpus[split]["path"], corpus[split]["text"]):
+            h.update(f"{split}\0{path}\0".encode())
+            h.update(text.encode("utf-8", errors="surrogatepass"))
+            h.update(b"\0")
+    return h.hexdigest()
+
+
+def tokenize_corpus(corpus: Mapping[str, Any], tokenizer: Any, out_dir: str | Path) -> dict:
+    """Tokenise every split into one flat stream `<|bos|> file <|eos|> <|bos|> file ...`.
+
+    Writes `{split}.npy` (uint16 when the vocabulary fits, else int32) and returns what the
+    cache's sidecar records. `corpus` maps split name to a dataset (or dict) with a `text`
+    column; the tokenizer must add bos itself (as the built-in one does).
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    dtype = np.uint16 if len(tokenizer) <= np.iinfo(np.uint16).max + 1 else np.int32
+    meta: dict[str, Any] = {"n_files": {}, "n_tokens": {}, "dtype": np.dtype(dtype).name}
+    for split in SPLITS:
+        texts = list(corpus[split]["text"])
+        ids = tokenizer(texts, add_special_tokens=True)["input_ids"]
+        stream = np.fromiter(
+            (t for doc in ids for t in (*doc, tokenizer.eos_token_id)), dtype=dtype
+        )
+        np.save(out_dir / f"{split}.npy", stream)
+        meta["n_files"][split] = len(texts)
+        meta["n_tokens"][split] = int(stream.size)
+        log.info("tokenised %s: %d files, %d tokens", split, len(texts), stream.size)
+    return meta
+
+
+class BlockDataset(Dataset):
+    """Blocks of `block_size + 1` tokens of a flat stream, indexed by start offset.
+
+    With `offsets` the dataset has one item per listed offset; without, item i starts at i.
+    """
+
+    def __init__(self, tokens: np.ndarray, block_size: int, offsets: np.ndarray | None = None):
+        if tokens.size < block_size + 1:
+            raise ValueError(f"{tokens.size} tokens cannot fill one block of {block_size} + 1")
+        self.tokens, self.block_size, self.offsets = tokens, block_size, offsets
+
+    def __len__(self) -> int:
+        if self.offsets is not None:
+            return len(self.offsets)
+        return self.tokens.size - self.block_size
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        start = int(self.offsets[i]) if self.offsets is not None else int(i)
+        block = self.tokens[start : start + self.block_size + 1]
+        return torch.from_numpy(block.astype(np.int64))  # (T+1,)
+
+
+class RandomOffsetSampler(Sampler[int]):
+    """`num_samples` uniform random offsets per epoch, reseeded by `(seed, epoch)`."""
+
+    def __init__(self, n_offsets: int, num_samples: int, seed: int = 0):
+        self.n_offsets, self.num_samples, self.seed, self.epoch = n_offsets, num_samples, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:  # Lightning calls this at each epoch start
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def __iter__(self) -> Iterator[int]:
+        rng = np.random.default_rng([self.seed, self.epoch])
+        yield from rng.integers(0, self.n_offsets, size=self.num_samples).tolist()
+
+
+def fixed_block_offsets(n_tokens: int, block_size: int, max_blocks: int | None) -> np.ndarray:
+    """Starts of non-overlapping blocks covering the stream, thinned evenly to `max_blocks`."""
+    n_blocks = (n_tokens - 1) // block_size
+    if n_blocks < 1:
+        raise ValueError(f"{n_tokens} validation tokens cannot fill one block of {block_size}")
+    keep = np.arange(n_blocks)
+    if max_blocks is not None and max_blocks < n_blocks:
+        keep = np.unique(np.linspace(0, n_blocks - 1, max_blocks).round().astype(np.int64))
+    return keep * block_size
+
+
+def unigram_cross_entropy(train_tokens: np.ndarray, targets: np.ndarray, vocab_size: int) -> float:
+    """Cross-entropy (nats/token) of `targets` under add-one unigram frequencies of train."""
+    counts = np.bincount(np.asarray(train_tokens, dtype=np.int64), minlength=vocab_size) + 1.0
+    log_p = np.log(counts) - np.log(counts.sum())
+    return float(-log_p[np.asarray(targets, dtype=np.int64)].mean())

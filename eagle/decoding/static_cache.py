@@ -1,0 +1,87 @@
+"""A preallocated, position-indexed KV cache for static-shape decoding (gpt-fast style).
+
+Every layer's keys and values live in buffers of fixed length `max_len`. A forward of n
+tokens writes their KV at slots the caller chooses (`prepare`), and attention always reads
+all `max_len` slots through an additive mask of that fixed width, so each forward's shapes
+depend on n and `max_len` only: a compiler (and CUDA graphs) sees the same graph every round.
+
+Nothing is ever erased. Slots past the committed length hold stale KV (rejected tree nodes,
+padding, an earlier sequence); the mask hides them and later writes overwrite them. After a
+verification `move` copies the accepted path's KV down next to the committed prefix.
+
+Each layer's keys and values are tensors of their own, as in Hugging Face's `StaticCache`:
+a compiled graph then updates them in place. (Views of one shared buffer compile into a copy
+of the whole buffer per write: on the CPU that made compiled decoding 4x slower than eager.)
+
+Hugging Face attention layers talk to it like any cache object: `update(key, value,
+layer_idx, ...)` stores the new KV and returns the full buffers. The model itself never
+builds a mask or positions from it: the caller always passes a 4-D mask and position ids,
+which every transformers 5.x release uses as given.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from eagle.decoding.masks import window_mask
+
+
+class StaticKVCache:
+    """Keys and values (1, H_kv, max_len, D) of every layer, indexed by slot.
+
+    Args:
+        num_layers, kv_heads, head_dim: the attention shape of the model it serves.
+        max_len: slots per layer; fixed for the cache's lifetime.
+    """
+
+    def __init__(self, num_layers: int, kv_heads: int, head_dim: int, max_len: int,
+                 dtype: torch.dtype, device: torch.device | str):
+        self.max_len, self.dtype, self.device = max_len, dtype, torch.device(device)
+        shape = (1, kv_heads, max_len, head_dim)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        for t in self.keys + self.values:
+            # fixed addresses: compiled graphs (and CUDA graphs) mutate them in place, never copy them
+            torch._dynamo.mark_static_address(t)
+        self.slots = torch.zeros(0, dtype=torch.long, device=device)  # where the next forward writes
+        self.length = 0  # committed entries (slots 0..length-1); bookkeeping of the owner
+
+    @classmethod
+    def for_config(cls, config, max_len: int, dtype: torch.dtype, device, num_layers: int | None = None):
+        """Sized for a Hugging Face decoder config (Llama, Mistral, Qwen2 and look-alikes)."""
+        heads = config.num_attention_heads
+        return cls(num_layers=num_layers or config.num_hidden_layers,
+                   kv_heads=getattr(config, "num_key_value_heads", None) or heads,
+                   head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
+                   max_len=max_len, dtype=dtype, device=device)
+
+    def fits(self, num_layers: int, max_len: int, dtype: torch.dtype, device) -> bool:
+        return (len(self.keys) == num_layers and self.max_len == max_len and self.dtype == dtype
+                and self.device == torch.device(device))
+
+    def prepare(self, start: Tensor | int, visible: Tensor, write_at: Tensor | int | None = None) -> Tensor:
+        """Aim the next forward's n = visible.shape[0] writes at slots write_at..write_at+n-1
+        (default: the last n of the S slots after `start`), and return that forward's mask
+        (1, 1, n, max_len) (see `window_mask`)."""
+        n, s = visible.shape
+        write_at = start + (s - n) if write_at is None else write_at
+        self.slots = write_at + torch.arange(n, device=self.device)  # (n,)
+        return window_mask(start, visible, self.max_len, self.dtype)
+
+    def update(self, key_states: Tensor, value_states: Tensor, layer_idx: int, *args, **kwargs):
+        """Called by each attention layer with its new (1, H_kv, n, D) keys and values;
+        returns the whole layer (1, H_kv, max_len, D) for attention under the mask."""
+        keys, values = self.keys[layer_idx], self.values[layer_idx]
+        keys.index_copy_(2, self.slots, key_states)
+        values.index_copy_(2, self.slots, value_states)
+        return keys, values
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.length
+
+    def move(self, src: Tensor, dst: Tensor) -> None:
+        """Copy the entries at slots `src` (k,) to slots `dst` (k,) in every layer (a gather, then
+        an index copy: overlapping ranges are safe)."""
+        for t in self.keys + self.values:
+            t.index_copy_(2, dst, t.index_select(2, src))

@@ -1,0 +1,257 @@
+"""The EAGLE-1 drafter: `fc` over `[f_{t-1}; E(x_t)]`, then one Llama decoder layer.
+
+For position t the drafter reads the target's feature of the previous position, `f_{t-1}`
+(the hidden state that feeds the target's LM head), and the embedding of the token already
+chosen at t, `E(x_t)`; it predicts `f_hat_t`, and `lm_head(f_hat_t)` is the draft
+distribution of `x_{t+1}`:
+
+    h     = fc([f_{t-1}; E(x_t)])                    Linear(2H, H, bias=True)
+    h     = h + Attn(h)                              no pre-attention norm (EAGLE removes it)
+    f_hat = h + MLP(post_attention_layernorm(h))     no final norm
+
+The decoder layer is Hugging Face's own `LlamaDecoderLayer` (and `LlamaRotaryEmbedding`)
+built from a one-layer `LlamaConfig`, with `input_layernorm` swapped for `nn.Identity`: no
+forked modeling code. Our `fc` columns are `[feature; embedding]`; EAGLE's code, vLLM and
+SGLang concatenate `[embedding; feature]`, which `eagle.models.export` permutes.
+
+`E` and `lm_head` are the target's own modules, frozen, kept in a plain tuple attribute so
+that they are never registered as submodules: they are not in `state_dict()`, not in
+`parameters()` (so no optimizer ever sees them) and not moved by `drafter.to()`. They stay
+wherever the target is; the forward moves tensors across when the two differ.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from eagle.decoding.masks import causal_mask
+from eagle.target import TargetIdentity, check_shape, embeddings, lm_head
+
+
+@dataclass
+class DrafterConfig:
+    """Shape of an EAGLE drafter and the identity of the target it was trained for.
+
+    `rope_theta` is the RoPE base; `rope_parameters` the full Hugging Face 5.x RoPE dict
+    (`rope_type`, `rope_theta`, scaling keys), copied from the target so scaled RoPE
+    (llama3, yarn, ...) matches. Given only `rope_theta`, default RoPE is used.
+    """
+
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    hidden_act: str = "silu"
+    target: dict = field(default_factory=dict)  # eagle.target.TargetIdentity(...).to_dict()
+    rope_parameters: dict | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+                     "head_dim", "vocab_size", "max_position_embeddings"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"drafter config: {name} must be a positive integer, got {value!r}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(f"drafter config: num_attention_heads ({self.num_attention_heads}) must be a "
+                             f"multiple of num_key_value_heads ({self.num_key_value_heads})")
+        if self.head_dim % 2:
+            raise ValueError(f"drafter config: head_dim must be even for RoPE, got {self.head_dim}")
+        if not self.rms_norm_eps > 0:
+            raise ValueError(f"drafter config: rms_norm_eps must be > 0, got {self.rms_norm_eps}")
+        if self.rope_parameters is None:
+            self.rope_parameters = {"rope_type": "default", "rope_theta": float(self.rope_theta)}
+        else:
+            self.rope_parameters = dict(self.rope_parameters)
+            self.rope_parameters.setdefault("rope_type", "default")
+            theta = self.rope_parameters.setdefault("rope_theta", float(self.rope_theta))
+            if float(theta) != float(self.rope_theta):
+                raise ValueError(f"drafter config: rope_theta {self.rope_theta} disagrees with "
+                                 f"rope_parameters['rope_theta'] {theta}")
+        check_shape("drafter config", self.target, hidden_size=self.hidden_size, vocab_size=self.vocab_size)
+
+    @classmethod
+    def from_target(cls, model: nn.Module, tokenizer=None, path: str | None = None) -> DrafterConfig:
+        """The drafter shape EAGLE uses for a target: its hidden size, heads, KV heads,
+        head_dim, MLP width, RoPE and eps (Llama, Mistral, Qwen2 and look-alikes)."""
+        cfg = model.config
+        heads = cfg.num_attention_heads
+        rope = dict(getattr(cfg, "rope_parameters", None) or {"rope_type": "default"})
+        theta = float(rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0)))
+        return cls(
+            hidden_size=cfg.hidden_size,
+            intermediate_size=cfg.intermediate_size,
+            num_attention_heads=heads,
+            num_key_value_heads=getattr(cfg, "num_key_value_heads", None) or heads,
+            head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
+            vocab_size=lm_head(model).weight.shape[0],
+            rms_norm_eps=float(getattr(cfg, "rms_norm_eps", 1e-6)),
+            rope_theta=theta,
+            max_position_embeddings=cfg.max_position_embeddings,
+            hidden_act=getattr(cfg, "hidden_act", "silu"),
+            target=TargetIdentity.of(model, tokenizer, path).to_dict(),
+            rope_parameters=rope,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> DrafterConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"drafter config: unknown key(s) {unknown}")
+        missing = sorted(f.name for f in dataclasses.fields(cls)
+                         if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+                         and f.name not in data)
+        if missing:
+            raise ValueError(f"drafter config: missing key(s) {missing}")
+        return cls(**data)
+
+    def llama_config(self):
+        """The one-layer `LlamaConfig` the decoder layer and rotary embedding are built from."""
+        from transformers import LlamaConfig
+
+        return LlamaConfig(
+            vocab_size=self.vocab_size,
+            hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size,
+            num_hidden_layers=1,
+            num_attention_heads=self.num_attention_heads,
+            num_key_value_heads=self.num_key_value_heads,
+            head_dim=self.head_dim,
+            hidden_act=self.hidden_act,
+            max_position_embeddings=self.max_position_embeddings,
+            rms_norm_eps=self.rms_norm_eps,
+            rope_parameters=dict(self.rope_parameters),
+            attention_bias=False,
+            mlp_bias=False,
+            # sdpa honours additive 4-D float masks (tree masks) and is fast for training
+            attn_implementation="sdpa",
+        )
+
+
+class EagleDrafter(nn.Module):
+    """EAGLE-1 drafter on top of a target's frozen embeddings and LM head.
+
+    Args:
+        config: the drafter's shape and target identity.
+        embed_tokens: the target's input embedding E (frozen here; never saved).
+        lm_head: the target's LM head (frozen here; never saved).
+    """
+
+    def __init__(self, config: DrafterConfig, embed_tokens: nn.Embedding, lm_head: nn.Module):
+        super().__init__()
+        from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
+
+        if embed_tokens.weight.shape[-1] != config.hidden_size:
+            raise ValueError(f"embedding width {embed_tokens.weight.shape[-1]} != drafter hidden size "
+                             f"{config.hidden_size}")
+        if lm_head.weight.shape != (config.vocab_size, config.hidden_size):
+            raise ValueError(f"lm_head weight {tuple(lm_head.weight.shape)} != (vocab {config.vocab_size}, "
+                             f"hidden {config.hidden_size})")
+        self.config = config
+        self.llama_config = config.llama_config()
+        h = config.hidden_size
+        self.fc = nn.Linear(2 * h, h, bias=True)  # over [f_{t-1}; E(x_t)]
+        layer = LlamaDecoderLayer(self.llama_config, layer_idx=0)
+        layer.input_layernorm = nn.Identity()  # EAGLE drops the pre-attention norm
+        self.layers = nn.ModuleList([layer])  # state_dict keys `layers.0.*`, as in EAGLE's files
+        self.rotary_emb = LlamaRotaryEmbedding(self.llama_config)  # inv_freq is a non-persistent buffer
+        embed_tokens.requires_grad_(False)
+        lm_head.requires_grad_(False)
+        # a plain tuple: not registered, so not in state_dict(), parameters() or .to()
+        self._target_modules = (embed_tokens, lm_head)
+
+    @property
+    def embed_tokens(self) -> nn.Embedding:
+        return self._target_modules[0]
+
+    @property
+    def lm_head(self) -> nn.Module:
+        return self._target_modules[1]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.fc.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.fc.weight.device
+
+    def new_cache(self):
+        """An empty one-layer `DynamicCache` for incremental decoding."""
+        from transformers import DynamicCache
+
+        return DynamicCache(config=self.llama_config)
+
+    def forward(self, features: Tensor, input_ids: Tensor, position_ids: Tensor | None = None,
+                attention_mask: Tensor | None = None, cache=None) -> Tensor:
+        """Predict the next features.
+
+        Args:
+            features: (B, T, H) the target's features f_{t-1} (or predicted ones while drafting).
+            input_ids: (B, T) tokens x_t.
+            position_ids: (B|1, T); default arange(T) after the cache's length.
+            attention_mask: None for causal attention (over the cache too), or an additive float
+                mask (B|1, 1, T, S) with S = cache length + T (0 visible, very negative hidden).
+            cache: a transformers `DynamicCache` (see `new_cache`) or an
+                `eagle.decoding.static_cache.StaticKVCache` (then with explicit positions and
+                mask) that receives this call's KV, or None.
+        Returns:
+            (B, T, H) predicted features f_hat_t.
+        """
+        b, t, _ = features.shape
+        if input_ids.shape != (b, t):
+            raise ValueError(f"features {tuple(features.shape)} and input_ids {tuple(input_ids.shape)} "
+                             "must agree on (B, T)")
+        if attention_mask is not None and attention_mask.dim() != 4:
+            raise ValueError(f"attention_mask must be an additive float mask (B|1, 1, T, S), got shape "
+                             f"{tuple(attention_mask.shape)}")
+        dtype, device = self.dtype, self.device
+        # read only when needed: under torch.compile the read would tie the graph to one length
+        past = 0 if cache is None or (position_ids is not None and attention_mask is not None) else int(
+            cache.get_seq_length())
+        emb = self.embed_tokens(input_ids.to(self.embed_tokens.weight.device))  # (B, T, H)
+        x = torch.cat([features.to(device, dtype), emb.to(device, dtype)], dim=-1)  # (B, T, 2H)
+        h = self.fc(x)  # (B, T, H)
+        if position_ids is None:
+            position_ids = torch.arange(past, past + t, device=device)[None]  # (1, T)
+        position_ids = position_ids.to(device)
+        if attention_mask is None:
+            # sdpa's own causal flag is top-left aligned, wrong once a cache holds keys: give
+            # an explicit mask then; without a cache let the kernel do causal (fast path)
+            if past > 0 and t > 1:
+                attention_mask = causal_mask(past, t, dtype, device)  # (1, 1, T, past + T)
+        else:
+            attention_mask = attention_mask.to(device, dtype)
+        cos_sin = self.rotary_emb(h, position_ids=position_ids)  # 2 x (B|1, T, head_dim)
+        return self.layers[0](h, attention_mask=attention_mask, position_ids=position_ids,
+                              position_embeddings=cos_sin, use_cache=cache is not None, cache=cache)  # (B, T, H)
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        """The target's LM head on predicted features: (..., H) -> (..., V), on the head's device."""
+        w = self.lm_head.weight
+        return self.lm_head(hidden.to(w.device, w.dtype))
+
+    @classmethod
+    def random(cls, model: nn.Module, tokenizer=None, path: str | None = None, seed: int = 0) -> EagleDrafter:
+        """An untrained drafter for `model` (PyTorch's default init under `seed`), on the
+        target's device and dtype. For checking losslessness on a new target before any
+        training; never used as a silent fallback for a missing checkpoint."""
+        config = DrafterConfig.from_target(model, tokenizer, path)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            drafter = cls(config, embeddings(model), lm_head(model))
+        p = next(model.parameters())
+        return drafter.to(p.device, p.dtype)

@@ -1,0 +1,198 @@
+"""The data of every training run, as Lightning DataModules.
+
+- `TokenBlockDataModule`: a text corpus, its tokenizer and token streams (built once, then
+  reused from disk), random blocks for training a causal LM from scratch.
+- `FeatureDataModule`: a feature dump (`python -m data_gen`) for a drafter trained offline.
+- `OnlineDataModule`: token samples only; the frozen target computes the features.
+
+None of them needs the model: the modules check that the data was made for their target
+(`made_for`, `tokenizer`; `eagle.training.module.FrozenTargetModule.setup`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+from eagle.artifacts import SPLITS, Artifact
+from eagle.data.batches import TokenSamples, collate
+from eagle.data.features import made_for, open_feature_dump
+from eagle.data.tokens import (
+    BlockDataset,
+    RandomOffsetSampler,
+    corpus_fingerprint,
+    fixed_block_offsets,
+    tokenize_corpus,
+    unigram_cross_entropy,
+)
+from eagle.target import TargetIdentity, load_tokenizer, tokenizer_hash
+
+TOKENS_META = "meta.json"
+
+
+class TokenBlockDataModule(L.LightningDataModule):
+    """Random fixed-length blocks of a tokenised corpus for training, fixed blocks for validation.
+
+    The corpus and the tokenizer come from the two builders (Hydra partials of
+    `data_gen.corpus.build_python_corpus` and `data_gen.tokenizer.build_tokenizer` in the
+    configs), which cache on disk themselves; the corpus is tokenised once into `tokens_dir`
+    (`train.npy`, `validation.npy`) and memory-mapped afterwards, redone when the corpus or the
+    tokenizer changes (an `eagle.artifacts.Artifact` cache).
+
+    Args:
+        corpus: () -> DatasetDict with `train` and `validation` splits (columns `path`, `text`).
+        tokenizer: (texts=..., corpus_fingerprint=...) -> a Hugging Face tokenizer.
+        tokens_dir: where the token streams are cached.
+        block_size: tokens of context per training example (each item holds one more: the
+            last target).
+        batch_size: blocks per batch.
+        val_max_blocks: validate on at most this many blocks, spread evenly over the
+            validation stream (None = all).
+        train_samples_per_epoch: blocks per "epoch" (None = train tokens // block_size); an
+            epoch is only the unit that reseeds the random offsets.
+        num_workers: DataLoader workers.
+        seed: seed of the random training offsets.
+    """
+
+    def __init__(self, corpus: Callable[[], Any], tokenizer: Callable[..., Any], tokens_dir: str | Path,
+                 block_size: int = 256, batch_size: int = 8, val_max_blocks: int | None = None,
+                 train_samples_per_epoch: int | None = None, num_workers: int = 0, seed: int = 0) -> None:
+        super().__init__()
+        self.build_corpus, self.build_tokenizer = corpus, tokenizer
+        self.tokens_dir = Path(tokens_dir)
+        self.block_size, self.batch_size = block_size, batch_size
+        self.val_max_blocks, self.train_samples_per_epoch = val_max_blocks, train_samples_per_epoch
+        self.num_workers, self.seed = num_workers, seed
+        self.tokenizer = None
+        self.meta: dict[str, Any] = {}
+        self.tokens: dict[str, np.ndarray] = {}
+        self.fingerprint = ""
+        self.corpus_name = ""
+
+    def _cache(self) -> Artifact:
+        """The corpus and tokenizer (building or reloading them) and the token cache they define."""
+        corpus = self.build_corpus()
+        self.fingerprint = corpus_fingerprint(corpus)
+        self.corpus_name = corpus["train"].info.description or "custom"
+        self.tokenizer = self.build_tokenizer(texts=list(corpus["train"]["text"]), corpus_fingerprint=self.fingerprint)
+        params = {"tokenizer_hash": tokenizer_hash(self.tokenizer), "corpus_fingerprint": self.fingerprint}
+        cache = Artifact(self.tokens_dir, TOKENS_META, params, "token cache")
+        if not cache.reusable(on_stale="rebuild"):  # built from another tokenizer or corpus: redo it
+            cache.write(**tokenize_corpus(corpus, self.tokenizer, self.tokens_dir))
+        return cache
+
+    def prepare_data(self) -> None:
+        self._cache()  # once, on the first process: the others find it on disk in setup()
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.tokens:
+            return
+        self.meta = self._cache().meta()
+        self.tokens = {s: np.load(self.tokens_dir / f"{s}.npy", mmap_mode="r") for s in SPLITS}
+        self.val_offsets = fixed_block_offsets(self.tokens["validation"].size, self.block_size, self.val_max_blocks)
+
+    def describe(self) -> dict[str, Any]:
+        """What a model trained on these data records about them."""
+        return {"corpus": self.corpus_name, "corpus_fingerprint": self.fingerprint, "n_files": self.meta["n_files"],
+                "n_tokens": self.meta["n_tokens"], "val_tokens": int(self.val_targets().size)}
+
+    def train_dataloader(self) -> DataLoader:
+        train = BlockDataset(self.tokens["train"], self.block_size)
+        num_samples = self.train_samples_per_epoch or max(1, len(train) // self.block_size)
+        sampler = RandomOffsetSampler(len(train), num_samples, seed=self.seed)
+        return DataLoader(train, batch_size=self.batch_size, sampler=sampler, num_workers=self.num_workers,
+                          drop_last=True)
+
+    def val_dataloader(self) -> DataLoader:
+        val = BlockDataset(self.tokens["validation"], self.block_size, self.val_offsets)
+        return DataLoader(val, batch_size=self.batch_size, num_workers=self.num_workers)
+
+    def val_targets(self) -> np.ndarray:
+        """Every token the validation loss is computed on, (n_blocks * block_size,)."""
+        val = self.tokens["validation"]
+        return np.concatenate([val[o + 1: o + self.block_size + 1] for o in self.val_offsets])
+
+    def unigram_val_loss(self, vocab_size: int) -> float:
+        """The add-one unigram model's cross-entropy on exactly the validation targets."""
+        return unigram_cross_entropy(self.tokens["train"], self.val_targets(), vocab_size)
+
+
+class SampleDataModule(L.LightningDataModule):
+    """Batches of samples (`eagle.data.batches.collate`): shuffled for training, in order for
+    validation. Subclasses fill `self.splits` in `setup`."""
+
+    def __init__(self, batch_size: int = 8, num_workers: int = 0, seed: int = 0) -> None:
+        super().__init__()
+        self.batch_size, self.num_workers, self.seed = batch_size, num_workers, seed
+        self.splits: dict[str, torch.utils.data.Dataset] = {}
+
+    def _check_splits(self, where: str) -> None:
+        for split in SPLITS:
+            if split not in self.splits or len(self.splits[split]) == 0:
+                raise ValueError(f"{where} has no {split} samples")
+
+    def train_dataloader(self) -> DataLoader:
+        g = torch.Generator().manual_seed(self.seed)
+        return DataLoader(self.splits["train"], batch_size=self.batch_size, shuffle=True, generator=g,
+                          collate_fn=collate, num_workers=self.num_workers)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.splits["validation"], batch_size=self.batch_size, collate_fn=collate,
+                          num_workers=self.num_workers)
+
+
+class FeatureDataModule(SampleDataModule):
+    """Batches of dumped features (`python -m data_gen`).
+
+    Args:
+        features_dir: the dump folder (holds metadata.json).
+        batch_size: samples per batch.
+        num_workers: DataLoader workers.
+        verify: "checksum" (sha256 of every shard, once at setup), "size" or "none".
+        seed: shuffling of the training samples.
+    """
+
+    def __init__(self, features_dir: str | Path, batch_size: int = 8, num_workers: int = 0,
+                 verify: str = "checksum", seed: int = 0) -> None:
+        super().__init__(batch_size, num_workers, seed)
+        self.features_dir, self.verify = Path(features_dir), verify
+        self.meta: dict[str, Any] = {}
+        self.made_for: TargetIdentity | None = None  # the target the features came from
+
+    def setup(self, stage: str | None = None) -> None:
+        if not self.splits:
+            self.meta, self.splits = open_feature_dump(self.features_dir, verify=self.verify)
+            self.made_for = made_for(self.meta)
+            self._check_splits(f"feature dump {self.features_dir}")
+
+
+class OnlineDataModule(SampleDataModule):
+    """Token samples only: the training module computes the target's features on the fly.
+
+    Args:
+        source: a sample builder of `data_gen.conversations` (a partial), called as
+            `source(tokenizer=..., max_len=...)`.
+        tokenizer_path: the folder of the tokenizer to render the samples with: the target's.
+        max_len: tokens per sample.
+        batch_size, num_workers, seed: as `FeatureDataModule`.
+    """
+
+    def __init__(self, source: Callable[..., dict[str, list]], tokenizer_path: str | Path, max_len: int = 256,
+                 batch_size: int = 8, num_workers: int = 0, seed: int = 0) -> None:
+        super().__init__(batch_size, num_workers, seed)
+        self.source, self.tokenizer_path, self.max_len = source, tokenizer_path, max_len
+        self.tokenizer = None
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.splits:
+            return
+        self.tokenizer = load_tokenizer(self.tokenizer_path)
+        samples = self.source(tokenizer=self.tokenizer, max_len=self.max_len)
+        self.splits = {s: TokenSamples(samples.get(s, [])) for s in SPLITS}
+        self._check_splits("the online data source")

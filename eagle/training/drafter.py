@@ -1,0 +1,150 @@
+"""Training an EAGLE-1 drafter against a frozen target (docs/design.md §3).
+
+The batch alignment (the drafter's input at t is [f_{t-1}; E(x_t)], its target f_t, its
+weight the loss mask of x_{t+1}) is `eagle.data.batches.shift_batch`. Offline training reads
+dumped features (`eagle.training.datamodules.FeatureDataModule`); online training computes
+them with the frozen target (`OnlineDataModule`, `FrozenTargetModule.batch_features`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from eagle.data.batches import shift_batch
+from eagle.models.checkpoint import save_drafter
+from eagle.models.drafter import DrafterConfig, EagleDrafter
+from eagle.target import embeddings, lm_head
+from eagle.training import metrics
+from eagle.training.module import FrozenTargetModule
+
+
+class EagleDrafterModule(FrozenTargetModule):
+    """EAGLE-1 drafter training against a frozen target.
+
+    Loss = w_feat * SmoothL1(f_hat, f) + w_tok * CE(lm_head(f_hat), softmax(lm_head(f))), both
+    masked means over the weighted positions. Its baseline is a drafter that returns its input
+    feature f_{t-1} unchanged: a trained drafter must agree with the target more often.
+
+    Args:
+        target_path: the target's Hugging Face folder (with its tokenizer).
+        target_dtype: dtype the target is loaded in (its features online, E and lm_head).
+        drafter_config: overrides of `DrafterConfig.from_target(target)` (e.g. a narrower MLP).
+        w_feat / w_tok: loss weights.
+        noise: half-width of the uniform noise added to the input features in training.
+        smooth_l1_beta: SmoothL1's switch point from quadratic to linear.
+        val_depth: validation agreement at depths 1..val_depth (each depth one drafter pass).
+        val_topk: the k of the top-k agreements reported besides top-1.
+        seed: initialisation of the drafter.
+        optim: AdamW and its schedule (`eagle.training.optim.OptimConfig`).
+    """
+
+    artifact = "drafter"
+    quality = ("val/top1_d1", "val/top1_copy", "higher")
+
+    def __init__(
+        self,
+        target_path: str,
+        target_dtype: str = "float32",
+        drafter_config: Mapping[str, Any] | None = None,
+        w_feat: float = 1.0,
+        w_tok: float = 0.1,
+        noise: float = 0.1,
+        smooth_l1_beta: float = 1.0,
+        val_depth: int = 5,
+        val_topk: int = 4,
+        seed: int = 0,
+        optim: Mapping[str, Any] | None = None,
+    ) -> None:
+        if val_depth < 1:
+            raise ValueError(f"val_depth must be >= 1, got {val_depth}")
+        super().__init__(target_path, target_dtype, optim or {"lr": 3e-5})
+        self.save_hyperparameters()
+        target, tokenizer = self.target, self.tokenizer
+        config = DrafterConfig.from_target(target, tokenizer, str(target_path))
+        if drafter_config:
+            config = DrafterConfig.from_dict({**config.to_dict(), **dict(drafter_config)})
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            self.drafter = EagleDrafter(config, embeddings(target), lm_head(target))
+
+    def head(self, features: Tensor) -> Tensor:
+        """The target's LM head (frozen): (..., H) -> (..., V)."""
+        return self.drafter.logits(features)
+
+    def model_step(self, batch: Mapping[str, Tensor], train: bool) -> dict[str, Tensor]:
+        """Loss terms of a batch; `train` adds the input-feature noise."""
+        v = shift_batch(batch["input_ids"], self.batch_features(batch), batch["loss_mask"])
+        features_in = v["features_in"]
+        if train and self.hparams.noise > 0:
+            # U(-a, a) on the drafter's input features: it learns to draft from its own,
+            # imperfect features (EAGLE's code scales a by 512/seq_len; we keep it constant)
+            features_in = features_in + (torch.rand_like(features_in) * 2 - 1) * self.hparams.noise
+        f_hat = self.drafter(features_in, v["input_ids"])  # (B, T-1, H)
+        with torch.no_grad():
+            target_logits = self.head(v["target"])  # (B, T-1, V) p = softmax of this
+        draft_logits = self.head(f_hat)  # (B, T-1, V) q = softmax of this
+        w = v["weight"]
+        feat_err = metrics.feature_error(f_hat, v["target"], beta=self.hparams.smooth_l1_beta)  # (B, T-1)
+        tok_err = metrics.soft_cross_entropy(draft_logits, target_logits)  # (B, T-1)
+        feat_loss = metrics.masked_mean(feat_err, w)
+        tok_loss = metrics.masked_mean(tok_err, w)
+        loss = self.hparams.w_feat * feat_loss + self.hparams.w_tok * tok_loss
+        return {
+            "loss": loss, "feat_loss": feat_loss, "tok_loss": tok_loss,
+            "feat_sum": (feat_err * w).sum().detach(), "tok_sum": (tok_err * w).sum().detach(),
+            "count": w.sum(), "draft_logits": draft_logits.detach(), "target_logits": target_logits,
+            "features_in": v["features_in"], "input_ids": v["input_ids"], "weight": w,
+        }
+
+    def training_step(self, batch: Mapping[str, Tensor], batch_idx: int) -> Tensor:
+        out = self.model_step(batch, train=True)
+        self.count_tokens(batch["attention_mask"])
+        b = batch["input_ids"].shape[0]
+        top1 = metrics.masked_mean(metrics.topk_hits(out["draft_logits"], out["target_logits"]).float(),
+                                   out["weight"])
+        self.log("train/loss", out["loss"], on_step=True, prog_bar=True, batch_size=b)
+        self.log("train/feat_loss", out["feat_loss"], on_step=True, batch_size=b)
+        self.log("train/tok_loss", out["tok_loss"], on_step=True, batch_size=b)
+        self.log("train/top1", top1, on_step=True, prog_bar=True, batch_size=b)
+        return out["loss"]
+
+    def validation_step(self, batch: Mapping[str, Tensor], batch_idx: int) -> None:
+        out = self.model_step(batch, train=False)
+        self.val_add("feat_sum", out["feat_sum"])
+        self.val_add("tok_sum", out["tok_sum"])
+        self.val_add("count", out["count"])
+        ks = sorted({1, self.hparams.val_topk})
+        hits = metrics.agreement_by_depth(
+            lambda f, x: self.drafter(f, x), self.head, out["features_in"], out["input_ids"],
+            out["target_logits"], out["weight"], depth=self.hparams.val_depth, ks=ks)
+        for (d, k), (h, n) in hits.items():
+            self.val_add(f"top{k}_d{d}/hits", h)
+            self.val_add(f"top{k}_d{d}/count", n)
+        # the baseline: a drafter that returns its input feature f_{t-1} unchanged
+        copy_hits, copy_count = metrics.masked_sum_count(
+            metrics.topk_hits(self.head(out["features_in"]), out["target_logits"]).float(), out["weight"])
+        self.val_add("top1_copy/hits", copy_hits)
+        self.val_add("top1_copy/count", copy_count)
+
+    def on_validation_epoch_end(self) -> None:
+        val = self.val_totals()
+        if not val.get("count"):
+            return
+        n = val["count"]
+        feat, tok = val["feat_sum"] / n, val["tok_sum"] / n  # exact token means
+        logs = {"val/loss": self.hparams.w_feat * feat + self.hparams.w_tok * tok,
+                "val/feat_loss": feat, "val/tok_loss": tok}
+        for key in sorted(k for k in val if k.endswith("/hits")):
+            name = key[: -len("/hits")]
+            logs[f"val/{name}"] = val[key] / max(val[f"{name}/count"], 1.0)
+        self.log_dict(logs)
+        self.log("val/top1", logs["val/top1_d1"], prog_bar=True)  # = top1_d1, for the bar
+
+    def save_artifact(self, out_dir: Path) -> None:
+        """The drafter, without the target's weights (`eagle.models.checkpoint.save_drafter`)."""
+        save_drafter(self.drafter, out_dir)

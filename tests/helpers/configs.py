@@ -1,0 +1,18 @@
+"""The repository's real configs, composed as the entry points compose them."""
+
+from __future__ import annotations
+
+from hydra import compose, initialize_config_dir
+
+from helpers.models import CONFIG_DIR
+
+
+def compose_config(name: str, overrides: list[str]):
+    """`configs/<name>.yaml` with `overrides`, as `python <entry point> <overrides>` sees it.
+    Tests run on one thread (tiny models gain nothing from more, and a shared CPU slows them)."""
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+        return compose(name, overrides=["threads=1", *overrides])
+
+
+def compose_train(overrides: list[str]):
+    return compose_config("train", overrides)
