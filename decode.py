@@ -7,6 +7,7 @@
     python decode.py method=eagle runner=static compile=true   # static caches, compiled passes
     python decode.py mode=timing device=cuda compile=true timing.tau_from=runs/bench/X/results.json
                                                             # 7B-shaped random weights: round cost
+    python decode.py mode=export export.formats=[sglang]    # the drafter for vLLM / SGLang / EAGLE
 
 Methods are named NAME[@TREE][:RUNNER] (eagle/bench/methods.py): vanilla | eagle | draft |
 prompt_lookup | medusa | medusa_typical | hf_generate | hf_assisted | hf_prompt_lookup;
@@ -17,6 +18,7 @@ it reports. The benchmark, the tree search and the timing print their output fol
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -39,7 +41,7 @@ from eagle.bench.timing import project, random_target, time_methods, weights_gb,
 from eagle.bench.tree_search import candidates, position_paths, write_tree
 from eagle.cli import run_cli
 from eagle.hardware import resolve_dtype_name, set_threads
-from eagle.sampling import SamplingPolicy
+from eagle.sampling import SamplingPolicy, seeded_generator
 from eagle.target import load_target, resolve_dtype
 from eagle.tree import resolve_tree
 
@@ -96,7 +98,7 @@ def generate(cfg: DictConfig) -> None:
     _, tokenizer = methods.target(dtype)
     ids = encode_prompt(tokenizer, Prompt(id="cli", text=str(cfg.prompt), chat=bool(cfg.chat)))
     policy = SamplingPolicy(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
-    generator = torch.Generator().manual_seed(cfg.seed)
+    generator = seeded_generator(cfg.seed, cfg.device)
     torch.manual_seed(cfg.seed)
     shown: list[int] = []
     printed = ""
@@ -127,6 +129,11 @@ def benchmark(cfg: DictConfig, methods: Methods | None = None, names: list[str] 
         MethodSpec.parse(name)  # unknown names fail before any model is loaded
     eval_sets = {Path(name).stem: load_eval_set(name, bcfg.num_prompts) for name in bcfg.eval_sets}
     _, tokenizer = methods.target(method_dtype("vanilla", cfg.device, dtypes))
+    chat = bcfg.chat if bcfg.chat is not None else (True if cfg.chat else None)
+    if chat is not None:  # one rendering for every prompt, instead of each set's own
+        if chat and not getattr(tokenizer, "chat_template", None):
+            raise ValueError(f"benchmark.chat=true, but the target {cfg.target}'s tokenizer has no chat template")
+        eval_sets = {k: [dataclasses.replace(p, chat=bool(chat)) for p in v] for k, v in eval_sets.items()}
 
     def build(name: str):
         dtype = method_dtype(name, cfg.device, dtypes)
@@ -137,7 +144,7 @@ def benchmark(cfg: DictConfig, methods: Methods | None = None, names: list[str] 
                              top_p=cfg.top_p, seed=cfg.seed)
     out_dir = Path(out_dir or bcfg.out_dir)
     run_benchmark(eval_sets, tokenizer, build, config, target_name=str(cfg.target), out_dir=out_dir,
-                  device=cfg.device)
+                  device=cfg.device, reference=lambda dtype: methods.build("vanilla", dtype))
     print((out_dir / "results.md").read_text())
     return out_dir
 
@@ -238,11 +245,30 @@ def timing(cfg: DictConfig) -> Path:
     return out_dir
 
 
+def export(cfg: DictConfig) -> Path:
+    """Write the drafter `eagle.drafter` (checked against `target`) in each of `export.formats`,
+    one folder each; a format that cannot hold it is named with the reason, after the others."""
+    from eagle.models.checkpoint import load_drafter
+    from eagle.models.export import ExportError, export_drafter
+
+    target, tokenizer = load_target(cfg.target)
+    drafter = load_drafter(cfg.eagle.drafter, target, tokenizer, str(cfg.target), dtype=cfg.export.dtype)
+    out, refused = Path(cfg.export.out_dir), []
+    for fmt in cfg.export.formats:
+        try:
+            print(f"[export] {fmt}: {export_drafter(drafter, out / fmt, fmt)}")
+        except ExportError as err:
+            refused.append(f"{fmt}: {err}")
+    if refused:
+        raise ExportError("; ".join(refused))
+    return out
+
+
 def decode(cfg: DictConfig):
     set_threads(cfg.threads)
     if cfg.mode == "generate":
         return generate(cfg)
-    modes = {"benchmark": benchmark, "tree_search": tree_search, "timing": timing}
+    modes = {"benchmark": benchmark, "tree_search": tree_search, "timing": timing, "export": export}
     if cfg.mode in modes:
         out_dir = modes[cfg.mode](cfg)
         print(out_dir.resolve())

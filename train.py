@@ -15,6 +15,7 @@ Tests call `train(cfg)` directly.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ import hydra
 import lightning as L
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from eagle.cli import run_cli
 from eagle.hardware import resolve_precision, set_threads
@@ -63,8 +64,27 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     return {**metrics, "run_dir": str(run_dir)}
 
 
+def use_job_folder(cfg: DictConfig) -> None:
+    """In a sweep (`python train.py -m ...`) every job trains, checkpoints, resumes and exports
+    in its own folder, `<sweep dir>/<job number>` (hydra.sweep in configs/train.yaml), never in
+    `runs/<task_name>/`, which the jobs would share."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    hydra_cfg = HydraConfig.get()
+    if hydra_cfg.mode != RunMode.MULTIRUN:
+        return
+    if cfg.trainer.get("devices", 1) not in (1, "1") and "LOCAL_RANK" not in os.environ:
+        # Lightning would relaunch the whole sweep command in each extra process
+        raise ValueError("a Hydra sweep cannot launch multi-process jobs: run each job on its own, "
+                         "or launch the sweep under torchrun")
+    with open_dict(cfg):
+        cfg.paths.run_dir = hydra_cfg.runtime.output_dir
+
+
 @hydra.main(config_path="configs", config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> None:
+    use_job_folder(cfg)
     train(cfg)
 
 

@@ -4,6 +4,7 @@
     python -m data_gen data_gen=sharegpt source.path=conv.json target_path=/models/llama \
         name=llama-sharegpt device=cuda
     python -m data_gen source.max_samples=64 name=quick   # any key of the config
+    torchrun --nproc_per_node 8 -m data_gen data_gen=sharegpt ...   # 8 GPUs, one dump
 
 Loads the target (`target_path`), builds the token samples of the chosen source
 (`configs/data_gen/`: python_corpus, sharegpt, text), and writes the features with
@@ -13,6 +14,7 @@ Tests call `generate(cfg)` with a composed config.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import hydra
@@ -29,10 +31,21 @@ from eagle.target import load_target
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def pick_device(name: str) -> str:
+def pick_device(name: str, local_rank: int = 0) -> str:
+    """auto: this process's GPU (LOCAL_RANK under torchrun) when there is one, else the CPU."""
     if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
+        return f"cuda:{local_rank % torch.cuda.device_count()}" if torch.cuda.is_available() else "cpu"
     return name
+
+
+def check_splits(samples: dict, cfg: DictConfig) -> None:
+    """Both splits must hold samples: a dump without validation samples trains a drafter that
+    cannot be checked (and fails at the start of training, far from the cause)."""
+    for split, hint in (("train", "source.max_samples or the data"),
+                        ("validation", "source.val_fraction or source.max_val_samples")):
+        if not samples.get(split):
+            raise ValueError(f"the source made no {split} samples ({len(samples.get('train', []))} train, "
+                             f"{len(samples.get('validation', []))} validation): raise {hint}")
 
 
 def generate(cfg: DictConfig) -> dict:
@@ -41,9 +54,11 @@ def generate(cfg: DictConfig) -> dict:
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:  # `???` in the config: e.g. the sharegpt source's path
         raise ValueError(f"missing config value(s): {', '.join(missing)} (set them on the command line)")
-    device = pick_device(cfg.device)
+    rank, world_size = int(cfg.rank), int(cfg.world_size)
+    device = pick_device(cfg.device, int(os.environ.get("LOCAL_RANK", rank)))
     model, tokenizer = load_target(cfg.target_path, dtype=resolve_dtype_name(cfg.target_dtype, device), device=device)
     samples = instantiate(cfg.source)(tokenizer=tokenizer, max_len=cfg.max_len)
+    check_splits(samples, cfg)
     counts = count_tokens(samples)
     print(f"samples: {len(samples['train'])} train ({counts['train']:,} tokens), "
           f"{len(samples['validation'])} validation ({counts['validation']:,} tokens)")
@@ -51,8 +66,12 @@ def generate(cfg: DictConfig) -> dict:
         model, tokenizer, samples, cfg.out_dir,
         target_path=str(cfg.target_path), source=OmegaConf.to_container(cfg.source, resolve=True),
         max_len=cfg.max_len, shard_size=cfg.shard_size, batch_size=cfg.batch_size, dtype=cfg.dtype,
-        overwrite=cfg.overwrite, progress=cfg.progress,
+        overwrite=cfg.overwrite, progress=cfg.progress, rank=rank, world_size=world_size,
     )
+    if meta["status"] != "complete":
+        print(f"rank {rank} of {world_size}: its shards are written; the dump in {cfg.out_dir} is complete when "
+              f"every rank has finished")
+        return meta
     c = meta["counts"]
     print(f"features: {c['samples']} samples, {c['tokens']:,} tokens, {c['shards']} shards, "
           f"{c['bytes'] / 2**20:.1f} MiB ({c['bytes_per_token']} B/token) in {cfg.out_dir}")

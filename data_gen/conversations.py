@@ -208,14 +208,25 @@ def sharegpt_samples(tokenizer, max_len: int, path: str | Path, val_fraction: fl
         method: see `render_conversation`.
     """
     out: dict[str, list[dict]] = {s: [] for s in SPLITS}
+    truncated = dropped = 0
     for conv in load_sharegpt(path):
         split = split_of_id(conv["id"], val_fraction)
         cap = max_samples if split == "train" else max_val_samples
         if cap is not None and len(out[split]) >= cap:
             continue
-        ids, mask = render_conversation(tokenizer, conv["messages"], max_len, method)
+        ids, mask = render_conversation(tokenizer, conv["messages"], None, method)
+        if ids.size > max_len:
+            truncated += 1
+            ids, mask = ids[:max_len], mask[:max_len]
         if int(mask.sum()) >= min_assistant_tokens and ids.size >= 2:
             out[split].append({"id": conv["id"], "input_ids": ids, "loss_mask": mask})
+        else:
+            dropped += 1
+    kept = len(out["train"]) + len(out["validation"])
+    if truncated:  # EAGLE-1 trains on up to 2048 tokens: cutting more is a choice to see
+        log.warning("sharegpt %s: %d of %d conversations were longer than max_len=%d tokens and were cut "
+                    "(%d dropped: no assistant tokens left); raise max_len to keep them whole",
+                    path, truncated, kept + dropped, max_len, dropped)
     log.info("sharegpt %s: %d train, %d validation samples", path,
              len(out["train"]), len(out["validation"]))
     return out

@@ -149,6 +149,7 @@ def verify_tree_stochastic(
     p_nodes: Tensor,
     q_nodes: Tensor,
     generator: torch.Generator | None = None,
+    draw: Callable[[Tensor], int] | None = None,
 ) -> tuple[list[int], int]:
     """Sample one verification outcome; the emitted tokens are distributed exactly as p.
 
@@ -162,10 +163,18 @@ def verify_tree_stochastic(
         p_nodes: (N+1, V) target policy distribution after each node.
         q_nodes: (N+1, V) distribution each node's token was drawn from (row 0 unused).
         generator: optional RNG on the device of p_nodes.
+        draw: `draw(probs) -> index`, one draw from a distribution: at a node over its m
+            children then "none" (m + 1 entries), at the end over the V tokens. Default: one
+            `torch.multinomial` with `generator`. The tests pass one that follows every outcome,
+            so the exact distribution of this code path itself is checked.
     Returns:
         path: accepted node indices, starting with the root 0.
         next_token: the correction or bonus token emitted after the path.
     """
+    if draw is None:
+        def draw(probs: Tensor) -> int:
+            return int(torch.multinomial(probs, 1, generator=generator))
+
     children = _structure(parents, tokens, p_nodes, q_nodes).children
     path = [0]
     while True:
@@ -174,14 +183,13 @@ def verify_tree_stochastic(
             dist = p_nodes[u]  # leaf: every draft on the path accepted, bonus token from p
             break
         accept, final = node_outcomes(p_nodes[u], tokens[list(ch)], q_nodes[list(ch)])
-        # one uniform picks child i with probability accept[i], or none (index m) otherwise
-        u01 = torch.rand((), generator=generator, dtype=accept.dtype, device=accept.device)
-        pick = int((accept.cumsum(0) <= u01).sum())
+        # child i with probability accept[i] (the earlier ones rejected, it accepted), or none
+        pick = draw(torch.cat([accept, (1 - accept.sum()).clamp_min(0)[None]]))
         if pick == len(ch):
             dist = final
             break
         path.append(ch[pick])
-    return path, int(torch.multinomial(dist, 1, generator=generator))
+    return path, draw(dist)
 
 
 def longest_accepted_path(children: Sequence[Sequence[int]], accepted: Sequence[bool],

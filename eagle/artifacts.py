@@ -36,9 +36,10 @@ def read_json(path: str | Path) -> dict | None:
 
 
 def write_json(path: str | Path, data: dict) -> None:
-    """Write `data` as JSON through a temporary file and a rename (atomic on POSIX)."""
+    """Write `data` as JSON through a temporary file and a rename (atomic on POSIX). The
+    temporary name is the process's own: several processes may write the same file."""
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(data, indent=2) + "\n")
     os.replace(tmp, path)
 

@@ -84,3 +84,18 @@ class SamplingPolicy:
             return probs.argmax(-1)
         flat = probs.reshape(-1, probs.size(-1))  # (B, V): multinomial takes at most 2-D
         return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
+
+
+def seeded_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
+    """A generator on `device` (the model's: CUDA sampling refuses a CPU generator), seeded."""
+    return torch.Generator(device=torch.device(device)).manual_seed(seed)
+
+
+def check_generator(generator: torch.Generator | None, device: torch.device) -> None:
+    """Raise ValueError when `generator` lives on another device than the model's."""
+    if generator is None:
+        return
+    g = generator.device
+    if g.type != device.type or (g.index is not None and device.index is not None and g.index != device.index):
+        raise ValueError(f"the generator is on {g} but the model on {device}: create it there "
+                         f"(eagle.sampling.seeded_generator(seed, device))")

@@ -3,9 +3,11 @@
 EAGLE reads three things from the target: the input embeddings `E`, the LM head, and the
 *feature* `f_t`, the hidden state that feeds the LM head (after the final norm). We get the
 feature from the decoder body (`model.base_model`), whose `last_hidden_state` is exactly
-that tensor for Llama, Mistral, Qwen2 and most decoder-only families, and compute the
-logits ourselves with `lm_head(feature)`; `tests/test_target.py` checks the parity per
-family. No modeling code is forked.
+that tensor for decoder-only families, and compute the logits ourselves: `lm_head(feature)`
+followed by the family's own final transform (`LogitTransform`: Gemma-2 soft-caps its
+logits, Cohere and Granite scale them), because that transform is part of the target's
+distribution p. `check_logits` proves the parity with `model(ids).logits` for a loaded
+model, and `tests/test_target.py` per family. No modeling code is forked.
 """
 
 from __future__ import annotations
@@ -69,9 +71,17 @@ def load_tokenizer(name_or_path: str | os.PathLike):
 
 
 def load_target(name_or_path: str | os.PathLike, dtype: str | torch.dtype = "float32",
-                device: str | torch.device = "cpu", with_tokenizer: bool = True):
+                device: str | torch.device = "cpu", with_tokenizer: bool = True, weights: str = "all",
+                device_map: str | dict | None = None):
     """Load a causal LM (and its tokenizer) from a local directory or, with access, a hub name.
 
+    Args:
+        dtype: the dtype of its weights.
+        device: where it goes (ignored with a `device_map`).
+        weights: "all", or "head": only the input embeddings and the LM head are read and
+            materialised (`load_head_only`), which is all offline drafter training needs.
+        device_map: passed to `from_pretrained` for targets larger than one device ("auto"
+            spreads the layers over the GPUs; needs `accelerate`).
     Returns:
         (model, tokenizer): the model in eval mode with gradients off; tokenizer is None when
         `with_tokenizer` is False.
@@ -80,12 +90,136 @@ def load_target(name_or_path: str | os.PathLike, dtype: str | torch.dtype = "flo
 
     name = check_model_dir(name_or_path)
     tokenizer = load_tokenizer(name) if with_tokenizer else None
+    if weights not in ("all", "head"):
+        raise ValueError(f"weights must be 'all' or 'head', got {weights!r}")
+    if weights == "head":
+        return load_head_only(name, resolve_dtype(dtype), device), tokenizer
+    extra = {"device_map": device_map} if device_map is not None else {}
     try:
-        model = AutoModelForCausalLM.from_pretrained(name, dtype=resolve_dtype(dtype))
+        model = AutoModelForCausalLM.from_pretrained(name, dtype=resolve_dtype(dtype), **extra)
     except (OSError, ValueError) as err:
         raise TargetError(f"cannot load model {name}: {str(err).splitlines()[0]}") from err
-    model.to(device).eval().requires_grad_(False)
+    if device_map is None:
+        model.to(device)
+    model.eval().requires_grad_(False)
+    check_logits(model, atol=1e-4 if model.dtype == torch.float32 else 5e-2)
     return model, tokenizer
+
+
+HEAD_ONLY = "_eagle_head_only"  # attribute set on a model of which only E and the LM head are real
+
+
+def is_head_only(model: nn.Module) -> bool:
+    return bool(getattr(model, HEAD_ONLY, False))
+
+
+def _checkpoint_tensors(folder: Path, keys: list[list[str]]) -> dict[str, Tensor] | None:
+    """Tensors of a safetensors checkpoint (one file or an index of shards): for each list of
+    names of one parameter, the first stored under one of them (or under it without the base
+    model's prefix), keyed by the list's first name; None when one is missing."""
+    from safetensors import safe_open
+
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        weight_map = json.loads(index.read_text())["weight_map"]
+    elif (folder / "model.safetensors").exists():
+        with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
+            weight_map = {k: "model.safetensors" for k in f.keys()}  # noqa: SIM118 - safe_open has no __iter__
+    else:
+        return None
+    found = {}
+    for names in keys:
+        candidates = [c for n in names for c in (n, n.split(".", 1)[-1])]
+        stored = next((c for c in candidates if c in weight_map), None)
+        if stored is None:
+            return None
+        with safe_open(str(folder / weight_map[stored]), framework="pt") as f:
+            found[names[0]] = f.get_tensor(stored)
+    return found
+
+
+def load_head_only(name: str, dtype: torch.dtype, device: str | torch.device = "cpu") -> nn.Module:
+    """The target with only its input embeddings and LM head read from disk, on `device`; the
+    other weights stay on the meta device (no memory): an 8B target costs ~2 GB instead of 16
+    in bf16. Enough for offline drafter training (E, lm_head, the logit transform, the
+    identity); a forward fails. Falls back to a full load (on the CPU, then trimmed) when the
+    checkpoint is not in safetensors or names its tensors unexpectedly."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(name)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    # E's and the head's parameters (with the head's bias where a family has one), each under
+    # every name it has: a tied head shares E's weight
+    wanted = {id(p) for m in (embeddings(model), lm_head(model)) for p in m.parameters()}
+    groups: dict[int, list[str]] = {}
+    for n, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in wanted:
+            groups.setdefault(id(p), []).append(n)
+    tensors = _checkpoint_tensors(Path(name), list(groups.values())) if Path(name).is_dir() else None
+    if tensors is None:  # not safetensors, or other names: load it all once, keep the head
+        full = dict(load_target(name, dtype=dtype, with_tokenizer=False)[0].named_parameters(remove_duplicate=False))
+        tensors = {names[0]: full[names[0]].data for names in groups.values()}
+        del full
+    for names in groups.values():
+        real = nn.Parameter(tensors[names[0]].to(device, dtype), requires_grad=False)
+        for n in names:
+            owner, _, attr = n.rpartition(".")
+            setattr(model.get_submodule(owner), attr, real)
+    setattr(model, HEAD_ONLY, True)
+    return model.eval().requires_grad_(False)
+
+
+@dataclass(frozen=True)
+class LogitTransform:
+    """What a family does to its LM head's output before it is a distribution.
+
+    Gemma-2/3's `final_logit_softcapping` (cap * tanh(logits / cap)); Cohere's `logit_scale`
+    (a factor); Granite's `logits_scaling` (a divisor). Identity for every other family.
+    """
+
+    scale: float = 1.0
+    softcap: float | None = None
+
+    @classmethod
+    def of(cls, config) -> LogitTransform:
+        scale = float(getattr(config, "logit_scale", None) or 1.0)
+        scale /= float(getattr(config, "logits_scaling", None) or 1.0)
+        return cls(scale=scale, softcap=getattr(config, "final_logit_softcapping", None) or None)
+
+    def __call__(self, logits: Tensor) -> Tensor:
+        if self.scale != 1.0:
+            logits = logits * self.scale
+        if self.softcap is not None:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
+
+
+def head_logits(model: nn.Module, features: Tensor) -> Tensor:
+    """The target's logits of its features: the LM head, then the family's `LogitTransform`.
+
+    Args:
+        features: (..., H) the hidden states that feed the LM head.
+    Returns:
+        (..., V) the logits `model(...)` itself would return.
+    """
+    return LogitTransform.of(model.config)(lm_head(model)(features))
+
+
+def check_logits(model: nn.Module, atol: float = 1e-4) -> None:
+    """Raise `TargetError` unless `head_logits(base_model(ids))` reproduces `model(ids).logits`
+    on a short random sequence: a family whose final transform this module does not know would
+    otherwise be decoded from the wrong distribution (silently: greedy argmaxes may agree)."""
+    p = next(model.parameters())
+    ids = torch.randint(0, lm_head(model).weight.shape[0], (1, 8), generator=torch.Generator().manual_seed(0))
+    ids = ids.to(p.device)
+    with torch.no_grad():
+        want = model(input_ids=ids).logits.float()
+        got = target_forward(model, ids).logits.float()
+    err = (got - want).abs().max().item()
+    if not err <= atol * max(1.0, want.abs().max().item()):
+        raise TargetError(f"{type(model).__name__}: the LM head of its features differs from its own logits by "
+                          f"{err:.3g}: it transforms its logits in a way eagle.target.LogitTransform does not know")
 
 
 def embeddings(model: nn.Module) -> nn.Embedding:
@@ -115,7 +249,7 @@ def target_forward(model: nn.Module, input_ids: Tensor, cache=None, attention_ma
                            cache=cache, use_cache=cache is not None)
     features = out.last_hidden_state  # (B, T, H)
     head_in = features if logits_slice is None else features[:, logits_slice]
-    return TargetOutput(logits=lm_head(model)(head_in), features=features)
+    return TargetOutput(logits=head_logits(model, head_in), features=features)
 
 
 class TargetMismatchError(ValueError):

@@ -3,6 +3,7 @@ for a few steps, per precision and thread count, optionally beside CPU-bound com
 
     .venv/bin/python scripts/train_throughput.py --precision 32-true bf16-mixed --threads 1 2 \
         --competitors 0 1 3 --steps 20
+    .venv/bin/python scripts/train_throughput.py --threads auto --competitors 0 1 3   # train.py's choice
 
 Each case runs in a fresh process (thread pools and OMP settings are fixed at start-up); the
 competitors are busy loops (`python -c "while True: pass"`) started before and killed after it.
@@ -27,9 +28,8 @@ sys.path.insert(0, {root!r})
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from eagle.training.lm import build_causal_lm
-threads = {threads}
-if threads:
-    torch.set_num_threads(threads)
+from eagle.hardware import set_threads
+set_threads({threads!r})  # "auto": the cores idle now (what train.py does with threads=auto)
 with initialize_config_dir({configs!r}, version_base="1.3"):
     cfg = compose("train", overrides=["experiment=target_tiny"])
 model_config = OmegaConf.to_container(cfg.model.model_config, resolve=True)
@@ -57,11 +57,11 @@ print(json.dumps({{"tokens_per_s": round({steps} * b * t / sec, 1), "s_per_step"
 """
 
 
-def run_case(precision: str, threads: int, competitors: int, steps: int, env_extra: dict) -> dict:
+def run_case(precision: str, threads: int | str, competitors: int, steps: int, env_extra: dict) -> dict:
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(competitors)]
     try:
         time.sleep(1.0 if busy else 0.0)
-        code = CASE.format(root=str(ROOT), configs=str(ROOT / "configs"), threads=threads, precision=precision,
+        code = CASE.format(root=str(ROOT), configs=str(ROOT / "configs"), threads=threads or None, precision=precision,
                            steps=steps)
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                              env={**os.environ, **env_extra}, check=True)
@@ -76,7 +76,8 @@ def run_case(precision: str, threads: int, competitors: int, steps: int, env_ext
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--precision", nargs="+", default=["32-true"])
-    ap.add_argument("--threads", nargs="+", type=int, default=[0], help="0 = torch's default")
+    ap.add_argument("--threads", nargs="+", type=lambda v: v if v == "auto" else int(v), default=[0],
+                    help="0 = torch's default; auto = the idle cores (eagle.hardware.auto_threads)")
     ap.add_argument("--competitors", nargs="+", type=int, default=[0])
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--omp-wait-policy", nargs="+", default=[""], help="'' (unset), PASSIVE or ACTIVE")

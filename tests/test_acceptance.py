@@ -18,6 +18,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
+import eagle.acceptance as acceptance
 from eagle.acceptance import (
     TypicalAcceptance,
     accept_prob,
@@ -34,6 +35,7 @@ from eagle.acceptance import (
 )
 from eagle.sampling import SamplingPolicy
 from eagle.tree import Tree
+from helpers.stats import enumerate_draws
 
 F64 = torch.float64
 
@@ -201,8 +203,30 @@ def draft_trees(case: Case, models: ToyModels, context: tuple[int, ...]):
     yield from expand(1, 1.0, [context[-1]], [uniform], [()])
 
 
-def emitted_distribution(case: Case, node_rule) -> dict[tuple[int, ...], float]:
-    """Exact distribution of the first T emitted tokens, rounds repeated as needed."""
+def closed_form(node_rule=node_outcomes):
+    """The outcomes of one verification by the closed form (`tree_outcome_distribution`):
+    yields (end node, next token, probability)."""
+    def outcomes(parents, toks, p_nodes, q_nodes):
+        end_prob, end_dist = tree_outcome_distribution(parents, toks, p_nodes, q_nodes, node_rule=node_rule)
+        for u, (pu, row) in enumerate(zip(end_prob.tolist(), end_dist.tolist())):
+            for y, py in enumerate(row):
+                yield u, y, pu * py
+    return outcomes
+
+
+def sampler(parents, toks, p_nodes, q_nodes):
+    """The outcomes of `verify_tree_stochastic` itself, the code the engine runs: every sequence
+    of its draws followed (`enumerate_draws`), with its exact probability."""
+    def run(draw):
+        path, y = verify_tree_stochastic(parents, toks, p_nodes, q_nodes, draw=draw)
+        return path[-1], y
+    for (u, y), prob in enumerate_draws(run).items():
+        yield u, y, prob
+
+
+def emitted_distribution(case: Case, outcomes) -> dict[tuple[int, ...], float]:
+    """Exact distribution of the first T emitted tokens, rounds repeated as needed, with one
+    verification's outcomes given by `outcomes` (`closed_form(...)` or `sampler`)."""
     models = ToyModels(case.V, case.seed, case.p_zero, case.q_zero)
     memo: dict = {}
 
@@ -212,29 +236,25 @@ def emitted_distribution(case: Case, node_rule) -> dict[tuple[int, ...], float]:
         out: dict[tuple[int, ...], float] = defaultdict(float)
         for w, toks, q_nodes, paths in draft_trees(case, models, context):
             p_nodes = torch.stack([models.p(context + path) for path in paths])  # (N+1, V)
-            end_prob, end_dist = tree_outcome_distribution(
-                case.parents, toks, p_nodes, q_nodes, node_rule=node_rule
-            )
-            for u, (pu, row) in enumerate(zip(end_prob.tolist(), end_dist.tolist())):
-                for y, py in enumerate(row):
-                    emitted, mass = paths[u] + (y,), w * pu * py
-                    if mass == 0:
-                        continue
-                    if len(emitted) >= T:
-                        out[emitted[:T]] += mass
-                    else:  # the round was short: continue from the new context
-                        for rest, m in dist(context + emitted, T - len(emitted)).items():
-                            out[emitted + rest] += mass * m
+            for u, y, pu in outcomes(case.parents, toks, p_nodes, q_nodes):
+                emitted, mass = paths[u] + (y,), w * pu
+                if mass == 0:
+                    continue
+                if len(emitted) >= T:
+                    out[emitted[:T]] += mass
+                else:  # the round was short: continue from the new context
+                    for rest, m in dist(context + emitted, T - len(emitted)).items():
+                        out[emitted + rest] += mass * m
         memo[context, T] = out
         return out
 
     return dist((0,), case.T)
 
 
-def exactness_error(case: Case, node_rule=node_outcomes) -> float:
+def exactness_error(case: Case, outcomes=None) -> float:
     """Largest |Pr(first T tokens) - prod_t p(x_t | x_<t)| over all V^T sequences."""
     models = ToyModels(case.V, case.seed, case.p_zero, case.q_zero)
-    got = emitted_distribution(case, node_rule)
+    got = emitted_distribution(case, outcomes or closed_form())
     err = 0.0
     for seq in product(range(case.V), repeat=case.T):
         want = 1.0
@@ -247,6 +267,17 @@ def exactness_error(case: Case, node_rule=node_outcomes) -> float:
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_tree_verification_preserves_target_distribution(name):
     assert exactness_error(CASES[name]) < 1e-9
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_the_sampler_itself_preserves_target_distribution(name):
+    """Not the closed form: the engine's sampler, every one of its draws enumerated."""
+    assert exactness_error(CASES[name], sampler) < 1e-9
+
+
+def test_enumerating_the_sampler_catches_a_wrong_rule(monkeypatch):
+    monkeypatch.setattr(acceptance, "node_outcomes", retry_unchanged_p)
+    assert exactness_error(CASES["siblings_wor"], sampler) > 1e-3
 
 
 # ------------------------------------------------------------------------------ planted bugs
@@ -285,7 +316,7 @@ def parent_q_for_all_siblings(p, tokens, qs):
     ids=lambda v: getattr(v, "__name__", str(v)),
 )
 def test_exactness_check_catches_planted_bugs(rule, case, wrong):
-    err = exactness_error(CASES[case], rule)
+    err = exactness_error(CASES[case], closed_form(rule))
     if wrong:
         assert err > 1e-3, f"the exactness check missed a biased rule (error {err:.2e})"
     else:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -10,7 +11,7 @@ from safetensors import safe_open
 
 from eagle.models.checkpoint import CheckpointError, load_drafter, save_drafter
 from eagle.models.drafter import EagleDrafter
-from eagle.models.export import export_eagle, import_eagle
+from eagle.models.export import ExportError, export_drafter, import_eagle
 from eagle.target import TargetMismatchError
 from helpers.drafters import FakeTokenizer, perturbed
 from helpers.models import make_tiny_model
@@ -107,47 +108,130 @@ def test_broken_checkpoints_give_clear_errors(tmp_path, target, drafter):
         load_drafter(d, target, FakeTokenizer(96))
 
 
-def test_export_import_round_trip_and_eagle_layout(tmp_path, target, drafter):
-    out = export_eagle(drafter, tmp_path / "eagle", eagle_repo=True)
-    h = drafter.config.hidden_size
-    with safe_open(str(out / "model.safetensors"), framework="pt") as f:
-        names = set(f.keys())
-        fc = f.get_tensor("fc.weight")  # (H, 2H) in EAGLE's [E(x); f] column order
-    assert names == set(drafter.state_dict())  # fc.*, layers.0.*: EAGLE's names
-    assert "layers.0.input_layernorm.weight" not in names
-    assert torch.equal(fc[:, :h], drafter.fc.weight[:, h:])  # embedding columns first
-    assert torch.equal(fc[:, h:], drafter.fc.weight[:, :h])
+# ------------------------------------------------------------------------------ exports
+#
+# What each engine's loader reads, from its source (file and line; the released versions named):
+# - SafeAILab/EAGLE (GitHub main; eagle-llm 1.2.1 on PyPI):
+#   eagle/model/cnets1.py L524 `self.fc = nn.Linear(2 * config.hidden_size, config.hidden_size, bias=bias)`,
+#   L622-623 `self.fc(torch.cat((inputs_embeds, hidden_states), dim=-1))`, L392-400 layer 0 has no
+#   input_layernorm; eagle/model/ea_model.py L48-53 `bias = con["bias"]` (absent: True), L119-130
+#   pytorch_model.bin first; eagle-llm 1.2.1 ea_model.py L101-106 `load_state_dict(..., strict=True)`
+#   with `embed_tokens.weight`; eagle/model/configs.py L133-137 `rope_scaling` must hold exactly two fields.
+# - vLLM 0.33.0: vllm/model_executor/models/llama_eagle.py L110-118 `ReplicatedLinear(..., bias=False)` for
+#   fc, L129-130 `self.fc(torch.cat((input_embeds, hidden_states), dim=-1))`, L55-57 layer 0's input norm is
+#   Identity, L187-196 names get a `model.` prefix (`lm_head` aside) and there is no lm_head module;
+#   models/utils.py L442-448 unknown names raise, L458 unexpected `.bias` names are skipped;
+#   transformers_utils/configs/eagle.py L46-53 `architectures` -> "Eagle" + arch; models/registry.py L661
+#   EagleLlamaForCausalLM; models/llama.py L268-270 `attention_bias = ... or getattr(config, "bias", False)`.
+# - SGLang 0.5.23: python/sglang/srt/models/llama_eagle.py L91 `torch.nn.Linear(config.hidden_size * 2,
+#   config.hidden_size)` (always a bias), L101-108 cat((embeds, hidden)), L54-55 layer 0 drops input_layernorm,
+#   L146-150 `model.` prefix and the draft lm_head skipped, L153 `EntryClass = [LlamaForCausalLMEagle]`
+#   matched exactly against `architectures` (models/registry.py L93); models/llama.py L339-341 the same
+#   `"bias"` -> attention-bias rule as vLLM.
 
+LAYER = {f"layers.0.self_attn.{p}_proj.weight" for p in "qkvo"} | {
+    f"layers.0.mlp.{p}_proj.weight" for p in ("gate", "up", "down")} | {"layers.0.post_attention_layernorm.weight"}
+EXPECTED = {  # format: (weights file, tensor names, architectures)
+    "eagle": ("pytorch_model.bin", LAYER | {"fc.weight", "fc.bias", "embed_tokens.weight"}, ["LlamaForCausalLM"]),
+    "vllm": ("model.safetensors", LAYER | {"fc.weight"}, ["LlamaForCausalLM"]),
+    "sglang": ("model.safetensors", LAYER | {"fc.weight", "fc.bias"}, ["LlamaForCausalLMEagle"]),
+}
+
+
+def exported_state(out) -> dict[str, torch.Tensor]:
+    if (out / "model.safetensors").exists():
+        from safetensors.torch import load_file
+
+        return load_file(str(out / "model.safetensors"))
+    return torch.load(out / "pytorch_model.bin", weights_only=True)
+
+
+def no_bias_drafter(target):
+    config = EagleDrafter.random(target, FakeTokenizer(96), path="runs/tiny").config
+    return perturbed(EagleDrafter.on_target(dataclasses.replace(config, fc_bias=False), target))
+
+
+@pytest.mark.parametrize("fmt", sorted(EXPECTED))
+def test_each_format_holds_what_its_engine_loads(tmp_path, target, drafter, fmt):
+    source = no_bias_drafter(target) if fmt == "vllm" else drafter  # vLLM's fc has no bias
+    out = export_drafter(source, tmp_path / fmt, fmt)
+    weights, names, architectures = EXPECTED[fmt]
+    assert sorted(p.name for p in out.iterdir()) == sorted(["config.json", weights])
+    state = exported_state(out)
+    assert set(state) == names  # no prefix; never lm_head, norm or layers.0.input_layernorm
+    h = source.config.hidden_size
+    assert state["fc.weight"].shape == (h, 2 * h)
+    assert torch.equal(state["fc.weight"][:, :h], source.fc.weight[:, h:])  # embedding columns first
+    assert torch.equal(state["fc.weight"][:, h:], source.fc.weight[:, :h])
+    own = source.state_dict()
+    for name in LAYER:
+        assert state[name].shape == own[name].shape, name
     config = json.loads((out / "config.json").read_text())
-    assert config["architectures"] == ["LlamaForCausalLM"] and config["num_hidden_layers"] == 1
-    assert config["eagle_fc_bias"] is True and "bias" not in config
-    bin_state = torch.load(out / "pytorch_model.bin", weights_only=True)
-    assert torch.equal(bin_state["embed_tokens.weight"], target.model.embed_tokens.weight)
+    assert config["architectures"] == architectures and config["model_type"] == "llama"
+    assert config["num_hidden_layers"] == 1 and config["attention_bias"] is False
+    assert config["hidden_size"] == h and config["vocab_size"] == 96 and config["tie_word_embeddings"] is False
+    if fmt == "eagle":
+        assert config["bias"] is True  # explicit: EAGLE defaults to a bias, strict=False leaves a missing one random
+        assert torch.equal(state["embed_tokens.weight"], target.model.embed_tokens.weight)
+    else:
+        assert config.get("bias") is not True  # vLLM and SGLang read "bias" as attention biases
+    assert config["rope_scaling"] is None or len(config["rope_scaling"]) == 2 or fmt != "eagle"
 
+
+@pytest.mark.parametrize("fmt", sorted(EXPECTED))
+def test_export_import_round_trip(tmp_path, target, drafter, fmt):
+    source = no_bias_drafter(target) if fmt == "vllm" else drafter
+    out = export_drafter(source, tmp_path / fmt, fmt)
     back = import_eagle(out, target, FakeTokenizer(96))
-    assert torch.equal(outputs(back), outputs(drafter))
-    (out / "model.safetensors").unlink()  # SafeAILab's file alone imports the same
-    assert torch.equal(outputs(import_eagle(out, target, FakeTokenizer(96))), outputs(drafter))
+    assert back.config.fc_bias is (fmt != "vllm") and torch.equal(outputs(back), outputs(source))
     with pytest.raises(TargetMismatchError, match="hidden_size 32 != 64"):
         import_eagle(out, make_tiny_model("llama", hidden_size=64))
 
 
-def test_export_means_what_eagle_engines_compute(tmp_path, target, drafter):
-    """Rebuild the exported drafter the way EAGLE / vLLM / SGLang do: a Llama decoder layer
-    from the exported config.json without its input norm, fed fc([E(x); f])."""
+def test_what_a_format_cannot_hold_is_refused(tmp_path, target, drafter):
+    with pytest.raises(ExportError, match="model.fc_bias=false"):
+        export_drafter(drafter, tmp_path / "v", "vllm")  # a trained bias vLLM would drop
+    with pytest.raises(ExportError, match="no EAGLE-1 variant"):
+        export_drafter(drafter, tmp_path / "s", "speculators")
+    out = export_drafter(no_bias_drafter(target), tmp_path / "sg", "sglang")
+    assert not exported_state(out)["fc.bias"].any()  # SGLang's fc always has one: zeros
+
+
+def test_llama3_rope_scaling_is_kept_except_for_eagles_config_class(tmp_path, target):
+    rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    config = dataclasses.replace(EagleDrafter.random(target).config, rope_theta=500000.0, rope_parameters=rope)
+    drafter = EagleDrafter.on_target(config, target)
+    vllm = json.loads((export_drafter(no_bias_fc(drafter), tmp_path / "v", "vllm") / "config.json").read_text())
+    assert vllm["rope_scaling"]["rope_type"] == "llama3" and vllm["rope_theta"] == 500000.0
+    with pytest.warns(UserWarning, match="accepts rope_scaling types"):
+        eagle = json.loads((export_drafter(drafter, tmp_path / "e", "eagle") / "config.json").read_text())
+    assert eagle["rope_scaling"] is None and eagle["rope_theta"] == 500000.0
+
+
+def no_bias_fc(drafter):
+    with torch.no_grad():
+        drafter.fc.bias.zero_()  # an all-zero bias is exportable to vLLM: nothing is lost
+    return drafter
+
+
+@pytest.mark.parametrize("fmt", sorted(EXPECTED))
+def test_export_means_what_the_engines_compute(tmp_path, target, drafter, fmt):
+    """Rebuild the exported drafter the way the engines do: a Llama decoder layer from the
+    exported config.json without its input norm, fed fc(cat([E(x), f])) (fc's bias when the
+    file has one), and compare it with our drafter."""
     from transformers import LlamaConfig
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
     from eagle.decoding.masks import causal_mask
 
-    out = export_eagle(drafter, tmp_path / "eagle")
+    source = no_bias_drafter(target) if fmt == "vllm" else drafter
+    out = export_drafter(source, tmp_path / fmt, fmt)
     cfg = LlamaConfig.from_pretrained(out)
-    assert cfg.num_hidden_layers == 1 and cfg.rope_parameters["rope_theta"] == drafter.config.rope_theta
-    from safetensors.torch import load_file
-
-    state = load_file(str(out / "model.safetensors"))
-    fc = torch.nn.Linear(2 * cfg.hidden_size, cfg.hidden_size)
-    fc.load_state_dict({"weight": state["fc.weight"], "bias": state["fc.bias"]})
+    assert cfg.num_hidden_layers == 1 and cfg.rope_parameters["rope_theta"] == source.config.rope_theta
+    state = exported_state(out)
+    fc = torch.nn.Linear(2 * cfg.hidden_size, cfg.hidden_size, bias="fc.bias" in state)
+    fc.load_state_dict({k.removeprefix("fc."): v for k, v in state.items() if k.startswith("fc.")})
     layer = LlamaDecoderLayer(cfg, layer_idx=0)
     layer.input_layernorm = torch.nn.Identity()
     layer.load_state_dict({k.removeprefix("layers.0."): v for k, v in state.items() if k.startswith("layers.0.")})
@@ -156,8 +240,8 @@ def test_export_means_what_eagle_engines_compute(tmp_path, target, drafter):
     g = torch.Generator().manual_seed(0)
     feats, ids = torch.randn(1, 6, 32, generator=g), torch.randint(0, 96, (1, 6), generator=g)
     with torch.no_grad():
-        x = fc(torch.cat([target.model.embed_tokens(ids), feats], -1))  # EAGLE: cat((inputs_embeds, hidden))
+        x = fc(torch.cat([target.model.embed_tokens(ids), feats], -1))  # the engines: cat((inputs_embeds, hidden))
         pos = torch.arange(6)[None]
         ref = layer(x, attention_mask=causal_mask(0, 6, torch.float32), position_ids=pos,
                     position_embeddings=rotary(x, pos))
-        torch.testing.assert_close(drafter(feats, ids), ref, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(source(feats, ids), ref, atol=1e-5, rtol=1e-5)

@@ -141,3 +141,17 @@ def test_sampled_tokens_follow_target_distribution(case, runner):
     if case.accepts:
         bonus = sum(r.accepted == 2 and r.committed == 3 for r in rounds)  # a full depth-2 path + its bonus
         assert bonus > 0.2 * runs, "full accepts with their bonus token must be emitted"
+
+
+@pytest.mark.parametrize("family,name", [("gemma2", "vanilla"), ("gemma2", "eagle"), ("cohere", "draft_tree")])
+def test_sampling_follows_a_transformed_distribution(family, name):
+    """Gemma-2 soft-caps its logits (here hard: cap 3), Cohere scales them: p is the model's own
+    distribution, transform included, for the target and for the drafters that share its head."""
+    case = next(c for c in PROPOSERS if c.name == name)
+    target = make_tiny_model(family, vocab_size=5, seed=3)
+    proposer, kept = setup(case, "dynamic", target, family, SMALL)
+    decoder = SpeculativeDecoder(target, proposer, POLICIES["t1"], eos_token_id=[], runner=kept)
+    prompt, n, runs = [1, 3, 2], 4, 800
+    counts, _ = sample_counts(lambda g: decoder.generate(prompt, n, generator=g), runs)
+    pvalue = chi2_pvalue(counts, exact_joint(target, prompt, POLICIES["t1"], n), runs)
+    assert pvalue > 1e-3, f"{family}/{name}: chi2 p-value {pvalue:.2e}"

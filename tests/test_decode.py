@@ -67,8 +67,12 @@ def test_benchmark_every_method_writes_report(models, tmp_path):
         assert eagle_static["speedup_vs_static"] > 0 and eagle_static["ms_per_round"] > 0
         assert eagle_static["draft_ms_per_round"] + eagle_static["verify_ms_per_round"] <= eagle_static["ms_per_round"]
     greedy = report["runs"][0]["methods"]
+    assert greedy["vanilla"]["reference"] is None  # the fp32 vanilla is the reference
     for name in EVERY:  # all fp32 here: every method must reproduce the reference text
-        assert greedy[name]["identical_to_reference"] == 1.0, name
+        if name != "vanilla":
+            assert greedy[name]["identical_to_reference"] == 1.0 == greedy[name]["identical_to_fp32"], name
+    assert greedy["eagle"]["reference"] == "vanilla (float32)"
+    assert greedy["eagle:static"]["reference"] == "vanilla:static (float32)"
     eagle = greedy["eagle"]
     parents, by_node = eagle["tree_parents"], eagle["acceptance_by_node"]
     assert len(by_node) == len(parents) and by_node[0] == 1.0
@@ -80,6 +84,23 @@ def test_benchmark_every_method_writes_report(models, tmp_path):
         [ln for ln in table.splitlines() if ln.startswith("| medusa_typical")]
     for png in ("speedup.png", "tau.png", "acceptance.png", "speedup_vs_static.png"):
         assert (out / png).stat().st_size > 1000
+
+
+def test_a_bf16_method_is_compared_with_bf16_and_fp32_vanilla(models, tmp_path):
+    """EAGLE in bf16: its text is compared with vanilla decoding in bf16 (run untimed when the
+    benchmark has none) and with fp32 vanilla, each named, with the share that matched."""
+    from decode import decode
+
+    out = tmp_path / "bench"
+    decode(decode_cfg(models, tmp_path, "mode=benchmark", f"benchmark.eval_sets=[{models / 'prompts.jsonl'}]",
+                      f"benchmark.out_dir={out}", "benchmark.dtypes={eagle:bfloat16}", "benchmark.methods=[vanilla,eagle]",
+                      "benchmark.temperatures=[0.0]"))
+    (run,) = json.loads((out / "results.json").read_text())["runs"]
+    eagle = run["methods"]["eagle"]
+    assert eagle["dtype"] == "bfloat16" and eagle["reference"] == "vanilla (bfloat16)"
+    assert 0.0 <= eagle["identical_to_reference"] <= 1.0 and 0.0 <= eagle["identical_to_fp32"] <= 1.0
+    assert set(run["methods"]) == {"vanilla", "eagle"}  # the bf16 reference is not a timed method
+    assert "of vanilla (bfloat16)" in (out / "results.md").read_text()
 
 
 def test_acceptance_by_node_counts_full_tree_rounds():
@@ -233,3 +254,66 @@ def test_timing_mode_times_rounds_and_labels_the_projection(models, tmp_path):
     assert row["round_ms"] == report["methods"]["eagle:static"]["ms_per_round"]
     with pytest.raises(MethodError, match="timing runs"):
         decode(decode_cfg(models, tmp_path, "mode=timing", *shape, "timing.methods=[draft]"))
+
+
+def test_a_benchmark_builds_every_method_before_running_any(models, tmp_path):
+    """A missing or mismatched checkpoint fails the run at once, naming every such method, not
+    after the other methods' warm-ups ("model path 'None' does not exist")."""
+    from decode import decode
+
+    other = save_tiny_target(tmp_path / "other", small_tokenizer(), vocab_size=320, num_hidden_layers=1)
+    cfg = decode_cfg(models, tmp_path, "mode=benchmark", f"benchmark.eval_sets=[{models / 'prompts.jsonl'}]",
+                     "benchmark.methods=[vanilla,eagle,draft,medusa]", "eagle.random=false",
+                     f"eagle.drafter={tmp_path / 'nowhere'}", f"draft.model={other}")
+    with pytest.raises(MethodError, match=r"2 of 4 methods cannot be built .*eagle: .*nowhere.*; draft: the draft "
+                                          r"LM .* has a vocabulary of 320"):
+        decode(cfg)
+
+
+def test_benchmark_chat_renders_every_prompt_with_the_template(models, tmp_path, monkeypatch):
+    import decode as decode_module
+
+    seen = {}
+
+    def fake_run(eval_sets, *args, **kwargs):
+        seen.update({k: [p.chat for p in v] for k, v in eval_sets.items()})
+        raise StopIteration  # nothing to time
+
+    monkeypatch.setattr(decode_module, "run_benchmark", fake_run)
+    for chat, expected in (("true", True), ("false", False), ("null", False)):  # null: the jsonl's own (raw)
+        cfg = decode_cfg(models, tmp_path, "mode=benchmark", f"benchmark.eval_sets=[{models / 'prompts.jsonl'}]",
+                         "benchmark.methods=[vanilla]", f"benchmark.chat={chat}")
+        with pytest.raises(StopIteration):
+            decode_module.decode(cfg)
+        assert seen["prompts"] == [expected] * 3, chat
+    with pytest.raises(StopIteration):  # the top-level chat=true reaches the benchmark too
+        decode_module.decode(decode_cfg(models, tmp_path, "mode=benchmark", "chat=true",
+                                        f"benchmark.eval_sets=[{models / 'prompts.jsonl'}]"))
+    assert seen["prompts"] == [True] * 3
+
+
+def test_export_mode_writes_one_folder_per_format(models, tmp_path):
+    """`decode.py mode=export`: every format that can hold the drafter is written; vLLM's
+    loader has no fc bias, so a drafter trained with one is refused for it, by name, after the
+    others are written."""
+    from decode import decode
+    from eagle.models.checkpoint import save_drafter
+    from eagle.models.drafter import DrafterConfig, EagleDrafter
+    from eagle.models.export import ExportError, import_eagle
+
+    target, tokenizer = load_target(models / "target")
+    for bias in (False, True):
+        config = DrafterConfig.from_dict({**DrafterConfig.from_target(target, tokenizer).to_dict(), "fc_bias": bias})
+        drafter = save_drafter(EagleDrafter.on_target(config, target), tmp_path / f"drafter_bias{bias}")
+        out = tmp_path / f"export_bias{bias}"
+        cfg = decode_cfg(models, tmp_path, "mode=export", f"eagle.drafter={drafter}", f"export.out_dir={out}")
+        if bias:
+            with pytest.raises(ExportError, match="vllm: .*fc_bias"):
+                decode(cfg)
+            assert sorted(p.name for p in out.iterdir()) == ["eagle", "sglang"]
+        else:
+            decode(cfg)
+            assert sorted(p.name for p in out.iterdir()) == ["eagle", "sglang", "vllm"]
+        for fmt in (p.name for p in out.iterdir()):
+            back = import_eagle(out / fmt, target, tokenizer)
+            assert (back.fc.bias is not None) == (bias or fmt == "sglang")  # SGLang's fc always has one

@@ -200,7 +200,8 @@ def test_tree_drafting_equals_sequential_evaluation_with_parent_features(cache):
     """Every drafted node's f_hat equals a plain causal drafter run over the committed
     tokens (with the target's true features) and then the node's path (each node fed its
     parent's f_hat); children are the top-k of their parent. Checked in every round, so
-    catch-up after partial acceptance and branch-KV removal are covered too."""
+    catch-up after partial acceptance and branch-KV removal are covered too, and so is the
+    decode-time pairing [f_{t-1}; E(x_t)]: shifting it by one token fails here (no tau needed)."""
     target = make_tiny_model("llama")
     d = EagleDrafter.random(target, seed=4)
     tpl = tree("eagle_default")
@@ -259,6 +260,61 @@ def test_tree_drafting_equals_sequential_evaluation_with_parent_features(cache):
     res = SpeculativeDecoder(target, proposer, eos_token_id=[], runner=runner).generate(prompt, 12)
     assert res.tokens == hf_greedy(target, prompt, 12, None)
     assert len(checked) == len(res.stats.rounds) > 3
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_sampled_children_record_the_proposals_they_were_drawn_from(cache):
+    """Under sampling, each expanded node's children are distinct draws from its draft
+    distribution q, and child i records q with its earlier siblings zeroed and renormalised:
+    exactly what the verification must divide by (a row left as q, or not renormalised, fails)."""
+    from eagle.sampling import SamplingPolicy
+
+    target = make_tiny_model("llama")
+    drafter = EagleDrafter.random(target, seed=6)
+    tpl = tree("eagle_default")
+    model = draft_model(cache, drafter, tpl)
+    proposer = TemplateProposer(model, tpl, proposal="sample", name="eagle")
+    policy = SamplingPolicy(temperature=1.5)
+    logits: dict[int, torch.Tensor] = {}
+    catch_up, step = model.catch_up, model.step
+
+    def spy_catch_up(state):
+        out = catch_up(state)
+        logits.clear()
+        logits[0] = out[0]
+        return out
+
+    def spy_step(tokens, parent_hidden, position_ids, visible):
+        out = step(tokens, parent_hidden, position_ids, visible)
+        depth = int(position_ids[0]) - root_pos[0]
+        for j, v in enumerate(proposer.expanded_by_depth[depth]):
+            logits[v] = out[0][j]
+        return out
+
+    root_pos, rounds = [0], []
+    propose = proposer.propose
+
+    def spy_propose(state):
+        root_pos[0] = len(state.tokens) - 1
+        drafted = propose(state)
+        for v, kids in enumerate(tpl.children):
+            if not kids:
+                continue
+            q = policy.probs(logits[v].float())  # the parent's draft distribution
+            toks = drafted.tokens[[k - 1 for k in kids]].tolist()
+            assert len(set(toks)) == len(toks), "children drawn with replacement"
+            for i, k in enumerate(kids):
+                want = q.clone()
+                want[toks[:i]] = 0
+                torch.testing.assert_close(drafted.q[k - 1], want / want.sum(), rtol=1e-5, atol=1e-7)
+        rounds.append(1)
+        return drafted
+
+    model.catch_up, model.step, proposer.propose = spy_catch_up, spy_step, spy_propose
+    runner = make_runner("dynamic" if cache == "dynamic" else "static", target, tree_size=tpl.num_nodes)
+    decoder = SpeculativeDecoder(target, proposer, policy, eos_token_id=[], runner=runner)
+    decoder.generate(prompts(3, 96)[2], 20, generator=torch.Generator().manual_seed(0))
+    assert len(rounds) > 3
 
 
 @pytest.fixture(scope="module")

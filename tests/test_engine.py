@@ -106,6 +106,42 @@ def test_gumbel_top_k_draws_are_successive_draws_without_replacement():
     assert chi2_pvalue(counts, expected, runs) > 1e-3
 
 
+def test_every_q_row_is_the_parent_distribution_without_the_earlier_draws():
+    """Row i of q is exactly what draw i was drawn from: `dist` with draws 0..i-1 zeroed and
+    renormalised (a row left un-updated or un-normalised would bias the verification)."""
+    from eagle.proposers.template import sample_without_replacement
+
+    g = torch.Generator().manual_seed(1)
+    for _ in range(50):
+        dist = torch.rand(7, generator=g) ** 3
+        dist /= dist.sum()
+        picks, q = sample_without_replacement(dist, 4, g)
+        assert len(set(picks.tolist())) == 4
+        for i in range(4):
+            want = dist.clone()
+            want[picks[:i]] = 0
+            torch.testing.assert_close(q[i], want / want.sum(), rtol=1e-6, atol=1e-7)
+            assert q[i, picks[i]] > 0  # the draw came from its own row
+
+
+def test_gumbel_keys_reach_tokens_far_below_the_top(monkeypatch):
+    """A token 1e-12 as likely as the top one must be drawn first when its uniform is close
+    enough to 1: 1 - 1e-15 gives it a Gumbel of ~34.5 > -log(1e-12) = 27.6. Float32 uniforms stop
+    at 1 - 2^-24 (a Gumbel of ~16.6), so no token below ~1e-9 of the top could ever come first
+    while its recorded q kept its full mass."""
+    from eagle.proposers.template import sample_without_replacement
+
+    def extreme_rand(shape, generator=None, device=None, dtype=torch.float32):  # torch.rand's range: [0, 1)
+        below_one = torch.nextafter(torch.ones((), dtype=dtype), torch.zeros((), dtype=dtype))
+        return torch.minimum(torch.tensor([0.5, 1 - 1e-15], dtype=torch.float64).to(dtype), below_one)
+
+    monkeypatch.setattr(torch, "rand", extreme_rand)
+    dist = torch.tensor([1.0, 1e-12], dtype=torch.float64)
+    picks, q = sample_without_replacement(dist / dist.sum(), 2)
+    assert picks.tolist() == [1, 0]
+    assert q[0, 1] > 0  # its recorded proposal is the true one
+
+
 def test_draws_past_an_exhausted_support_are_one_hot():
     from eagle.proposers.template import sample_without_replacement
 
@@ -115,3 +151,14 @@ def test_draws_past_an_exhausted_support_are_one_hot():
     assert torch.isfinite(q).all() and torch.allclose(q.sum(-1), torch.ones(4))
     for i in (2, 3):
         assert q[i, picks[i]] == 1.0  # deterministic picks: one-hot proposals
+
+
+def test_a_generator_on_another_device_is_refused_before_decoding():
+    """Sampling draws on the model's device (CUDA sampling refuses a CPU generator): a generator
+    elsewhere is refused with the fix, before any forward (the target here is on `meta`)."""
+    from eagle.sampling import SamplingPolicy, seeded_generator
+
+    target = make_tiny_model("llama").to("meta")
+    decoder = SpeculativeDecoder(target, policy=SamplingPolicy(temperature=1.0))
+    with pytest.raises(ValueError, match="generator is on cpu but the model on meta: create it there"):
+        decoder.generate([1, 5, 7], 4, generator=seeded_generator(0, "cpu"))

@@ -1,4 +1,5 @@
-"""Target access: features feed the LM head exactly, per family; bad paths fail in one line."""
+"""Target access: the engine's logits are the model's own, per family (its final transform
+included); the features feed the LM head; bad paths fail in one line."""
 
 from __future__ import annotations
 
@@ -6,9 +7,12 @@ import pytest
 import torch
 
 from eagle.target import (
+    LogitTransform,
     TargetError,
+    check_logits,
     check_model_dir,
     embeddings,
+    head_logits,
     lm_head,
     load_target,
     load_tokenizer,
@@ -18,16 +22,35 @@ from helpers.models import FAMILIES, make_tiny_model
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_lm_head_of_feature_equals_logits(family):
+def test_engine_logits_are_the_models_own(family):
+    """Family-agnostic: whatever the family does after its LM head (Gemma-2's soft cap, Cohere's
+    scale) the engine's logits equal `model(ids).logits`, and its features feed the LM head."""
     model = make_tiny_model(family)
     ids = torch.randint(0, model.config.vocab_size, (2, 17))
     out = target_forward(model, ids)
-    reference = model(input_ids=ids, output_hidden_states=True)
-    torch.testing.assert_close(lm_head(model)(out.features), reference.logits, rtol=0, atol=1e-6)
-    torch.testing.assert_close(out.logits, reference.logits, rtol=0, atol=1e-6)
-    # the feature is the post-norm hidden state, i.e. Hugging Face's last hidden_states entry
-    torch.testing.assert_close(out.features, reference.hidden_states[-1], rtol=0, atol=1e-6)
+    reference = model(input_ids=ids)
+    torch.testing.assert_close(out.logits, reference.logits, rtol=0, atol=1e-5)
+    torch.testing.assert_close(head_logits(model, out.features), reference.logits, rtol=0, atol=1e-5)
+    check_logits(model)
     assert embeddings(model).weight.shape == (model.config.vocab_size, model.config.hidden_size)
+
+
+def test_the_features_are_the_post_norm_hidden_state():
+    model = make_tiny_model("llama")
+    ids = torch.randint(0, model.config.vocab_size, (2, 17))
+    out = target_forward(model, ids)
+    reference = model(input_ids=ids, output_hidden_states=True)
+    torch.testing.assert_close(out.features, reference.hidden_states[-1], rtol=0, atol=1e-6)
+    torch.testing.assert_close(lm_head(model)(out.features), reference.logits, rtol=0, atol=1e-6)
+
+
+def test_an_unknown_logit_transform_is_refused(monkeypatch):
+    """A family that transforms its logits in a way LogitTransform does not know is caught when
+    the target is loaded, not decoded from the wrong distribution."""
+    model = make_tiny_model("gemma2")
+    monkeypatch.setattr(LogitTransform, "of", classmethod(lambda cls, config: cls()))
+    with pytest.raises(TargetError, match="transforms its logits"):
+        check_logits(model)
 
 
 def test_logits_slice_keeps_all_features():
@@ -57,3 +80,27 @@ def test_missing_paths_fail_clearly(tmp_path):
         load_target(tmp_path / "empty")
     with pytest.raises(TargetError, match="does not exist"):
         load_tokenizer("./not/a/model")
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2", "gemma2", "phi3"])
+@pytest.mark.parametrize("tied", [True, False])
+def test_a_head_only_load_reads_exactly_the_embeddings_and_lm_head(tmp_path, family, tied):
+    """Offline drafter training needs E, the LM head and its logit transform: the rest of an 8B
+    target (14 of its 16 GB in bf16) stays on the meta device."""
+    from eagle.target import TargetIdentity, is_head_only
+
+    make_tiny_model(family, tie_word_embeddings=tied).save_pretrained(tmp_path)
+    full, _ = load_target(tmp_path, with_tokenizer=False)
+    head, _ = load_target(tmp_path, with_tokenizer=False, weights="head")
+    assert is_head_only(head) and not is_head_only(full)
+    for part in (embeddings, lm_head):
+        for (name, p), q in zip(part(head).named_parameters(), part(full).parameters(), strict=True):
+            assert p.device.type == "cpu" and not p.requires_grad, name
+            torch.testing.assert_close(p, q, rtol=0, atol=0)
+    assert (lm_head(head).weight is embeddings(head).weight) == tied
+    real = {id(p) for p in head.parameters() if p.device.type != "meta"}
+    assert real == {id(p) for part in (embeddings, lm_head) for p in part(head).parameters()}
+    assert sum(p.numel() for p in head.parameters() if p.device.type != "meta") < \
+        sum(p.numel() for p in full.parameters()) / 2  # the decoder layers were not read
+    assert LogitTransform.of(head.config) == LogitTransform.of(full.config)
+    assert TargetIdentity.of(head, with_lm_head=True) == TargetIdentity.of(full, with_lm_head=True)

@@ -55,10 +55,37 @@ def test_drafter_configs_compose():
     # the dump scripts/gpu_bench.sh writes
     assert compose_config("data_gen", ["paths.root_dir=/nowhere", "name=target_gpu-python_stdlib"]).out_dir == \
         gpu.data.datamodule.features_dir
-    online = compose_train(["experiment=drafter_test", "data=online"])
+    online = compose_train(["experiment=drafter_test", "data=online", "data_gen@_global_=python_corpus"])
     assert online.data.datamodule._target_ == "eagle.training.datamodules.OnlineDataModule"
     assert online.data.datamodule.source._target_ == "data_gen.conversations.python_corpus_samples"
+    sharegpt = compose_train(["experiment=drafter_7b", "data=online", "data_gen@_global_=sharegpt",
+                              "source.path=/data/c.json"])
+    assert sharegpt.data.datamodule.source._target_ == "data_gen.conversations.sharegpt_samples"
+    assert sharegpt.data.datamodule.max_len == 2048  # EAGLE-1's sequence length, from the sharegpt source
     assert online.data.datamodule.tokenizer_path == online.model.target_path
+
+
+def test_online_data_needs_a_named_source(tmp_path, target_dir):
+    # data=online alone used to train on the built-in Python corpus with the user's tokenizer
+    cfg = compose_train(["experiment=drafter_test", "data=online", f"paths.runs_dir={tmp_path}",
+                         f"model.target_path={target_dir}"])
+    with pytest.raises(Exception, match="data=online needs a sample source: add data_gen@_global_=sharegpt"):
+        train(cfg)
+
+
+def test_the_7b_preset_is_eagle1s_recipe():
+    cfg = compose_train(["experiment=drafter_7b", "model.target_path=/m", "data.name=d"])
+    OmegaConf.resolve(cfg)
+    assert (cfg.model.optim.lr, list(cfg.model.optim.betas), cfg.model.optim.warmup_steps) == (3e-5, [0.9, 0.95], 2000)
+    assert (cfg.trainer.gradient_clip_val, cfg.trainer.gradient_clip_algorithm) == (0.5, "value")
+    assert cfg.trainer.max_epochs == 20 and cfg.data.datamodule.batch_size == 4
+    assert cfg.trainer.strategy._target_.endswith("DDPStrategy") and cfg.trainer.accelerator == "gpu"
+    assert cfg.model.target_dtype == "bfloat16" and cfg.trainer.precision == "auto"  # bf16-mixed on a GPU
+    sharegpt = compose_config("data_gen", ["data_gen=sharegpt", "source.path=/c.json"])
+    assert sharegpt.max_len == 2048
+    # the target and the dump must be named
+    unnamed = compose_train(["experiment=drafter_7b"])
+    assert OmegaConf.is_missing(unnamed.model, "target_path") and OmegaConf.is_missing(unnamed.data, "name")
 
 
 def test_shift_batch_alignment():
@@ -122,7 +149,7 @@ def test_fast_dev_run_offline(tmp_path, target_dir, features_dir, capsys):
 
 
 def test_fast_dev_run_online(tmp_path, target_dir):
-    cfg = drafter_cfg(tmp_path, target_dir, None, "debug=fdr", "data=online",
+    cfg = drafter_cfg(tmp_path, target_dir, None, "debug=fdr", "data=online", "data_gen@_global_=python_corpus",
                       "data.datamodule.max_len=32", "source.max_files=24")
     metrics = train(cfg)
     assert metrics["steps"] == 1 and math.isfinite(metrics["val/loss"])
@@ -189,6 +216,24 @@ def test_drafter_overfits_one_batch(target_dir, features_dir):
     assert entropy <= out["tok_loss"].item() < entropy + 0.1 < first["tok_loss"].item()
     assert module.target_identity.lm_head_sha256  # what the feature dump is checked against
     assert not any(k.startswith("target") for k in module.state_dict())
+
+
+def test_offline_training_reads_only_the_targets_head(target_dir, features_dir):
+    """Dumped features need only E and the LM head; online batches get the whole target, once,
+    and the drafter then drafts on that target's E and head."""
+    from eagle.target import embeddings, is_head_only, lm_head
+
+    module = EagleDrafterModule(str(target_dir), noise=0.0)
+    assert is_head_only(module.target)
+    batch = collate([FeatureShards(features_dir, "train")[i] for i in range(2)])
+    offline = module.model_step(batch, train=False)
+    with pytest.raises(ValueError, match="only the target's embeddings and LM head"):
+        module.model_step({k: v for k, v in batch.items() if k != "features"}, train=False)
+    module.load_full_target()
+    assert not is_head_only(module.target)
+    assert module.drafter.embed_tokens is embeddings(module.target) and module.drafter.lm_head is lm_head(module.target)
+    online = module.model_step({k: v for k, v in batch.items() if k != "features"}, train=False)
+    torch.testing.assert_close(online["loss"], offline["loss"], rtol=1e-3, atol=1e-3)  # bf16-stored features
 
 
 @pytest.mark.slow

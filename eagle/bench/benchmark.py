@@ -31,9 +31,10 @@ import torch
 from tqdm.auto import tqdm
 
 from eagle.bench.evalsets import Prompt
-from eagle.bench.methods import Method
+from eagle.bench.methods import Method, MethodError
 from eagle.decoding.stats import DecodeResult, accepted_histogram, tau
-from eagle.sampling import SamplingPolicy
+from eagle.sampling import SamplingPolicy, seeded_generator
+from eagle.target import TargetError
 from eagle.tree import Tree
 
 
@@ -74,7 +75,10 @@ class MethodResult:
     tree_parents: list[int] | None = None  # the fixed draft tree (node 0 = root), if the method has one
     acceptance_by_node: list[float] | None = None  # P(node i on the accepted path), i = 0..N, full-tree rounds
     peak_memory_mb: float = 0.0
-    identical_to_reference: float | None = None  # greedy: fraction of prompts equal to vanilla/hf output
+    # greedy runs: which decode the text was compared with, and the share of prompts with the same text
+    reference: str | None = None  # vanilla decoding in the method's own dtype (and runner when in the run)
+    identical_to_reference: float | None = None
+    identical_to_fp32: float | None = None  # against float32 vanilla: what the model itself says
 
 
 def encode_prompt(tokenizer, prompt: Prompt) -> list[int]:
@@ -138,18 +142,37 @@ def summarise(method: Method, dtype: str, results: list[DecodeResult]) -> Method
     )
 
 
+def build_all(build: Callable[[str], tuple[Method, str]], names: Sequence[str]) -> dict[str, tuple[Method, str]]:
+    """Every method of the run, built up front; the ones that cannot be built are named together."""
+    methods, errors = {}, []
+    for name in names:
+        try:
+            methods[name] = build(name)
+        except (ValueError, OSError, TargetError) as err:  # a missing or mismatched checkpoint, a bad setting
+            errors.append(f"{name}: {str(err).splitlines()[0] if str(err) else type(err).__name__}")
+    if errors:
+        raise MethodError(f"{len(errors)} of {len(names)} methods cannot be built (drop them from "
+                          f"benchmark.methods or fix their settings): " + "; ".join(errors))
+    return methods
+
+
 def run_benchmark(eval_sets: dict[str, list[Prompt]], tokenizer, build: Callable[[str], tuple[Method, str]],
-                  cfg: BenchmarkConfig, target_name: str, out_dir: str | Path, device=None) -> dict:
+                  cfg: BenchmarkConfig, target_name: str, out_dir: str | Path, device=None,
+                  reference: Callable[[str], Method] | None = None) -> dict:
     """Run every method on every eval set and temperature; write results into `out_dir`.
 
     Args:
         eval_sets: name -> prompts.
-        build: method name -> (method, dtype name); called once per method, cached here.
+        build: method name -> (method, dtype name); every method is built before any is run, so
+            a method that cannot be built (a missing checkpoint) stops the run at once.
+        reference: dtype name -> vanilla decoding in that dtype. Greedy texts are compared with
+            vanilla in each method's own dtype and with float32 vanilla; the references the run
+            does not time are decoded (untimed) with this.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     device = torch.device(device or "cpu")
-    methods: dict[str, tuple[Method, str]] = {}
+    methods = build_all(build, cfg.methods)
     runs = []
     total = sum(len(p) for p in eval_sets.values()) * len(cfg.temperatures) * len(cfg.methods)
     bar = tqdm(total=total, desc="benchmark", unit="prompt")
@@ -161,17 +184,15 @@ def run_benchmark(eval_sets: dict[str, list[Prompt]], tokenizer, build: Callable
             results: dict[str, MethodResult] = {}
             outputs: dict[str, list[list[int]]] = {}
             for name in cfg.methods:
-                if name not in methods:
-                    methods[name] = build(name)
                 bar.set_postfix_str(f"{set_name} T={temperature} {name} warm-up")
-                warm = torch.Generator().manual_seed(cfg.seed)
+                warm = seeded_generator(cfg.seed, device)
                 for ids in encoded[: cfg.warmup]:
                     methods[name][0].generate(ids, min(cfg.max_new_tokens, 16), policy, warm)
             # Methods take turns prompt by prompt (in a rotating order), so a drift in the load
             # of a shared machine falls on every method alike rather than on whichever ran
             # during it. Each method keeps its own generator: its samples do not depend on the
             # others.
-            generators = {name: torch.Generator().manual_seed(cfg.seed) for name in cfg.methods}
+            generators = {name: seeded_generator(cfg.seed, device) for name in cfg.methods}
             outcomes: dict[str, list[DecodeResult]] = {name: [] for name in cfg.methods}
             peaks = dict.fromkeys(cfg.methods, 0.0)
             for i, ids in enumerate(encoded):
@@ -190,7 +211,10 @@ def run_benchmark(eval_sets: dict[str, list[Prompt]], tokenizer, build: Callable
                 result = summarise(method, dtype, outcomes[name])
                 result.peak_memory_mb = peaks[name]
                 results[name], outputs[name] = result, [o.tokens for o in outcomes[name]]
-            _relate(results, outputs, greedy=policy.greedy)
+            _speedups(results)
+            if policy.greedy:
+                texts = _reference_texts(results, outputs, encoded, cfg.max_new_tokens, reference, bar)
+                _compare_texts(results, outputs, texts)
             runs.append({"eval_set": set_name, "temperature": float(temperature), "target": target_name,
                          "num_prompts": len(prompts), "max_new_tokens": cfg.max_new_tokens,
                          "methods": {k: asdict(v) for k, v in results.items()}})
@@ -205,9 +229,8 @@ def run_benchmark(eval_sets: dict[str, list[Prompt]], tokenizer, build: Callable
     return report
 
 
-def _relate(results: dict[str, MethodResult], outputs: dict[str, list[list[int]]], greedy: bool) -> None:
-    """Speedups against vanilla (and vanilla:static) of the same run; greedy outputs against a
-    reference of the same dtype, of the same cache kind when there is one."""
+def _speedups(results: dict[str, MethodResult]) -> None:
+    """Speedups against vanilla (and vanilla:static) of the same run."""
     for base_name, key in (("vanilla", "speedup"), ("vanilla:static", "speedup_vs_static")):
         base = results.get(base_name)
         if base is None or not base.tokens_per_s:
@@ -215,15 +238,39 @@ def _relate(results: dict[str, MethodResult], outputs: dict[str, list[list[int]]
         for r in results.values():
             setattr(r, key, r.tokens_per_s / base.tokens_per_s)
             setattr(r, key + "_median", r.tokens_per_s_median / base.tokens_per_s_median)
-    if not greedy:
-        return
+
+
+def _reference_texts(results: dict[str, MethodResult], outputs: dict[str, list[list[int]]], prompts: list[list[int]],
+                     max_new_tokens: int, reference: Callable[[str], Method] | None, bar) -> dict[str, list[list[int]]]:
+    """Greedy vanilla texts in every dtype the run uses and in float32, label -> texts: the
+    timed vanilla (and vanilla:static) ones, and untimed ones for the dtypes they lack."""
+    texts = {f"{name} ({r.dtype})": outputs[name] for name, r in results.items() if name in ("vanilla", "vanilla:static")}
+    for dtype in sorted({r.dtype for r in results.values()} | {"float32"}):
+        if f"vanilla ({dtype})" not in texts and reference is not None:
+            bar.set_postfix_str(f"reference: vanilla in {dtype}")
+            method = reference(dtype)
+            texts[f"vanilla ({dtype})"] = [method.generate(ids, max_new_tokens, SamplingPolicy()).tokens
+                                           for ids in prompts]
+    return texts
+
+
+def _compare_texts(results: dict[str, MethodResult], outputs: dict[str, list[list[int]]],
+                   texts: dict[str, list[list[int]]]) -> None:
+    """Each method's greedy texts against vanilla in its own dtype (its own runner when the run
+    timed that one: a static method against vanilla:static) and against float32 vanilla."""
+    def share(name: str, ref: list[list[int]]) -> float:
+        return sum(a == b for a, b in zip(outputs[name], ref)) / max(len(outputs[name]), 1)
+
+    fp32 = texts.get("vanilla (float32)")
     for name, r in results.items():
-        order = ("vanilla:static", "vanilla", "hf_generate") if name.endswith(":static") else (
-            "vanilla", "hf_generate", "vanilla:static")
-        ref = next((k for k in order if k in results and k != name and results[k].dtype == r.dtype), None)
-        if ref is not None:
-            same = sum(a == b for a, b in zip(outputs[name], outputs[ref]))
-            r.identical_to_reference = same / max(len(outputs[name]), 1)
+        runner = ":static" if name.endswith(":static") else ""
+        own = f"{name} ({r.dtype})"  # a vanilla method is not its own reference
+        label = next((k for k in (f"vanilla{runner} ({r.dtype})", f"vanilla ({r.dtype})") if k in texts and k != own),
+                     None)
+        if label is not None:
+            r.reference, r.identical_to_reference = label, share(name, texts[label])
+        if fp32 is not None and own != "vanilla (float32)":
+            r.identical_to_fp32 = share(name, fp32)
 
 
 def markdown_table(report: dict) -> str:
@@ -234,14 +281,14 @@ def markdown_table(report: dict) -> str:
                   f"({run['num_prompts']} prompts, {run['max_new_tokens']} new tokens, target {run['target']})", "",
                   "| method | dtype | tau | tokens/s | ms/token | " + ("speedup vs static | " if static else "")
                   + "speedup | median speedup | draft / verify / other | ms/round (draft + verify) | "
-                  "lossless | identical (greedy) |",
-                  "|---|---|---:|---:|---:|" + ("---:|" if static else "") + "---:|---:|---|---|---|---:|"]
+                  "lossless | same text as (greedy) |",
+                  "|---|---|---:|---:|---:|" + ("---:|" if static else "") + "---:|---:|---|---|---|---|"]
         for m in run["methods"].values():
             split = (f"{m['draft_frac']:.0%} / {m['verify_frac']:.0%} / {m['other_frac']:.0%}"
                      if m["draft_frac"] or m["verify_frac"] else "-")
             per_round = (f"{m['ms_per_round']:.2f} ({m['draft_ms_per_round']:.2f} + {m['verify_ms_per_round']:.2f})"
                          if m["draft_frac"] or m["verify_frac"] else "-")
-            ident = "-" if m["identical_to_reference"] is None else f"{m['identical_to_reference']:.0%}"
+            ident = same_text(m)
             speeds = (["speedup_vs_static"] if static else []) + ["speedup", "speedup_median"]
             speed = " | ".join("-" if math.isnan(m[k]) else f"{m[k]:.2f}x" for k in speeds)
             lines.append(f"| {m['method']} | {m['dtype']} | {m['tau']:.2f} | {m['tokens_per_s']:.1f} | "
@@ -249,6 +296,16 @@ def markdown_table(report: dict) -> str:
                          f"{'yes' if m['lossless'] else 'NO (lossy)'} | {ident} |")
         lines.append("")
     return "\n".join(lines)
+
+
+def same_text(m: dict) -> str:
+    """"92% of vanilla (bfloat16), 75% of vanilla (float32)": greedy prompts with the same text."""
+    parts = []
+    if m.get("identical_to_reference") is not None:
+        parts.append(f"{m['identical_to_reference']:.0%} of {m['reference']}")
+    if m.get("identical_to_fp32") is not None and m.get("reference") != "vanilla (float32)":
+        parts.append(f"{m['identical_to_fp32']:.0%} of vanilla (float32)")
+    return ", ".join(parts) or "-"
 
 
 def write_report(report: dict, out_dir: Path) -> None:

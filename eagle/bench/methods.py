@@ -234,7 +234,28 @@ def _draft_model(ctx: MethodContext, s: DraftSettings, name: str) -> nn.Module:
         raise MethodError(f"method {name!r} needs a small draft LM (draft.model=DIR)")
     if ctx.draft_lm is None:
         raise MethodError(f"method {name!r} needs a draft LM loader in its context")
-    return ctx.draft_lm(s.model)
+    draft = ctx.draft_lm(s.model)
+    check_same_tokens(ctx, draft, s.model)
+    return draft
+
+
+def check_same_tokens(ctx: MethodContext, draft: nn.Module, draft_path: str) -> None:
+    """A draft LM proposes token ids: they mean the same to the target only under the same
+    tokenizer (compared by hash when the draft's folder has one) and the same vocabulary size."""
+    from eagle.target import TargetError, lm_head, load_tokenizer, tokenizer_hash
+
+    vocab, draft_vocab = lm_head(ctx.target).weight.shape[0], lm_head(draft).weight.shape[0]
+    if draft_vocab != vocab:
+        raise MethodError(f"the draft LM {draft_path} has a vocabulary of {draft_vocab}, the target "
+                          f"{ctx.target_path} {vocab}: set draft.model to a draft LM of the target's family")
+    if ctx.tokenizer is None:
+        return
+    try:
+        draft_tokenizer = load_tokenizer(draft_path)
+    except TargetError:  # no tokenizer in its folder: the vocabulary size is all there is to check
+        return
+    if tokenizer_hash(draft_tokenizer) != tokenizer_hash(ctx.tokenizer):
+        raise MethodError(f"the draft LM {draft_path} uses another tokenizer than the target {ctx.target_path}")
 
 
 def _draft(ctx: MethodContext, info, s: DraftSettings, name, runner) -> Method:

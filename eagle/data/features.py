@@ -26,6 +26,10 @@ dump's `eagle.artifacts.Artifact` sidecar: the plan as its params, and `"status"
 Loading (`open_feature_dump`) checks the status, the row counts and file sizes of every
 shard, optionally their sha256, and the target identity (tokenizer hash, hidden size,
 vocabulary, LM head fingerprint), and fails with one clear line otherwise.
+
+Several processes. `dump_features(..., rank=r, world_size=n)` in n processes (GPUs or
+machines; `python -m data_gen` takes RANK / WORLD_SIZE from torchrun) split the shards
+between them and write one dump, equal to the one a single process writes.
 """
 
 from __future__ import annotations
@@ -215,11 +219,26 @@ def write_shard(model: nn.Module, samples: Sequence[dict], shard_dir: Path, *, b
     return info
 
 
+def _complete_shard(shard_dir: Path, samples: Sequence[dict]) -> dict | None:
+    """The info of a finished shard of exactly these samples, or None (absent, partial, other samples)."""
+    info = read_json(shard_dir / SHARD_META) if shard_dir.exists() else None
+    if (info is not None and info.get("samples_fingerprint") == samples_fingerprint(samples)
+            and (shard_dir / DATA_FILE).exists() and (shard_dir / DATA_FILE).stat().st_size == info.get("bytes")):
+        return info
+    return None
+
+
 def dump_features(model: nn.Module, tokenizer, samples: dict[str, list[dict]], out_dir: str | Path, *,
                   target_path: str | None = None, source: dict | None = None, max_len: int | None = None,
                   shard_size: int = 512, batch_size: int = 8, dtype: str = "bfloat16",
-                  overwrite: bool = False, progress: bool = True) -> dict:
+                  overwrite: bool = False, progress: bool = True, rank: int = 0, world_size: int = 1) -> dict:
     """Write the features of `samples` (split -> list of samples) to `out_dir`, resumably.
+
+    Several processes (GPUs, machines) write one dump together: each is given `rank` and
+    `world_size` and the same samples, computes the shards whose global index (train shards,
+    then validation shards) is `rank` modulo `world_size`, and leaves the others alone; the
+    process that finds every shard complete when it is done writes the complete metadata.
+    Each process resumes its own shards; the result is the dump one process would write.
 
     Args:
         model: the target, in eval mode, on the device to compute on.
@@ -230,13 +249,17 @@ def dump_features(model: nn.Module, tokenizer, samples: dict[str, list[dict]], o
         shard_size: samples per shard.
         batch_size: samples per target forward.
         dtype: storage dtype of the features, "bfloat16" or "float16" (or "float32").
-        overwrite: delete an existing dump that was made with another plan (else an error).
+        overwrite: delete an existing dump that was made with another plan (else an error);
+            refused with several processes (one would delete the others' shards).
         progress: show a tqdm bar.
+        rank / world_size: this process's share of the shards.
     Returns:
-        The final metadata (also in `out_dir/metadata.json`).
+        The metadata (also in `out_dir/metadata.json`): "complete" once every shard is in.
     """
     from tqdm.auto import tqdm
 
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
     dtype = storage_dtype(dtype)
     out_dir = Path(out_dir)
     identity = TargetIdentity.of(model, tokenizer, target_path, with_lm_head=True)
@@ -260,40 +283,54 @@ def dump_features(model: nn.Module, tokenizer, samples: dict[str, list[dict]], o
         if not overwrite:
             raise FeatureDumpError(f"{out_dir} holds a feature dump made with another plan (differs in "
                                    f"{diff}); pass overwrite=true or choose another out_dir")
+        if world_size > 1:
+            raise FeatureDumpError(f"{out_dir} holds a feature dump made with another plan (differs in {diff}); "
+                                   "overwrite=true is refused with several processes: delete it, or run one")
         log.warning("overwriting the feature dump in %s (plan differs in %s)", out_dir, diff)
         shutil.rmtree(out_dir)
     # a complete dump goes through the loop too: intact shards are skipped, missing ones redone
     started = time.time()
     dump.write(status="incomplete", format=FORMAT)
 
-    total = sum(len(samples.get(s, [])) for s in SPLITS)
+    # every shard of the dump, in one global order; this process's are every world_size-th
+    shards = [(split, k, a, b) for split in SPLITS
+              for k, (a, b) in enumerate(shard_ranges(len(samples.get(split, [])), shard_size))]
+    mine = [shard for i, shard in enumerate(shards) if i % world_size == rank]
+    infos: dict[tuple[str, int], dict] = {}
+    with tqdm(total=sum(b - a for _, _, a, b in mine), desc=f"features (rank {rank} of {world_size})"
+              if world_size > 1 else "features", unit="sample", disable=not progress) as bar:
+        for split, k, a, b in mine:
+            rows = samples[split][a:b]
+            shard_dir = out_dir / split / f"shard_{k:05d}"
+            info = _complete_shard(shard_dir, rows)
+            if info is not None:
+                bar.update(b - a)  # done by an earlier run
+            else:
+                if shard_dir.exists():  # not ours, or damaged: redo it
+                    log.warning("recomputing %s (incomplete or from other samples)", shard_dir)
+                    shutil.rmtree(shard_dir)
+                info = write_shard(model, rows, shard_dir, batch_size=batch_size, dtype=dtype,
+                                   pad_id=pad_id, on_batch=bar.update)
+            infos[split, k] = info
+    for split, k, a, b in shards:  # the other processes' shards: finished yet?
+        if (split, k) not in infos:
+            info = _complete_shard(out_dir / split / f"shard_{k:05d}", samples[split][a:b])
+            if info is None:
+                log.warning("rank %d of %d: its %d shards are done; the dump is complete once every rank "
+                            "has finished (%s is not yet)", rank, world_size, len(mine), out_dir / split / f"shard_{k:05d}")
+                return dump.write(status="incomplete", format=FORMAT)
+            infos[split, k] = info
 
     split_info: dict[str, Any] = {}
-    with tqdm(total=total, desc="features", unit="sample", disable=not progress) as bar:
-        for split in SPLITS:
-            rows = samples.get(split, [])
-            shards = []
-            for k, (a, b) in enumerate(shard_ranges(len(rows), shard_size)):
-                shard_dir = out_dir / split / f"shard_{k:05d}"
-                info = read_json(shard_dir / SHARD_META) if shard_dir.exists() else None
-                if (info is not None and info.get("samples_fingerprint") == samples_fingerprint(rows[a:b])
-                        and (shard_dir / DATA_FILE).exists()
-                        and (shard_dir / DATA_FILE).stat().st_size == info.get("bytes")):
-                    bar.update(b - a)  # done by an earlier run
-                else:
-                    if shard_dir.exists():  # not ours, or damaged: redo it
-                        log.warning("recomputing %s (incomplete or from other samples)", shard_dir)
-                        shutil.rmtree(shard_dir)
-                    info = write_shard(model, rows[a:b], shard_dir, batch_size=batch_size, dtype=dtype,
-                                       pad_id=pad_id, on_batch=bar.update)
-                shards.append(info)
-            split_info[split] = {
-                "samples": sum(s["rows"] for s in shards),
-                "tokens": sum(s["tokens"] for s in shards),
-                "loss_tokens": sum(s["loss_tokens"] for s in shards),
-                "bytes": sum(s["bytes"] for s in shards),
-                "shards": shards,
-            }
+    for split in SPLITS:
+        done = [infos[key] for key in sorted(infos) if key[0] == split]
+        split_info[split] = {
+            "samples": sum(s["rows"] for s in done),
+            "tokens": sum(s["tokens"] for s in done),
+            "loss_tokens": sum(s["loss_tokens"] for s in done),
+            "bytes": sum(s["bytes"] for s in done),
+            "shards": done,
+        }
 
     n_tokens = sum(v["tokens"] for v in split_info.values())
     n_bytes = sum(v["bytes"] for v in split_info.values())

@@ -6,16 +6,18 @@ four operations, so a draft model never asks which one it has:
 
     begin(max_len)                 a new sequence that may reach `max_len` entries
     reserve(need)                  fail clearly unless `need` entries fit (before a pass)
-    prepare(start, visible, at)    the mask of a pass whose n = visible.shape[0] tokens write
-                                   their KV at entries at..at+n-1; each sees the committed
-                                   entries before `start` and what `visible` (n, S) allows of
-                                   the S entries from `start`
+    prepare(start, visible, at,    the mask of a pass whose n = visible.shape[0] tokens, at
+            positions)             `positions` (n,), write their KV at entries at..at+n-1; each
+                                   sees the committed entries before `start` and what `visible`
+                                   (n, S) allows of the S entries from `start`
     keep(length)                   the first `length` entries are the committed context; the
                                    rest (this round's branch) is dropped
     length                         committed entries
 
 `DynamicDraftCache` is a Hugging Face `DynamicCache` that grows and is cropped (every pass
-appends, so `at` is always its current end). `StaticDraftCache` is a preallocated,
+appends, so `at` is always its current end; for a model with sliding-window layers it keeps
+every entry's position and applies the window in the mask, `eagle.decoding.masks.for_layers`).
+`StaticDraftCache` is a preallocated,
 position-indexed `StaticKVCache`: `keep` only lowers the committed length (branch entries stay,
 hidden by the mask, until overwritten), so every pass can have a fixed shape and be compiled.
 """
@@ -25,8 +27,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from eagle.decoding.kv_cache import cache_length, crop
-from eagle.decoding.masks import tree_attention_mask
+from eagle.decoding.kv_cache import cache_length, crop, new_cache
+from eagle.decoding.masks import for_layers, sliding_window, tree_attention_mask
 from eagle.decoding.static_cache import StaticKVCache
 
 CACHE_KINDS = ("dynamic", "static")
@@ -51,7 +53,7 @@ class DraftCache:
     def reserve(self, need: int) -> None:
         """Raise unless `need` entries fit (a growing cache always has room)."""
 
-    def prepare(self, start: int, visible: Tensor, write_at: int) -> Tensor:
+    def prepare(self, start: int, visible: Tensor, write_at: int, positions: Tensor) -> Tensor | dict:
         raise NotImplementedError
 
     def keep(self, length: int) -> None:
@@ -64,33 +66,48 @@ class DynamicDraftCache(DraftCache):
     def __init__(self, config, dtype: torch.dtype, device: torch.device | str):
         super().__init__(config, dtype, device)
         self._length = 0
+        self.window = sliding_window(config)
+        self._positions: list[Tensor] = []  # with a window: the position of every entry, in chunks
 
     @property
     def length(self) -> int:
         return self._length
 
     def begin(self, max_len: int) -> None:
-        from transformers import DynamicCache
+        self.hf, self._length, self._positions = new_cache(), 0, []
 
-        self.hf, self._length = DynamicCache(config=self.config), 0
-
-    def prepare(self, start: int, visible: Tensor, write_at: int) -> Tensor:
+    def prepare(self, start: int, visible: Tensor, write_at: int, positions: Tensor) -> Tensor | dict:
         n, s = visible.shape
         end = cache_length(self.hf)
         if write_at != end or start + s - n != end:
             raise RuntimeError(f"a growing draft cache only appends: a pass writing at {write_at} (window from "
                                f"{start}, {s} entries) does not follow its {end} entries")
-        return tree_attention_mask(start, visible, self.dtype)  # (1, 1, n, start + s)
+        mask = tree_attention_mask(start, visible, self.dtype)  # (1, 1, n, start + s)
+        if self.window is None:
+            return mask
+        self._positions.append(positions.to(self.device))
+        return for_layers(self.config, mask, positions, torch.cat(self._positions))
 
     def keep(self, length: int) -> None:
         crop(self.hf, length)
         self._length = length
+        if self.window is not None:
+            self._positions = [torch.cat(self._positions)[:length]] if self._positions else []
 
 
 class StaticDraftCache(DraftCache):
-    """A preallocated, position-indexed `StaticKVCache`, sized for each sequence."""
+    """A preallocated, position-indexed `StaticKVCache`, sized for each sequence.
+
+    `kv_shape` (KV heads, head dim), when known, allocates every layer in `begin`: a compiled
+    pass must never be the one that allocates (otherwise the first, eager forward does)."""
 
     fixed_shape = True
+
+    def __init__(self, config, dtype: torch.dtype, device: torch.device | str,
+                 kv_shape: tuple[int, int] | None = None):
+        super().__init__(config, dtype, device)
+        self.kv_shape, self.window = kv_shape, sliding_window(config)
+        self.slot_pos: Tensor | None = None
 
     @property
     def length(self) -> int:
@@ -99,30 +116,38 @@ class StaticDraftCache(DraftCache):
     def begin(self, max_len: int) -> None:
         if max_len < 1:
             raise ValueError("a static draft cache needs the sequence's max_len (DecodeState.max_len)")
-        if self.hf is None or not self.hf.fits(self.hf_layers, max_len, self.dtype, self.device):
-            self.hf = StaticKVCache.for_config(self.config, max_len, self.dtype, self.device)
+        layers = self.config.num_hidden_layers
+        if self.hf is None or not self.hf.fits(layers, max_len, self.dtype, self.device):
+            self.hf = StaticKVCache(layers, max_len, self.dtype, self.device)
+            if self.kv_shape is not None:
+                self.hf.allocate(*self.kv_shape)
+            # with a sliding window: the position held in every slot (the mask applies the window)
+            self.slot_pos = torch.arange(max_len, device=self.device) if self.window is not None else None
         self.hf.length = 0  # buffers are kept for the next sequence; stale slots stay hidden
-
-    @property
-    def hf_layers(self) -> int:
-        return self.config.num_hidden_layers
 
     def reserve(self, need: int) -> None:
         if need > self.hf.max_len:
             raise RuntimeError(f"the static draft cache ({self.hf.max_len} slots) cannot hold {need} entries; "
                                "size it for prompt + new tokens + tree (DecodeState.max_len)")
 
-    def prepare(self, start: int | Tensor, visible: Tensor, write_at: int | Tensor) -> Tensor:
+    def prepare(self, start: int | Tensor, visible: Tensor, write_at: int | Tensor, positions: Tensor) -> Tensor:
         # no checks here: this runs inside compiled passes, with 0-d tensors for start and write_at
-        return self.hf.prepare(start, visible, write_at)  # (1, 1, n, max_len)
+        mask = self.hf.prepare(start, visible, write_at)  # (1, 1, n, max_len)
+        if self.window is None:
+            return mask
+        self.slot_pos.index_copy_(0, self.hf.slots, positions)
+        return for_layers(self.config, mask, positions, self.slot_pos)
 
     def keep(self, length: int) -> None:
         self.hf.length = length
 
 
-def draft_cache(kind: str, config, dtype: torch.dtype, device: torch.device | str) -> DraftCache:
-    """A draft cache of `kind` ("dynamic" or "static") for a model with Hugging Face `config`."""
-    kinds = {"dynamic": DynamicDraftCache, "static": StaticDraftCache}
-    if kind not in kinds:
-        raise ValueError(f"unknown draft cache kind {kind!r}; choose one of {CACHE_KINDS}")
-    return kinds[kind](config, dtype, device)
+def draft_cache(kind: str, config, dtype: torch.dtype, device: torch.device | str,
+                kv_shape: tuple[int, int] | None = None) -> DraftCache:
+    """A draft cache of `kind` ("dynamic" or "static") for a model with Hugging Face `config`
+    (a static one allocated up front when `kv_shape`, (KV heads, head dim), is given)."""
+    if kind == "dynamic":
+        return DynamicDraftCache(config, dtype, device)
+    if kind == "static":
+        return StaticDraftCache(config, dtype, device, kv_shape)
+    raise ValueError(f"unknown draft cache kind {kind!r}; choose one of {CACHE_KINDS}")

@@ -36,7 +36,7 @@ from eagle.acceptance import (
 )
 from eagle.decoding.runners import ContextOverflowError, DynamicRunner, TargetRunner
 from eagle.decoding.stats import DecodeResult, DecodeStats, RoundStats
-from eagle.sampling import SamplingPolicy
+from eagle.sampling import SamplingPolicy, check_generator
 
 __all__ = ["ContextOverflowError", "DecodeResult", "DecodeState", "DecodeStats", "DraftTree", "Proposer",
            "SpeculativeDecoder", "VanillaProposer"]
@@ -155,6 +155,8 @@ class SpeculativeDecoder:
         tree_size = max(self.proposer.max_nodes, self.runner.tree_size)
         self.check_fits(len(ids), max_new_tokens, tree_size)
         device = next(self.target.parameters()).device
+        if not self.policy.greedy:
+            check_generator(generator, device)
         policy, stats, runner = self.policy, DecodeStats(prompt_len=len(ids)), self.runner
         start = time.perf_counter()
 

@@ -10,11 +10,14 @@ from __future__ import annotations
 import torch
 
 
-def new_cache(model):
-    """An empty dynamic cache shaped for `model` (sliding layers where its config says so)."""
+def new_cache():
+    """An empty growing cache of full layers, even for a model with sliding-window layers: a
+    sliding layer keeps only its window and cannot be cropped back after a tree verification,
+    so every layer keeps everything and the masks apply the window
+    (`eagle.decoding.masks.for_layers`)."""
     from transformers import DynamicCache
 
-    return DynamicCache(config=model.config)
+    return DynamicCache()
 
 
 def cache_length(cache) -> int:

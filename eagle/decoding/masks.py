@@ -8,6 +8,10 @@ row of only -inf (which would give NaNs), and exp(min - max) is exactly 0 in eve
   sees the prefix, its ancestors and itself (`eagle.tree.Tree.ancestors`).
 - `window_mask`: the same on a preallocated, position-indexed cache of fixed width, so that
   every round has the same shape (`eagle.decoding.static_cache`).
+- `for_layers`: what a model with sliding-window layers needs instead of one mask: a 4-D mask
+  is used as given by Hugging Face models, so the window has to be in it (Mistral, Gemma-2/3,
+  Qwen2 with a window...). Without that, a tree verification past the window would attend to
+  tokens the model itself never sees.
 """
 
 from __future__ import annotations
@@ -51,3 +55,34 @@ def window_mask(start: Tensor | int, visible: Tensor, max_len: int, dtype: torch
     seen = (visible[:, rel.clamp(0, s - 1)] & inside) | (rel < 0)  # (m, max_len)
     mask = torch.zeros(seen.shape, dtype=dtype, device=visible.device)
     return mask.masked_fill(~seen, torch.finfo(dtype).min)[None, None]
+
+
+def sliding_window(config) -> int | None:
+    """The attention window of a config whose layers use one, else None."""
+    window = getattr(config, "sliding_window", None)
+    types = getattr(config, "layer_types", None)
+    if not window or getattr(config, "use_sliding_window", True) is False or (
+            types and "sliding_attention" not in types):
+        return None
+    return int(window)
+
+
+def for_layers(config, mask: Tensor, query_pos: Tensor, key_pos: Tensor) -> Tensor | dict[str, Tensor]:
+    """The `attention_mask` to give a Hugging Face model for `mask` (1, 1, n, K).
+
+    Without sliding-window layers: `mask` itself. With them, the sliding layers also hide every
+    key at or before `query_pos - window` (a query sees the last `window` positions, itself
+    included, as Hugging Face's own masks do): as a dict by layer type for configs that list
+    `layer_types` (their forward takes one), else as the one mask of every layer.
+
+    Args:
+        query_pos: (n,) the queries' positions; key_pos: (K,) the keys' positions.
+    """
+    window = sliding_window(config)
+    if window is None:
+        return mask
+    far = key_pos[None, :] <= query_pos[:, None] - window  # (n, K)
+    windowed = mask.masked_fill(far[None, None], torch.finfo(mask.dtype).min)
+    if getattr(config, "layer_types", None):
+        return {"full_attention": mask, "sliding_attention": windowed}
+    return windowed

@@ -26,7 +26,7 @@ from torch import Tensor, nn
 
 from eagle.decoding.compile import compile_static
 from eagle.decoding.kv_cache import cache_length, keep_path, new_cache
-from eagle.decoding.masks import tree_attention_mask
+from eagle.decoding.masks import for_layers, sliding_window, tree_attention_mask
 from eagle.decoding.static_cache import StaticKVCache
 from eagle.target import TargetOutput, target_forward
 from eagle.tree import Tree
@@ -37,16 +37,6 @@ STATIC_BUCKET = 256  # a static cache sized per sequence is rounded up to a mult
 
 class ContextOverflowError(ValueError):
     """The request cannot fit in the target's context (said before decoding starts)."""
-
-
-def sliding_window(config) -> int | None:
-    """The attention window of a config whose layers use one, else None."""
-    window = getattr(config, "sliding_window", None)
-    types = getattr(config, "layer_types", None)
-    if not window or getattr(config, "use_sliding_window", True) is False or (
-            types and "sliding_attention" not in types):
-        return None
-    return int(window)
 
 
 class TargetRunner:
@@ -101,7 +91,7 @@ class DynamicRunner(TargetRunner):
         return self._capacity
 
     def prefill(self, ids: Tensor, max_len: int) -> TargetOutput:
-        self.cache, self._capacity = new_cache(self.target), max_len
+        self.cache, self._capacity = new_cache(), max_len
         return target_forward(self.target, ids.to(self.device), self.cache, logits_slice=slice(-1, None))
 
     def verify(self, tokens: Tensor, parents: tuple[int, ...]) -> TargetOutput:
@@ -110,9 +100,11 @@ class DynamicRunner(TargetRunner):
         if tree.is_chain:  # the causal mask and default positions are the tree's: skip building them
             return target_forward(self.target, tokens, self.cache)
         dtype = next(self.target.parameters()).dtype
+        positions = prefix + tree.depth_offsets(device=self.device)  # (n,)
         mask = tree_attention_mask(prefix, tree.ancestors(device=self.device), dtype)
-        return target_forward(self.target, tokens, self.cache, attention_mask=mask,
-                              position_ids=(prefix + tree.depth_offsets(device=self.device))[None])
+        keys = torch.cat([torch.arange(prefix, device=self.device), positions])  # (prefix + n,)
+        return target_forward(self.target, tokens, self.cache, attention_mask=for_layers(
+            self.target.config, mask, positions, keys), position_ids=positions[None])
 
     def commit(self, path: list[int]) -> None:
         keep_path(self.cache, self._prefix, path)
@@ -163,12 +155,9 @@ class StaticRunner(TargetRunner):
         if need > size:
             raise ContextOverflowError(f"the request needs {need} cache slots (prompt + new tokens + tree) but "
                                        f"the static cache holds {size}; raise its max_len")
-        if self.window is not None and size > self.window:
-            raise ValueError(f"the static cache ({size} slots) is longer than the target's sliding window "
-                             f"({self.window}); its full-width mask would attend past the window")
         dtype = next(self.target.parameters()).dtype
         if self.cache is None or not self.cache.fits(self.target.config.num_hidden_layers, size, dtype, self.device):
-            self.cache = StaticKVCache.for_config(self.target.config, size, dtype, self.device)
+            self.cache = StaticKVCache(self.target.config.num_hidden_layers, size, dtype, self.device)
         self.cache.length = 0
 
     def _scores(self, ids: Tensor, start: Tensor, visible: Tensor, offsets: Tensor, src: Tensor,
@@ -178,18 +167,26 @@ class StaticRunner(TargetRunner):
         committed context, at positions start + offsets (n,)."""
         if src.numel():
             self.cache.move(src, dst)
+        positions = start + offsets  # (n,)
         mask = self.cache.prepare(start, visible)  # (1, 1, n, max_len)
-        out = target_forward(self.target, ids, self.cache, attention_mask=mask,
-                             position_ids=(start + offsets)[None])
+        if self.window is not None:  # key positions: committed slot i holds position i, tree slots their node's
+            slots = torch.arange(self.cache.max_len, device=self.device)
+            rel = slots - start
+            tree = (rel >= 0) & (rel < visible.shape[1])
+            keys = torch.where(tree, start + offsets[rel.clamp(0, visible.shape[1] - 1)], slots)  # (max_len,)
+            mask = for_layers(self.target.config, mask, positions, keys)
+        out = target_forward(self.target, ids, self.cache, attention_mask=mask, position_ids=positions[None])
         return out.logits, out.features
 
     def prefill(self, ids: Tensor, max_len: int) -> TargetOutput:
         self._allocate(max_len)
         t = ids.shape[1]
         causal = torch.ones(t, t, dtype=torch.bool, device=self.device).tril()
-        mask = self.cache.prepare(0, causal)
+        positions = torch.arange(t, device=self.device)
+        mask = for_layers(self.target.config, self.cache.prepare(0, causal), positions,
+                          torch.arange(self.cache.max_len, device=self.device))  # slot i holds position i
         out = target_forward(self.target, ids.to(self.device), self.cache, attention_mask=mask,
-                             position_ids=torch.arange(t, device=self.device)[None], logits_slice=slice(-1, None))
+                             position_ids=positions[None], logits_slice=slice(-1, None))
         self.cache.length = t
         self._pending([])
         return out

@@ -30,31 +30,37 @@ from eagle.decoding.masks import window_mask
 class StaticKVCache:
     """Keys and values (1, H_kv, max_len, D) of every layer, indexed by slot.
 
+    Each layer's buffers are allocated at its first `update`, from the shape of the keys and
+    values the model writes: no config field has to say how many KV heads a family has (multi-
+    query, grouped, fused projections all come out right). The first forward on a cache must
+    therefore run eagerly (the prefill does); `allocate` sizes every layer up front when the
+    shape is known.
+
     Args:
-        num_layers, kv_heads, head_dim: the attention shape of the model it serves.
+        num_layers: the layers of the model it serves.
         max_len: slots per layer; fixed for the cache's lifetime.
     """
 
-    def __init__(self, num_layers: int, kv_heads: int, head_dim: int, max_len: int,
-                 dtype: torch.dtype, device: torch.device | str):
+    def __init__(self, num_layers: int, max_len: int, dtype: torch.dtype, device: torch.device | str):
         self.max_len, self.dtype, self.device = max_len, dtype, torch.device(device)
-        shape = (1, kv_heads, max_len, head_dim)
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        for t in self.keys + self.values:
-            # fixed addresses: compiled graphs (and CUDA graphs) mutate them in place, never copy them
-            torch._dynamo.mark_static_address(t)
+        self.keys: list[Tensor | None] = [None] * num_layers
+        self.values: list[Tensor | None] = [None] * num_layers
         self.slots = torch.zeros(0, dtype=torch.long, device=device)  # where the next forward writes
         self.length = 0  # committed entries (slots 0..length-1); bookkeeping of the owner
 
-    @classmethod
-    def for_config(cls, config, max_len: int, dtype: torch.dtype, device, num_layers: int | None = None):
-        """Sized for a Hugging Face decoder config (Llama, Mistral, Qwen2 and look-alikes)."""
-        heads = config.num_attention_heads
-        return cls(num_layers=num_layers or config.num_hidden_layers,
-                   kv_heads=getattr(config, "num_key_value_heads", None) or heads,
-                   head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
-                   max_len=max_len, dtype=dtype, device=device)
+    def allocate(self, kv_heads: int, head_dim: int) -> StaticKVCache:
+        """Allocate every layer now, for keys and values of (1, kv_heads, *, head_dim)."""
+        for i in range(len(self.keys)):
+            self._allocate(i, kv_heads, head_dim)
+        return self
+
+    def _allocate(self, layer: int, kv_heads: int, head_dim: int) -> None:
+        shape = (1, kv_heads, self.max_len, head_dim)
+        self.keys[layer] = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self.values[layer] = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        for t in (self.keys[layer], self.values[layer]):
+            # fixed addresses: compiled graphs (and CUDA graphs) mutate them in place, never copy them
+            torch._dynamo.mark_static_address(t)
 
     def fits(self, num_layers: int, max_len: int, dtype: torch.dtype, device) -> bool:
         return (len(self.keys) == num_layers and self.max_len == max_len and self.dtype == dtype
@@ -72,6 +78,8 @@ class StaticKVCache:
     def update(self, key_states: Tensor, value_states: Tensor, layer_idx: int, *args, **kwargs):
         """Called by each attention layer with its new (1, H_kv, n, D) keys and values;
         returns the whole layer (1, H_kv, max_len, D) for attention under the mask."""
+        if self.keys[layer_idx] is None:
+            self._allocate(layer_idx, key_states.shape[1], key_states.shape[-1])
         keys, values = self.keys[layer_idx], self.values[layer_idx]
         keys.index_copy_(2, self.slots, key_states)
         values.index_copy_(2, self.slots, value_states)
@@ -84,4 +92,5 @@ class StaticKVCache:
         """Copy the entries at slots `src` (k,) to slots `dst` (k,) in every layer (a gather, then
         an index copy: overlapping ranges are safe)."""
         for t in self.keys + self.values:
-            t.index_copy_(2, dst, t.index_select(2, src))
+            if t is not None:
+                t.index_copy_(2, dst, t.index_select(2, src))

@@ -27,7 +27,7 @@ from torch import nn
 
 from eagle.models.drafter import DrafterConfig, EagleDrafter
 from eagle.models.medusa import MedusaConfig, MedusaHeads
-from eagle.target import TargetIdentity, embeddings, lm_head, resolve_dtype
+from eagle.target import TargetIdentity, resolve_dtype
 
 FORMAT_VERSION = 1
 ARCHITECTURE = "EagleDrafter"
@@ -47,8 +47,9 @@ class CheckpointError(ValueError):
 
 
 def write_atomic(path: Path, write) -> None:
-    """Write through a temporary file, so an interrupted save never leaves a partial file."""
-    tmp = path.with_name(path.name + ".tmp")
+    """Write through a temporary file (this process's own), so an interrupted save never leaves
+    a partial file."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     write(tmp)
     os.replace(tmp, path)
 
@@ -85,11 +86,16 @@ def read_safetensors(path: Path, kind: str = "drafter") -> dict[str, torch.Tenso
         raise CheckpointError(f"{path} is corrupt or truncated ({first})") from err
 
 
-def module_weights(drafter: nn.Module) -> dict[str, torch.Tensor]:
-    state = {k: v.detach().cpu().contiguous() for k, v in drafter.state_dict().items()}
+def module_weights(drafter: nn.Module, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """The tensors to save: `state` (a gathered state dict, e.g. FSDP's) or the module's own,
+    on the CPU; never the target's modules."""
+    state = drafter.state_dict() if state is None else state
+    state = {k: v.detach().cpu().contiguous() for k, v in state.items()}
     leaked = [k for k in state if "embed" in k or "lm_head" in k]
     if leaked:  # the target's modules are never part of a drafter checkpoint
         raise RuntimeError(f"drafter state_dict holds target tensors {leaked}")
+    if not state:
+        raise RuntimeError(f"no {type(drafter).__name__} tensors to save (a sharded state dict off rank 0?)")
     return state
 
 
@@ -136,16 +142,18 @@ def validate_target(config: DrafterConfig | MedusaConfig, model: nn.Module, toke
 # our format
 
 
-def _save(module: nn.Module, config: dict, architecture: str, dir: str | os.PathLike) -> Path:
-    """Write `config.json` (the config plus our format keys) and `model.safetensors`."""
+def _save(module: nn.Module, config: dict, architecture: str, dir: str | os.PathLike,
+          state: dict[str, torch.Tensor] | None = None) -> Path:
+    """Write `config.json` (the config plus our format keys) and `model.safetensors` (`state`,
+    default the module's own state dict)."""
     from safetensors.torch import save_file
 
     ckpt = Path(dir)
     ckpt.mkdir(parents=True, exist_ok=True)
-    state = module_weights(module)
+    state = module_weights(module, state)
     write_atomic(ckpt / WEIGHTS_NAME,
                   lambda p: save_file(state, str(p), metadata={"format": "pt", "architecture": architecture}))
-    dtype = next(module.parameters()).dtype
+    dtype = next(iter(state.values())).dtype
     config = {"architecture": architecture, "format_version": FORMAT_VERSION, "dtype": dtype_name(dtype), **config}
     write_atomic(ckpt / CONFIG_NAME, lambda p: p.write_text(json.dumps(config, indent=2) + "\n"))
     return ckpt
@@ -171,9 +179,10 @@ def _read_config(ckpt: Path, architecture: str, kind: str, from_dict: Callable[[
         raise CheckpointError(f"{ckpt / CONFIG_NAME}: {err}") from err
 
 
-def save_drafter(drafter: EagleDrafter, dir: str | os.PathLike) -> Path:
-    """Write `config.json` and `model.safetensors` (fc + decoder layer) into `dir`."""
-    return _save(drafter, drafter.config.to_dict(), ARCHITECTURE, dir)
+def save_drafter(drafter: EagleDrafter, dir: str | os.PathLike, state: dict[str, torch.Tensor] | None = None) -> Path:
+    """Write `config.json` and `model.safetensors` (fc + decoder layer) into `dir`; `state`
+    replaces the drafter's own tensors (a state dict gathered from sharded processes)."""
+    return _save(drafter, drafter.config.to_dict(), ARCHITECTURE, dir, state)
 
 
 def load_drafter_config(dir: str | os.PathLike) -> DrafterConfig:
@@ -189,14 +198,14 @@ def load_drafter(dir: str | os.PathLike, model: nn.Module, tokenizer=None, path:
     config = load_drafter_config(ckpt)
     validate_target(config, model, tokenizer, path, name=f"drafter {ckpt}")
     state = read_safetensors(ckpt / WEIGHTS_NAME)
-    drafter = EagleDrafter(config, embeddings(model), lm_head(model))
+    drafter = EagleDrafter.on_target(config, model)
     load_weights(drafter, state, ckpt / WEIGHTS_NAME)
     return place(drafter, model, dtype)
 
 
-def save_medusa(heads: MedusaHeads, dir: str | os.PathLike) -> Path:
-    """Write Medusa heads (`config.json`, `model.safetensors`) into `dir`."""
-    return _save(heads, heads.config.to_dict(), MEDUSA_ARCHITECTURE, dir)
+def save_medusa(heads: MedusaHeads, dir: str | os.PathLike, state: dict[str, torch.Tensor] | None = None) -> Path:
+    """Write Medusa heads (`config.json`, `model.safetensors`) into `dir` (`state`: as `save_drafter`)."""
+    return _save(heads, heads.config.to_dict(), MEDUSA_ARCHITECTURE, dir, state)
 
 
 def load_medusa(dir: str | os.PathLike, model: nn.Module, tokenizer=None, path: str | None = None,

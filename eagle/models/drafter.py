@@ -5,7 +5,7 @@ For position t the drafter reads the target's feature of the previous position, 
 chosen at t, `E(x_t)`; it predicts `f_hat_t`, and `lm_head(f_hat_t)` is the draft
 distribution of `x_{t+1}`:
 
-    h     = fc([f_{t-1}; E(x_t)])                    Linear(2H, H, bias=True)
+    h     = fc([f_{t-1}; E(x_t)])                    Linear(2H, H), with a bias (EAGLE-1) or not
     h     = h + Attn(h)                              no pre-attention norm (EAGLE removes it)
     f_hat = h + MLP(post_attention_layernorm(h))     no final norm
 
@@ -30,7 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from eagle.decoding.masks import causal_mask
-from eagle.target import TargetIdentity, check_shape, embeddings, lm_head
+from eagle.target import LogitTransform, TargetIdentity, check_shape, embeddings, lm_head
 
 
 @dataclass
@@ -54,6 +54,7 @@ class DrafterConfig:
     hidden_act: str = "silu"
     target: dict = field(default_factory=dict)  # eagle.target.TargetIdentity(...).to_dict()
     rope_parameters: dict | None = None
+    fc_bias: bool = True  # EAGLE-1's fc has a bias; vLLM's loader and EAGLE's Llama-3 drafters have none
 
     def __post_init__(self) -> None:
         for name in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
@@ -81,25 +82,27 @@ class DrafterConfig:
 
     @classmethod
     def from_target(cls, model: nn.Module, tokenizer=None, path: str | None = None) -> DrafterConfig:
-        """The drafter shape EAGLE uses for a target: its hidden size, heads, KV heads,
-        head_dim, MLP width, RoPE and eps (Llama, Mistral, Qwen2 and look-alikes)."""
+        """The drafter shape EAGLE uses for a target: its hidden size, heads, KV heads, head_dim,
+        MLP width, RoPE and eps, read through the standard config attributes with each family's
+        fallbacks (GPT-2 has no `intermediate_size`, multi-query models one KV head, ...)."""
         cfg = model.config
-        heads = cfg.num_attention_heads
+        hidden, heads = cfg.hidden_size, cfg.num_attention_heads
+        kv_heads = getattr(cfg, "num_key_value_heads", None) or (1 if getattr(cfg, "multi_query", False) else heads)
         rope = dict(getattr(cfg, "rope_parameters", None) or {"rope_type": "default"})
-        theta = float(rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0)))
+        theta = float(rope.get("rope_theta", getattr(cfg, "rope_theta", None) or 10000.0))
         return cls(
-            hidden_size=cfg.hidden_size,
-            intermediate_size=cfg.intermediate_size,
+            hidden_size=hidden,
+            intermediate_size=_first(cfg, ("intermediate_size", "n_inner", "ffn_dim"), 4 * hidden),
             num_attention_heads=heads,
-            num_key_value_heads=getattr(cfg, "num_key_value_heads", None) or heads,
-            head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
+            num_key_value_heads=kv_heads,
+            head_dim=getattr(cfg, "head_dim", None) or hidden // heads,
             vocab_size=lm_head(model).weight.shape[0],
-            rms_norm_eps=float(getattr(cfg, "rms_norm_eps", 1e-6)),
+            rms_norm_eps=float(_first(cfg, ("rms_norm_eps", "layer_norm_epsilon", "layer_norm_eps"), 1e-6)),
             rope_theta=theta,
-            max_position_embeddings=cfg.max_position_embeddings,
-            hidden_act=getattr(cfg, "hidden_act", "silu"),
+            max_position_embeddings=_first(cfg, ("max_position_embeddings",), 2048),
+            hidden_act=_first(cfg, ("hidden_act", "activation_function"), "silu"),
             target=TargetIdentity.of(model, tokenizer, path).to_dict(),
-            rope_parameters=rope,
+            rope_parameters={**rope, "rope_theta": theta},
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -141,6 +144,11 @@ class DrafterConfig:
         )
 
 
+def _first(config, names: tuple[str, ...], default):
+    """The first of `names` that `config` sets (not None), else `default`."""
+    return next((getattr(config, n) for n in names if getattr(config, n, None) is not None), default)
+
+
 class EagleDrafter(nn.Module):
     """EAGLE-1 drafter on top of a target's frozen embeddings and LM head.
 
@@ -148,9 +156,12 @@ class EagleDrafter(nn.Module):
         config: the drafter's shape and target identity.
         embed_tokens: the target's input embedding E (frozen here; never saved).
         lm_head: the target's LM head (frozen here; never saved).
+        logit_transform: what the target does to its LM head's output (`eagle.target.LogitTransform`),
+            so that the drafter's distribution has the target's form. `on_target` wires all three.
     """
 
-    def __init__(self, config: DrafterConfig, embed_tokens: nn.Embedding, lm_head: nn.Module):
+    def __init__(self, config: DrafterConfig, embed_tokens: nn.Embedding, lm_head: nn.Module,
+                 logit_transform: LogitTransform | None = None):
         super().__init__()
         from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
@@ -163,7 +174,7 @@ class EagleDrafter(nn.Module):
         self.config = config
         self.llama_config = config.llama_config()
         h = config.hidden_size
-        self.fc = nn.Linear(2 * h, h, bias=True)  # over [f_{t-1}; E(x_t)]
+        self.fc = nn.Linear(2 * h, h, bias=config.fc_bias)  # over [f_{t-1}; E(x_t)]
         layer = LlamaDecoderLayer(self.llama_config, layer_idx=0)
         layer.input_layernorm = nn.Identity()  # EAGLE drops the pre-attention norm
         self.layers = nn.ModuleList([layer])  # state_dict keys `layers.0.*`, as in EAGLE's files
@@ -172,6 +183,20 @@ class EagleDrafter(nn.Module):
         lm_head.requires_grad_(False)
         # a plain tuple: not registered, so not in state_dict(), parameters() or .to()
         self._target_modules = (embed_tokens, lm_head)
+        self.logit_transform = logit_transform or LogitTransform()
+
+    @classmethod
+    def on_target(cls, config: DrafterConfig, model: nn.Module) -> EagleDrafter:
+        """A drafter of `config` on `model`'s embeddings, LM head and logit transform."""
+        return cls(config, embeddings(model), lm_head(model), LogitTransform.of(model.config))
+
+    def share_target(self, model: nn.Module) -> None:
+        """Use `model`'s E and LM head from now on (the same target loaded anew, e.g. whole
+        instead of its head only)."""
+        emb, head = embeddings(model), lm_head(model)
+        if emb.weight.shape != self.embed_tokens.weight.shape or head.weight.shape != self.lm_head.weight.shape:
+            raise ValueError("share_target: the new target's embeddings or LM head have other shapes")
+        self._target_modules = (emb.requires_grad_(False), head.requires_grad_(False))
 
     @property
     def embed_tokens(self) -> nn.Embedding:
@@ -240,9 +265,10 @@ class EagleDrafter(nn.Module):
                               position_embeddings=cos_sin, use_cache=cache is not None, cache=cache)  # (B, T, H)
 
     def logits(self, hidden: Tensor) -> Tensor:
-        """The target's LM head on predicted features: (..., H) -> (..., V), on the head's device."""
+        """The target's LM head (and logit transform) on predicted features: (..., H) -> (..., V),
+        on the head's device."""
         w = self.lm_head.weight
-        return self.lm_head(hidden.to(w.device, w.dtype))
+        return self.logit_transform(self.lm_head(hidden.to(w.device, w.dtype)))
 
     @classmethod
     def random(cls, model: nn.Module, tokenizer=None, path: str | None = None, seed: int = 0) -> EagleDrafter:
@@ -252,6 +278,6 @@ class EagleDrafter(nn.Module):
         config = DrafterConfig.from_target(model, tokenizer, path)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            drafter = cls(config, embeddings(model), lm_head(model))
+            drafter = cls.on_target(config, model)
         p = next(model.parameters())
         return drafter.to(p.device, p.dtype)

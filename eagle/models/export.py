@@ -1,27 +1,29 @@
-"""Drafters in the formats other engines read (EAGLE's own, vLLM, SGLang).
+"""Drafters in the formats serving engines load: EAGLE's own code, vLLM and SGLang.
 
-EAGLE's format (`export_eagle` / `import_eagle`), as published drafters such as
-yuhuili/EAGLE-llama2-chat-7B have it and as engines load it:
-    config.json        a one-layer LlamaConfig ("architectures": ["LlamaForCausalLM"])
-    model.safetensors  fc.weight, fc.bias, layers.0.self_attn.{q,k,v,o}_proj.weight,
-                       layers.0.mlp.{gate,up,down}_proj.weight,
-                       layers.0.post_attention_layernorm.weight
-with the fc columns in EAGLE's order `[E(x); f]` (ours is `[f; E(x)]`). Who reads what:
-  - vLLM (`EagleLlamaForCausalLM`, models/llama_eagle.py) and SGLang
-    (`LlamaForCausalLMEagle`) load `model.safetensors` (or `*.bin`), prefix the names with
-    `model.`, and take the embeddings (and LM head) from the target when they are absent.
-  - SafeAILab/EAGLE's `EaModel.from_pretrained` reads only `pytorch_model.bin`, strictly,
-    including `embed_tokens.weight`: `export_eagle(..., eagle_repo=True)` writes that file too.
-  - fc bias: EAGLE-1 drafters have one (EAGLE reads config key "bias", default true). vLLM
-    uses "bias" for attention biases and "eagle_fc_bias" for the fc, so we write
-    "eagle_fc_bias": true and leave "bias" out. Some vLLM releases build the fc without a
-    bias whatever the config says and skip `fc.bias` silently: check yours.
+All three build the same model (read from their sources; the tests cite file and line): `fc`
+over `cat([embed(x), hidden])` (ours is `[hidden; embed]`: the export swaps the column halves),
+then one Llama decoder layer whose `input_layernorm` is removed, no final norm, and the
+target's embeddings and LM head. Tensor names carry no `model.` prefix (vLLM and SGLang add
+it): `fc.weight`, `fc.bias`, `layers.0.self_attn.{q,k,v,o}_proj.weight`,
+`layers.0.mlp.{gate,up,down}_proj.weight`, `layers.0.post_attention_layernorm.weight`. They
+differ in the rest:
+
+| format | config `architectures` | fc bias | weights file | notes |
+|---|---|---|---|---|
+| `eagle` (SafeAILab/EAGLE) | LlamaForCausalLM | config `"bias"` (absent = true) | pytorch_model.bin, with `embed_tokens.weight` | its config class rejects Llama-3 `rope_scaling` |
+| `vllm` (EagleLlamaForCausalLM) | LlamaForCausalLM (vLLM prefixes "Eagle") | none: built without, `fc.bias` dropped | model.safetensors | never `lm_head`/`norm`/`input_layernorm` tensors; `"bias": true` would mean attention biases |
+| `sglang` (LlamaForCausalLMEagle) | LlamaForCausalLMEagle (matched exactly) | always: write zeros without one | model.safetensors | the same `"bias"` trap |
+
+vLLM's "speculators" format has no EAGLE-1 variant in current vLLM (only EAGLE-3 and later
+are registered), so it is not written. A drafter trained with an fc bias cannot be served by
+vLLM's loader: train with `model.fc_bias=false` for it (`export_drafter` refuses otherwise).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import warnings
 from pathlib import Path
 
 import torch
@@ -44,7 +46,15 @@ from eagle.models.checkpoint import (
     write_atomic,
 )
 from eagle.models.drafter import DrafterConfig, EagleDrafter
-from eagle.target import TargetIdentity, embeddings, lm_head
+from eagle.target import TargetIdentity
+
+FORMATS = ("eagle", "vllm", "sglang")
+ARCHITECTURES = {"eagle": "LlamaForCausalLM", "vllm": "LlamaForCausalLM", "sglang": "LlamaForCausalLMEagle"}
+EAGLE_ROPE_TYPES = ("linear", "dynamic")  # what SafeAILab/EAGLE's config class accepts in rope_scaling
+
+
+class ExportError(ValueError):
+    """A drafter that cannot be written in the format asked for; the message says why and what to do."""
 
 
 def _swap_halves(w: torch.Tensor) -> torch.Tensor:
@@ -53,16 +63,30 @@ def _swap_halves(w: torch.Tensor) -> torch.Tensor:
     return torch.cat([w[:, h:], w[:, :h]], dim=1).contiguous()
 
 
-def eagle_config(drafter: EagleDrafter) -> dict:
-    """EAGLE's Llama-style config.json for a drafter (transformers 4.x names for RoPE, which
-    EAGLE, vLLM and SGLang read; transformers 5 converts them on load)."""
-    cfg = drafter.config
+def _rope_scaling(cfg: DrafterConfig, fmt: str) -> dict | None:
+    """The `rope_scaling` entry (transformers-4 names, which all three engines read)."""
     rope = dict(cfg.rope_parameters)
     rope_type = rope.pop("rope_type", "default")
     rope.pop("rope_theta", None)
-    scaling = None if rope_type == "default" else {"rope_type": rope_type, **rope}
-    return {
-        "architectures": ["LlamaForCausalLM"],
+    if rope_type == "default":
+        return None
+    if fmt == "eagle" and rope_type not in EAGLE_ROPE_TYPES:
+        # EAGLE's EConfig raises on any other dict (e.g. Llama-3's "llama3"): its released
+        # Llama-3 drafters are written without scaling, which is what its code then runs
+        warnings.warn(f"EAGLE's config class accepts rope_scaling types {EAGLE_ROPE_TYPES} only: the "
+                      f"drafter's {rope_type!r} scaling is left out (as in EAGLE's own Llama-3 drafters); "
+                      "EAGLE's code will run it with plain RoPE", stacklevel=3)
+        return None
+    if fmt == "eagle":  # exactly two keys, or EConfig raises
+        return {"type": rope_type, "factor": rope["factor"]}
+    return {"rope_type": rope_type, **rope}
+
+
+def engine_config(drafter: EagleDrafter, fmt: str) -> dict:
+    """The one-layer Llama `config.json` engine `fmt` reads for this drafter."""
+    cfg = drafter.config
+    config = {
+        "architectures": [ARCHITECTURES[fmt]],
         "model_type": "llama",
         "hidden_size": cfg.hidden_size,
         "intermediate_size": cfg.intermediate_size,
@@ -75,40 +99,55 @@ def eagle_config(drafter: EagleDrafter) -> dict:
         "rms_norm_eps": cfg.rms_norm_eps,
         "max_position_embeddings": cfg.max_position_embeddings,
         "rope_theta": cfg.rope_theta,
-        "rope_scaling": scaling,
-        "attention_bias": False,
+        "rope_scaling": _rope_scaling(cfg, fmt),
+        "attention_bias": False,  # vLLM and SGLang read attention biases from here or from "bias"
         "mlp_bias": False,
         "tie_word_embeddings": False,
-        "eagle_fc_bias": True,  # vLLM's key for fc.bias ("bias" would switch on attention biases there)
+        "pretraining_tp": 1,
         "torch_dtype": dtype_name(drafter.dtype),
-        "eagle_target": dict(cfg.target),  # ours: what the drafter was trained for; others ignore it
+        "eagle_target": dict(cfg.target),  # ours: what the drafter was trained for; engines ignore it
     }
+    if fmt == "eagle":
+        config["bias"] = cfg.fc_bias  # EAGLE's key for the fc bias (absent means true)
+    return config
 
 
-def export_eagle(drafter: EagleDrafter, dir: str | os.PathLike, eagle_repo: bool = False) -> Path:
-    """Write the drafter in EAGLE's format (see the module docstring for which engine reads
-    which file). `eagle_repo=True` also writes `pytorch_model.bin` with the target's
-    `embed_tokens.weight`, which SafeAILab/EAGLE's strict loader requires."""
+def export_drafter(drafter: EagleDrafter, out_dir: str | os.PathLike, fmt: str = "vllm") -> Path:
+    """Write `drafter` in engine format `fmt` ("eagle", "vllm" or "sglang") into `out_dir`."""
     from safetensors.torch import save_file
 
-    out = Path(dir)
-    out.mkdir(parents=True, exist_ok=True)
+    if fmt not in FORMATS:
+        hint = " (vLLM's speculators format has no EAGLE-1 variant)" if fmt == "speculators" else ""
+        raise ExportError(f"unknown export format {fmt!r}{hint}; choose one of {FORMATS}")
     state = module_weights(drafter)
-    state["fc.weight"] = _swap_halves(state["fc.weight"])  # ours [f; E] -> EAGLE's [E; f]
-    write_atomic(out / WEIGHTS_NAME, lambda p: save_file(state, str(p), metadata={"format": "pt"}))
-    if eagle_repo:
+    state["fc.weight"] = _swap_halves(state["fc.weight"])  # ours [f; E] -> the engines' [E; f]
+    has_bias = "fc.bias" in state
+    if fmt == "vllm" and has_bias:
+        if state["fc.bias"].abs().max() > 0:
+            raise ExportError("vLLM's EAGLE loader builds fc without a bias and drops fc.bias: this drafter's bias "
+                              "would be lost. Train it with model.fc_bias=false to serve it with vLLM")
+        state.pop("fc.bias")  # all zeros: nothing is lost
+    if fmt == "sglang" and not has_bias:  # SGLang's fc always has one, loaded from the file
+        state["fc.bias"] = torch.zeros(drafter.config.hidden_size, dtype=state["fc.weight"].dtype)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    config = engine_config(drafter, fmt)
+    if fmt == "eagle":  # SafeAILab/EAGLE reads pytorch_model.bin first; its 1.2 release strictly, with the embeddings
         emb = drafter.embed_tokens.weight.detach().to("cpu", drafter.dtype).contiguous()
         write_atomic(out / EAGLE_BIN_NAME, lambda p: torch.save({**state, "embed_tokens.weight": emb}, p))
-    write_atomic(out / CONFIG_NAME, lambda p: p.write_text(json.dumps(eagle_config(drafter), indent=2) + "\n"))
+    else:
+        write_atomic(out / WEIGHTS_NAME, lambda p: save_file(state, str(p), metadata={"format": "pt"}))
+    write_atomic(out / CONFIG_NAME, lambda p: p.write_text(json.dumps(config, indent=2) + "\n"))
     return out
 
 
 def import_eagle(dir: str | os.PathLike, model: nn.Module, tokenizer=None, path: str | None = None,
                  dtype: str | torch.dtype | None = None) -> EagleDrafter:
-    """Load an EAGLE-1 format drafter (ours exported, or a published one) for `model`.
+    """Load an EAGLE-1 drafter in any engine format (ours exported, or a published one) for `model`.
 
-    Reads `model.safetensors`, else `pytorch_model.bin`; drops the embedding table (the
-    target's is used); a missing `fc.bias` (drafters trained without one) becomes zeros.
+    Reads `model.safetensors`, else `pytorch_model.bin`; drops the embedding table and LM head
+    (the target's are used). The fc has a bias when the file holds one or the config says
+    `"bias": true`.
     """
     src = Path(dir)
     check_dir(src)
@@ -118,54 +157,59 @@ def import_eagle(dir: str | os.PathLike, model: nn.Module, tokenizer=None, path:
     layers = data.get("num_hidden_layers", 1)
     if layers != 1:
         raise CheckpointError(f"{src / CONFIG_NAME}: num_hidden_layers is {layers}; an EAGLE-1 drafter has 1")
-    try:
-        heads = data["num_attention_heads"]
-        theta = float(data.get("rope_theta", 10000.0))
-        scaling = dict(data.get("rope_scaling") or {})
-        rope_type = scaling.pop("rope_type", None) or scaling.pop("type", None) or "default"
-        scaling.pop("type", None)  # "type" is the old spelling of "rope_type"
-        rope = {**scaling, "rope_type": rope_type, "rope_theta": theta}
-        ident = TargetIdentity.of(model, tokenizer, path)
-        trained = data.get("eagle_target") or {"target_path": ident.target_path, "model_type": ident.model_type}
-        config = DrafterConfig(
-            hidden_size=data["hidden_size"],
-            intermediate_size=data["intermediate_size"],
-            num_attention_heads=heads,
-            num_key_value_heads=data.get("num_key_value_heads") or heads,
-            head_dim=data.get("head_dim") or data["hidden_size"] // heads,
-            vocab_size=data["vocab_size"],
-            rms_norm_eps=float(data.get("rms_norm_eps", 1e-6)),
-            rope_theta=theta,
-            max_position_embeddings=data.get("max_position_embeddings", 2048),
-            hidden_act=data.get("hidden_act", "silu"),
-            target={**trained, "hidden_size": data["hidden_size"], "vocab_size": data["vocab_size"]},
-            rope_parameters=rope,
-        )
-    except KeyError as err:
-        raise CheckpointError(f"{src / CONFIG_NAME} lacks key {err}") from err
-    except (TypeError, ValueError) as err:
-        raise CheckpointError(f"{src / CONFIG_NAME}: {err}") from err
-    validate_target(config, model, tokenizer, path, name=f"drafter {src}")
-
-    if (src / WEIGHTS_NAME).is_file():
-        weights_path = src / WEIGHTS_NAME
-        state = read_safetensors(weights_path)
-    elif (src / EAGLE_BIN_NAME).is_file():
-        weights_path = src / EAGLE_BIN_NAME
-        try:
-            state = torch.load(weights_path, map_location="cpu", weights_only=True)
-        except Exception as err:  # torch.load raises many types on a bad file
-            raise CheckpointError(f"{weights_path} is corrupt or not a state dict ({err})") from err
-    else:
-        raise CheckpointError(f"{src} holds neither {WEIGHTS_NAME} nor {EAGLE_BIN_NAME}")
+    state, weights_path = _read_weights(src)
     state = {k.removeprefix("model."): v for k, v in state.items()}
     state.pop("embed_tokens.weight", None)  # the target's own table is used
     state.pop("lm_head.weight", None)
     if "fc.weight" not in state:
         raise CheckpointError(f"{weights_path} is missing tensors ['fc.weight']")
-    state["fc.weight"] = _swap_halves(state["fc.weight"])  # EAGLE's [E; f] -> ours [f; E]
-    if "fc.bias" not in state:
-        state["fc.bias"] = torch.zeros(config.hidden_size, dtype=state["fc.weight"].dtype)
-    drafter = EagleDrafter(config, embeddings(model), lm_head(model))
+    state["fc.weight"] = _swap_halves(state["fc.weight"])  # the engines' [E; f] -> ours [f; E]
+    try:
+        config = _drafter_config(data, model, tokenizer, path, fc_bias="fc.bias" in state or data.get("bias") is True)
+    except KeyError as err:
+        raise CheckpointError(f"{src / CONFIG_NAME} lacks key {err}") from err
+    except (TypeError, ValueError) as err:
+        raise CheckpointError(f"{src / CONFIG_NAME}: {err}") from err
+    validate_target(config, model, tokenizer, path, name=f"drafter {src}")
+    if config.fc_bias and "fc.bias" not in state:  # "bias": true without the tensor
+        raise CheckpointError(f"{weights_path}: the config says the fc has a bias, the file holds no fc.bias")
+    drafter = EagleDrafter.on_target(config, model)
     load_weights(drafter, state, weights_path)
     return place(drafter, model, dtype)
+
+
+def _read_weights(src: Path) -> tuple[dict[str, torch.Tensor], Path]:
+    if (src / WEIGHTS_NAME).is_file():
+        return read_safetensors(src / WEIGHTS_NAME), src / WEIGHTS_NAME
+    if (src / EAGLE_BIN_NAME).is_file():
+        try:
+            return torch.load(src / EAGLE_BIN_NAME, map_location="cpu", weights_only=True), src / EAGLE_BIN_NAME
+        except Exception as err:  # torch.load raises many types on a bad file
+            raise CheckpointError(f"{src / EAGLE_BIN_NAME} is corrupt or not a state dict ({err})") from err
+    raise CheckpointError(f"{src} holds neither {WEIGHTS_NAME} nor {EAGLE_BIN_NAME}")
+
+
+def _drafter_config(data: dict, model: nn.Module, tokenizer, path, fc_bias: bool) -> DrafterConfig:
+    """Our `DrafterConfig` from an engine's one-layer Llama config."""
+    heads = data["num_attention_heads"]
+    theta = float(data.get("rope_theta", 10000.0))
+    scaling = dict(data.get("rope_scaling") or {})
+    rope_type = scaling.pop("rope_type", None) or scaling.pop("type", None) or "default"
+    scaling.pop("type", None)  # "type" is the old spelling of "rope_type"
+    ident = TargetIdentity.of(model, tokenizer, path)
+    trained = data.get("eagle_target") or {"target_path": ident.target_path, "model_type": ident.model_type}
+    return DrafterConfig(
+        hidden_size=data["hidden_size"],
+        intermediate_size=data["intermediate_size"],
+        num_attention_heads=heads,
+        num_key_value_heads=data.get("num_key_value_heads") or heads,
+        head_dim=data.get("head_dim") or data["hidden_size"] // heads,
+        vocab_size=data["vocab_size"],
+        rms_norm_eps=float(data.get("rms_norm_eps", 1e-6)),
+        rope_theta=theta,
+        max_position_embeddings=data.get("max_position_embeddings", 2048),
+        hidden_act=data.get("hidden_act", "silu"),
+        target={**trained, "hidden_size": data["hidden_size"], "vocab_size": data["vocab_size"]},
+        rope_parameters={**scaling, "rope_type": rope_type, "rope_theta": theta},
+        fc_bias=fc_bias,
+    )

@@ -169,7 +169,7 @@ class MedusaHeads(nn.Module):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             heads = cls(config)
-        return heads.to(next(model.parameters()).device).init_from_lm_head(model)
+        return heads.to(lm_head(model).weight.device).init_from_lm_head(model)
 
     @classmethod
     def random(cls, model: nn.Module, num_heads: int, tokenizer=None, path: str | None = None,

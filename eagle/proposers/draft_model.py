@@ -39,10 +39,10 @@ class DraftLM:
         device = self.cache.device
         ids = torch.tensor([state.tokens[start:]], device=device)  # (1, k)
         causal = torch.ones(k, k, dtype=torch.bool, device=device).tril()
+        positions = torch.arange(start, start + k, device=device)  # (k,): entry i holds token i
         self.cache.reserve(start + k)
-        mask = self.cache.prepare(start, causal, start)
-        out = target_forward(self.model, ids, self.cache.hf, attention_mask=mask,
-                             position_ids=torch.arange(start, start + k, device=device)[None],
+        mask = self.cache.prepare(start, causal, start, positions)
+        out = target_forward(self.model, ids, self.cache.hf, attention_mask=mask, position_ids=positions[None],
                              logits_slice=slice(-1, None))
         self.cache.keep(start + k)
         return out.logits[0, -1], None
@@ -51,7 +51,7 @@ class DraftLM:
              visible: Tensor) -> tuple[Tensor, None]:
         committed, (n, s) = self.cache.length, visible.shape
         self.cache.reserve(committed + s)
-        mask = self.cache.prepare(committed, visible, committed + s - n)  # earlier steps' nodes follow it
+        mask = self.cache.prepare(committed, visible, committed + s - n, position_ids)  # after earlier steps' nodes
         out = target_forward(self.model, tokens[None], self.cache.hf, attention_mask=mask,
                              position_ids=position_ids[None])
         return out.logits[0], None

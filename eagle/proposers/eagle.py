@@ -125,7 +125,7 @@ class EagleDraftModel:
         """features (1, n, H) and ids (1, n) written at entries write_at..write_at+n-1, at `positions`
         (n,), each seeing the committed entries (before `start`) and what `visible` (n, S) allows of
         the S entries from `start`. Returns f_hat (n, H) and logits (n, V)."""
-        mask = self.cache.prepare(start, visible, write_at)  # (1, 1, n, width)
+        mask = self.cache.prepare(start, visible, write_at, positions)  # (1, 1, n, width)
         hidden = self.drafter(features, ids, position_ids=positions[None], attention_mask=mask, cache=self.cache.hf)
         return hidden[0], self.drafter.logits(hidden[0])
 
@@ -144,7 +144,9 @@ def eagle_proposer(drafter: EagleDrafter, template: TreeTemplate, proposal: str 
     with `proposal="sample"`); verification by `eagle.decoding.engine.SpeculativeDecoder` keeps
     it exact. `cache`: "dynamic" or "static" (`eagle.decoding.draft_cache`); `compile_mode`
     compiles the static passes, all padded to one shape."""
-    kv = draft_cache(cache, drafter.llama_config, drafter.dtype, drafter.device)
+    cfg = drafter.config
+    kv = draft_cache(cache, drafter.llama_config, drafter.dtype, drafter.device,
+                     kv_shape=(cfg.num_key_value_heads, cfg.head_dim))
     shape = pass_shape(template) if compile_mode is not None else None
     return TemplateProposer(EagleDraftModel(drafter, kv, compile_mode, shape), template, proposal=proposal,
                             name="eagle")

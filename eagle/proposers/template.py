@@ -146,8 +146,12 @@ def sample_without_replacement(dist: Tensor, m: int, generator: torch.Generator 
     Returns:
         picks (m,) long and q (m, V).
     """
-    u = torch.rand(dist.shape, generator=generator, device=dist.device, dtype=dist.dtype).clamp_min_(1e-30)
-    keys = dist.log() - (-u.log()).log()  # log p + Gumbel(0, 1); -inf off the support
+    # float64 keys: with float32 uniforms the largest Gumbel is ~ -log(-log(1 - 2^-24)) = 16.6, so a
+    # token below ~3.6e-9 of the top token's probability could never be drawn first, while its
+    # recorded q keeps its full mass
+    u = torch.rand(dist.shape, generator=generator, device=dist.device, dtype=torch.float64)
+    u = u.clamp_min_(torch.finfo(torch.float64).tiny)
+    keys = dist.double().log() - (-u.log()).log()  # log p + Gumbel(0, 1); -inf off the support
     picks = keys.topk(m).indices  # (m,) in draw order
     q = dist.expand(m, -1).clone()  # (m, V)
     rows, cols = torch.tril_indices(m, m, offset=-1, device=dist.device)

@@ -18,6 +18,7 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
+from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import DataLoader
 
 from eagle.artifacts import SPLITS, Artifact
@@ -34,6 +35,21 @@ from eagle.data.tokens import (
 from eagle.target import TargetIdentity, load_tokenizer, tokenizer_hash
 
 TOKENS_META = "meta.json"
+
+
+def eval_sampler(datamodule: L.LightningDataModule, dataset) -> dict[str, Any]:
+    """DataLoader arguments that give each process of a multi-process run its own part of the
+    validation set, every sample exactly once: Lightning's default sampler pads the ranks with
+    repeated samples, which would bias the summed metrics (`TrainableModule.val_totals`)."""
+    trainer = datamodule.trainer
+    if trainer is None or trainer.world_size <= 1:
+        return {}
+    n, world = len(dataset), trainer.world_size
+    if n < world:  # a process without a batch would hang the others' collectives
+        raise ValueError(f"{n} validation samples cannot be split over {world} processes: "
+                         f"make the validation split larger")
+    return {"sampler": UnrepeatedDistributedSampler(dataset, num_replicas=world, rank=trainer.global_rank,
+                                                    shuffle=False)}
 
 
 class TokenBlockDataModule(L.LightningDataModule):
@@ -111,7 +127,7 @@ class TokenBlockDataModule(L.LightningDataModule):
 
     def val_dataloader(self) -> DataLoader:
         val = BlockDataset(self.tokens["validation"], self.block_size, self.val_offsets)
-        return DataLoader(val, batch_size=self.batch_size, num_workers=self.num_workers)
+        return DataLoader(val, batch_size=self.batch_size, num_workers=self.num_workers, **eval_sampler(self, val))
 
     def val_targets(self) -> np.ndarray:
         """Every token the validation loss is computed on, (n_blocks * block_size,)."""
@@ -126,6 +142,8 @@ class TokenBlockDataModule(L.LightningDataModule):
 class SampleDataModule(L.LightningDataModule):
     """Batches of samples (`eagle.data.batches.collate`): shuffled for training, in order for
     validation. Subclasses fill `self.splits` in `setup`."""
+
+    has_features = False  # do the batches carry the target's features (else the target computes them)?
 
     def __init__(self, batch_size: int = 8, num_workers: int = 0, seed: int = 0) -> None:
         super().__init__()
@@ -143,8 +161,9 @@ class SampleDataModule(L.LightningDataModule):
                           collate_fn=collate, num_workers=self.num_workers)
 
     def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.splits["validation"], batch_size=self.batch_size, collate_fn=collate,
-                          num_workers=self.num_workers)
+        val = self.splits["validation"]
+        return DataLoader(val, batch_size=self.batch_size, collate_fn=collate, num_workers=self.num_workers,
+                          **eval_sampler(self, val))
 
 
 class FeatureDataModule(SampleDataModule):
@@ -157,6 +176,8 @@ class FeatureDataModule(SampleDataModule):
         verify: "checksum" (sha256 of every shard, once at setup), "size" or "none".
         seed: shuffling of the training samples.
     """
+
+    has_features = True
 
     def __init__(self, features_dir: str | Path, batch_size: int = 8, num_workers: int = 0,
                  verify: str = "checksum", seed: int = 0) -> None:
@@ -186,6 +207,10 @@ class OnlineDataModule(SampleDataModule):
     def __init__(self, source: Callable[..., dict[str, list]], tokenizer_path: str | Path, max_len: int = 256,
                  batch_size: int = 8, num_workers: int = 0, seed: int = 0) -> None:
         super().__init__(batch_size, num_workers, seed)
+        if not callable(source):  # configs/data/online.yaml names no source of its own
+            raise ValueError("data=online needs a sample source: add data_gen@_global_=sharegpt "
+                             "source.path=/data/conversations.json (or =text, or =python_corpus for the "
+                             "built-in corpus)")
         self.source, self.tokenizer_path, self.max_len = source, tokenizer_path, max_len
         self.tokenizer = None
 

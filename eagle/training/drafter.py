@@ -18,9 +18,8 @@ from torch import Tensor
 from eagle.data.batches import shift_batch
 from eagle.models.checkpoint import save_drafter
 from eagle.models.drafter import DrafterConfig, EagleDrafter
-from eagle.target import embeddings, lm_head
 from eagle.training import metrics
-from eagle.training.module import FrozenTargetModule
+from eagle.training.module import FrozenTargetModule, submodule_state
 
 
 class EagleDrafterModule(FrozenTargetModule):
@@ -34,6 +33,7 @@ class EagleDrafterModule(FrozenTargetModule):
         target_path: the target's Hugging Face folder (with its tokenizer).
         target_dtype: dtype the target is loaded in (its features online, E and lm_head).
         drafter_config: overrides of `DrafterConfig.from_target(target)` (e.g. a narrower MLP).
+        fc_bias: give the fc a bias (EAGLE-1's) or not (what vLLM's EAGLE loader can serve).
         w_feat / w_tok: loss weights.
         noise: half-width of the uniform noise added to the input features in training.
         smooth_l1_beta: SmoothL1's switch point from quadratic to linear.
@@ -41,6 +41,8 @@ class EagleDrafterModule(FrozenTargetModule):
         val_topk: the k of the top-k agreements reported besides top-1.
         seed: initialisation of the drafter.
         optim: AdamW and its schedule (`eagle.training.optim.OptimConfig`).
+        target_weights, target_device_map: how much of the target is loaded, and where
+            (`eagle.training.module.FrozenTargetModule`).
     """
 
     artifact = "drafter"
@@ -51,6 +53,7 @@ class EagleDrafterModule(FrozenTargetModule):
         target_path: str,
         target_dtype: str = "float32",
         drafter_config: Mapping[str, Any] | None = None,
+        fc_bias: bool = True,
         w_feat: float = 1.0,
         w_tok: float = 0.1,
         noise: float = 0.1,
@@ -59,18 +62,22 @@ class EagleDrafterModule(FrozenTargetModule):
         val_topk: int = 4,
         seed: int = 0,
         optim: Mapping[str, Any] | None = None,
+        target_weights: str = "auto",
+        target_device_map: str | dict | None = None,
     ) -> None:
         if val_depth < 1:
             raise ValueError(f"val_depth must be >= 1, got {val_depth}")
-        super().__init__(target_path, target_dtype, optim or {"lr": 3e-5})
+        super().__init__(target_path, target_dtype, optim or {"lr": 3e-5}, target_weights, target_device_map)
         self.save_hyperparameters()
         target, tokenizer = self.target, self.tokenizer
         config = DrafterConfig.from_target(target, tokenizer, str(target_path))
-        if drafter_config:
-            config = DrafterConfig.from_dict({**config.to_dict(), **dict(drafter_config)})
+        config = DrafterConfig.from_dict({**config.to_dict(), "fc_bias": fc_bias, **dict(drafter_config or {})})
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            self.drafter = EagleDrafter(config, embeddings(target), lm_head(target))
+            self.drafter = EagleDrafter.on_target(config, target)
+
+    def on_full_target(self, target: torch.nn.Module) -> None:
+        self.drafter.share_target(target)
 
     def head(self, features: Tensor) -> Tensor:
         """The target's LM head (frozen): (..., H) -> (..., V)."""
@@ -142,9 +149,8 @@ class EagleDrafterModule(FrozenTargetModule):
         for key in sorted(k for k in val if k.endswith("/hits")):
             name = key[: -len("/hits")]
             logs[f"val/{name}"] = val[key] / max(val[f"{name}/count"], 1.0)
-        self.log_dict(logs)
-        self.log("val/top1", logs["val/top1_d1"], prog_bar=True)  # = top1_d1, for the bar
+        self.log_val(logs, bar={"val/top1": "val/top1_d1"})
 
-    def save_artifact(self, out_dir: Path) -> None:
+    def save_artifact(self, out_dir: Path, state: dict[str, Tensor], report: dict[str, Any]) -> None:
         """The drafter, without the target's weights (`eagle.models.checkpoint.save_drafter`)."""
-        save_drafter(self.drafter, out_dir)
+        save_drafter(self.drafter, out_dir, state=submodule_state(state, "drafter"))

@@ -21,11 +21,20 @@ import lightning as L
 from eagle.training.module import StageError, TrainableModule
 
 
+def planned_steps(trainer: L.Trainer) -> int | None:
+    """The optimizer steps the run (and its LR schedule) was planned for: `trainer.max_steps`, or
+    what `max_epochs` amounts to."""
+    if trainer.max_steps is not None and trainer.max_steps > 0:
+        return trainer.max_steps
+    total = trainer.estimated_stepping_batches
+    return int(total) if math.isfinite(total) else None
+
+
 def check_planned_steps(trainer: L.Trainer, what: str, last_ckpt: str | Path) -> None:
-    """Raise `StageError` when fit() stopped before `trainer.max_steps` (its `max_time` ran out):
-    the schedule was planned for max_steps, so the model is unfinished."""
-    planned = trainer.max_steps
-    if planned is not None and planned > 0 and trainer.global_step < planned:
+    """Raise `StageError` when fit() stopped before its planned steps (`trainer.max_time` ran out):
+    the schedule was planned for them, so the model is unfinished."""
+    planned = planned_steps(trainer)
+    if planned is not None and trainer.global_step < planned:
         raise StageError(f"{what} stopped after {trainer.global_step} of {planned} steps (trainer.max_time "
                          f"ran out): nothing was exported. Rerun the same command to resume from {last_ckpt}, or "
                          f"give it more time (trainer.max_time=DD:HH:MM:SS)")
@@ -63,19 +72,22 @@ def fit_and_export(module: TrainableModule, datamodule: L.LightningDataModule, t
     if check_baseline and not debug:
         module.check_baseline(val)
     steps, train_time = trainer.global_step, module.train_time_s()
-    tokens = int(trainer.strategy.reduce(module.tokens_seen_tensor(), reduce_op="sum"))  # every process's
-    report = {**val, "train/loss": train_loss, "steps": steps, "planned_steps": trainer.max_steps,
+    tokens = module.tokens_seen_total()  # every process's
+    report = {**val, "train/loss": train_loss, "steps": steps, "planned_steps": planned_steps(trainer),
               "resumed_from_step": module.resumed_from_step,
               "tokens_seen": tokens, "fit_time_s": round(fit_time, 2), "train_time_s": round(train_time, 2),
               "tokens_per_s": round(tokens / train_time, 1) if train_time > 0 else None,
               "processes": trainer.world_size}
     out_dir = Path(out_dir)
-    if trainer.is_global_zero:  # one writer of the artifact
-        module.export(out_dir, {**report, "config": config or {}})
-    trainer.strategy.barrier()
-    print(f"\n{module.artifact}: {steps} of {trainer.max_steps} steps (from {module.resumed_from_step}), {tokens:,} tokens, "
-          f"{report['tokens_per_s']} tokens/s over {train_time:.0f}s of training; final validation:")
-    for key, value in val.items():
-        print(f"  {key:<22} {value:.4f}")
-    print(f"--- saved the {module.artifact} to {out_dir}")
+    # every process takes part (FSDP gathers the full weights here); rank 0 alone gets them
+    state = trainer.strategy.lightning_module_state_dict()
+    if trainer.is_global_zero:  # one writer of the artifact, one report
+        module.export(out_dir, {**report, "config": config or {}}, state)
+        print(f"\n{module.artifact}: {steps} of {report['planned_steps']} steps (from {module.resumed_from_step}), "
+              f"{tokens:,} tokens on {trainer.world_size} process(es), {report['tokens_per_s']} tokens/s over "
+              f"{train_time:.0f}s of training; final validation:")
+        for key, value in val.items():
+            print(f"  {key:<22} {value:.4f}")
+        print(f"--- saved the {module.artifact} to {out_dir}")
+    trainer.strategy.barrier()  # the others return once the artifact is complete
     return {**report, f"{module.artifact}_dir": str(out_dir)}

@@ -21,7 +21,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
 from eagle.artifacts import Artifact
 from eagle.target import tokenizer_hash
-from eagle.training.module import TrainableModule
+from eagle.training.module import TrainableModule, submodule_state
 
 SIDECAR = "eagle_target.json"  # beside a trained LM: what produced it (its presence marks the stage done)
 
@@ -157,9 +157,8 @@ class CausalLMModule(TrainableModule):
         if not val.get("count"):
             return
         val_loss = val["nll"] / val["count"]  # exact token mean over all val blocks
-        self.log("val/loss", val_loss, prog_bar=True)
-        self.log("val/ppl", math.exp(min(val_loss, 50.0)))
-        self.log("val/unigram_loss", self.unigram_loss)
+        self.log_val({"val/loss": val_loss, "val/ppl": math.exp(min(val_loss, 50.0)),
+                      "val/unigram_loss": self.unigram_loss}, bar={"val/loss": "val/loss"})
 
     def greedy_samples(self) -> dict[str, str]:
         """Greedy continuations (prompt included) of the `samples` prompts, without specials."""
@@ -171,19 +170,18 @@ class CausalLMModule(TrainableModule):
             out[prompt] = self.tokenizer.decode(ids[0], skip_special_tokens=True)
         return out
 
-    def export(self, out_dir: Path, report: dict[str, Any]) -> Path:
+    def save_artifact(self, out_dir: Path, state: dict[str, torch.Tensor], report: dict[str, Any]) -> None:
         """The model and its tokenizer (`save_pretrained`: they load like any HF model), and the
         sidecar `eagle_target.json`: the data it saw, the run's report and greedy samples."""
-        out_dir = Path(out_dir)
-        model = self.model.float().eval()
-        samples = self.greedy_samples()
+        weights = {k: v.float() for k, v in submodule_state(state, "model").items()}
+        samples = {} if self.sharded() else self.greedy_samples()  # a shard cannot generate alone
         for prompt, text in samples.items():
             print(f"--- greedy sample for {prompt!r}:\n{text}")
-        model.save_pretrained(out_dir)
+        n_params = sum({v.data_ptr(): v.numel() for v in weights.values()}.values())  # tied weights once
+        self.model.save_pretrained(out_dir, state_dict=dict(weights))  # (it edits the dict it is given)
         self.tokenizer.save_pretrained(out_dir)
         params = {"corpus_fingerprint": self.data_info.get("corpus_fingerprint"),
                   "tokenizer_hash": tokenizer_hash(self.tokenizer), "model_config": self.hparams.model_config}
         Artifact(out_dir, SIDECAR, params, "trained LM").write(
             kind="eagle_target", python_version=platform.python_version(), **self.data_info,
-            n_params=sum(p.numel() for p in model.parameters()), **report, samples=samples)
-        return out_dir
+            n_params=n_params, **report, samples=samples)

@@ -29,9 +29,9 @@ from torch import Tensor
 
 from eagle.models.checkpoint import save_medusa
 from eagle.models.medusa import MedusaHeads
-from eagle.target import lm_head
+from eagle.target import head_logits
 from eagle.training import metrics
-from eagle.training.module import FrozenTargetModule
+from eagle.training.module import FrozenTargetModule, submodule_state
 
 
 def shifted_labels(input_ids: Tensor, loss_mask: Tensor, shift: int) -> tuple[Tensor, Tensor]:
@@ -81,6 +81,8 @@ class MedusaModule(FrozenTargetModule):
         val_topk: the k of the top-k accuracy reported besides top-1.
         seed: initialisation of the heads.
         optim: AdamW and its schedule (`eagle.training.optim.OptimConfig`).
+        target_weights, target_device_map: how much of the target is loaded, and where
+            (`eagle.training.module.FrozenTargetModule`).
     """
 
     artifact = "medusa"
@@ -97,9 +99,12 @@ class MedusaModule(FrozenTargetModule):
         val_topk: int = 5,
         seed: int = 0,
         optim: Mapping[str, Any] | None = None,
+        target_weights: str = "auto",
+        target_device_map: str | dict | None = None,
     ) -> None:
         lambdas = loss_weights(num_heads, head_weight_decay, head_weights)  # fail before loading the target
-        super().__init__(target_path, target_dtype, optim or {"lr": 1e-3, "schedule": "cosine"})
+        super().__init__(target_path, target_dtype, optim or {"lr": 1e-3, "schedule": "cosine"}, target_weights,
+                         target_device_map)
         self.save_hyperparameters()
         self.lambdas = lambdas
         self.heads = MedusaHeads.for_target(self.target, num_heads, num_layers, self.tokenizer, str(target_path),
@@ -151,7 +156,7 @@ class MedusaModule(FrozenTargetModule):
         # head 0 = the target's own LM head on x_{t+1}: the ceiling the heads are read against
         labels, w = shifted_labels(batch["input_ids"], batch["loss_mask"], shift=1)
         with torch.no_grad():
-            head0 = lm_head(self.target)(self.batch_features(batch).to(self.target.dtype))  # (B, T, V)
+            head0 = head_logits(self.target, self.batch_features(batch).to(self.target.dtype))  # (B, T, V)
         self._add_hits("h0", head0, labels, w)
         # baseline of head 1: an untrained head is the LM head itself, here judged on x_{t+2}
         self._add_hits("h0_shift2", head0, out["labels"][0], out["weights"][0])
@@ -169,9 +174,8 @@ class MedusaModule(FrozenTargetModule):
         for key in sorted(k for k in val if k.startswith("top") and k.endswith("/hits")):
             name = key[: -len("/hits")]
             logs[f"val/{name}"] = val[key] / max(val[f"{name}/count"], 1.0)
-        self.log_dict(logs)
-        self.log("val/top1", logs["val/top1_h1"], prog_bar=True)  # = top1_h1, for the bar
+        self.log_val(logs, bar={"val/top1": "val/top1_h1"})
 
-    def save_artifact(self, out_dir: Path) -> None:
+    def save_artifact(self, out_dir: Path, state: dict[str, Tensor], report: dict[str, Any]) -> None:
         """The heads (`eagle.models.checkpoint.save_medusa`)."""
-        save_medusa(self.heads, out_dir)
+        save_medusa(self.heads, out_dir, state=submodule_state(state, "heads"))

@@ -27,6 +27,9 @@ from eagle.artifacts import write_json
 from eagle.target import (
     TargetIdentity,
     TargetMismatchError,
+    embeddings,
+    is_head_only,
+    lm_head,
     load_target,
     target_forward,
     tokenizer_hash,
@@ -55,7 +58,8 @@ class TrainableModule(L.LightningModule):
         self._val: dict[str, Tensor] = {}
         self._time_before = 0.0  # fit() seconds of earlier invocations (from the checkpoint)
         self._fit_t0: float | None = None
-        self.tokens_seen = 0  # training tokens (padding excluded) of this process, all invocations
+        self.tokens_seen = 0  # training tokens (padding excluded) of this process, this invocation
+        self._tokens_before = 0  # of every process, earlier invocations (from the checkpoint)
         self.resumed_from_step = 0
 
     # ----------------------------------------------------------------- optimisation
@@ -79,18 +83,23 @@ class TrainableModule(L.LightningModule):
     def count_tokens(self, attention_mask: Tensor) -> None:
         self.tokens_seen += int(attention_mask.sum())
 
-    def tokens_seen_tensor(self) -> Tensor:
-        """This process's count as a tensor on its device, for a sum over processes."""
-        return torch.tensor(float(self.tokens_seen), device=self.device)
+    def tokens_seen_total(self) -> int:
+        """Training tokens of every process, every invocation. A collective under DDP/FSDP:
+        every process calls it (checkpoint saves and the end of fit do)."""
+        local = torch.tensor(float(self.tokens_seen), dtype=torch.float64, device=self.device)
+        if self._trainer is not None and self.trainer.world_size > 1:
+            local = self.trainer.strategy.reduce(local, reduce_op="sum")
+        return self._tokens_before + int(local.item())
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint["eagle"] = {"train_time_s": self.train_time_s(), "tokens_seen": self.tokens_seen}
+        # every process saves (Lightning writes rank 0's dict): the count is the sum over ranks
+        checkpoint["eagle"] = {"train_time_s": self.train_time_s(), "tokens_seen": self.tokens_seen_total()}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         saved = checkpoint.get("eagle", {})
         self.resumed_from_step = int(checkpoint.get("global_step", 0))
         self._time_before = float(saved.get("train_time_s", 0.0))
-        self.tokens_seen = int(saved.get("tokens_seen", 0))
+        self._tokens_before, self.tokens_seen = int(saved.get("tokens_seen", 0)), 0
         # trainer.max_time budgets each invocation: a restored Timer would stop a run that ran
         # out of time again at once, instead of continuing it
         checkpoint.get("callbacks", {}).pop("Timer", None)
@@ -115,6 +124,17 @@ class TrainableModule(L.LightningModule):
             stacked = self.trainer.strategy.reduce(stacked, reduce_op="sum")
         return dict(zip(keys, stacked.tolist()))
 
+    def log_val(self, logs: Mapping[str, float], bar: Mapping[str, str] | None = None) -> None:
+        """Log epoch-level validation metrics computed from `val_totals` (equal on every
+        process); `bar` adds aliases shown in the progress bar ({alias: metric})."""
+        bar = dict(bar or {})
+        # sync_dist: a mean of equal values, and what Lightning expects of epoch-level logs
+        for key, value in logs.items():
+            self.log(key, value, prog_bar=bar.get(key) == key, sync_dist=True)
+        for alias, key in bar.items():
+            if alias != key:
+                self.log(alias, logs[key], prog_bar=True, sync_dist=True)
+
     # ----------------------------------------------------------------- contract
 
     def check_baseline(self, val: Mapping[str, float]) -> None:
@@ -125,38 +145,71 @@ class TrainableModule(L.LightningModule):
             raise StageError(f"{self.artifact}: {metric} {ours:.4f} is no better than its baseline "
                              f"({baseline} {theirs:.4f}): training failed, nothing exported")
 
-    def export(self, out_dir: Path, report: dict[str, Any]) -> Path:
+    def export(self, out_dir: Path, report: dict[str, Any], state: Mapping[str, Tensor] | None = None) -> Path:
         """Write the trained artifact into `out_dir` (`save_artifact`), with `report` (what the
-        run measured, and its config) as `train_metrics.json` beside it."""
+        run measured, and its config) as `train_metrics.json` beside it.
+
+        `state` is this module's full state dict (default `self.state_dict()`); under FSDP only
+        the strategy's gathered one (`lightning_module_state_dict()`) holds whole tensors."""
         out_dir = Path(out_dir)
-        self.save_artifact(out_dir)
+        self.save_artifact(out_dir, dict(self.state_dict() if state is None else state), report)
         write_json(out_dir / "train_metrics.json", report)
         return out_dir
 
-    def save_artifact(self, out_dir: Path) -> None:
+    def save_artifact(self, out_dir: Path, state: dict[str, Tensor], report: dict[str, Any]) -> None:
+        """Write the artifact from `state` (this module's full state dict)."""
         raise NotImplementedError
+
+    def sharded(self) -> bool:
+        """Whether the strategy shards the weights over processes (FSDP, DeepSpeed): then no
+        process can run the model alone."""
+        strategy = type(self.trainer.strategy).__name__ if self._trainer is not None else ""
+        return strategy in ("FSDPStrategy", "DeepSpeedStrategy", "ModelParallelStrategy")
+
+
+def submodule_state(state: Mapping[str, Tensor], prefix: str) -> dict[str, Tensor]:
+    """The entries of a module's state dict under `prefix.`, with the prefix removed."""
+    head = prefix + "."
+    return {k[len(head):]: v for k, v in state.items() if k.startswith(head)}
 
 
 class FrozenTargetModule(TrainableModule):
     """A module trained on a frozen target's features.
 
+    Offline (the batches carry dumped features) only the target's embeddings and LM head are
+    needed, and only they are loaded (`eagle.target.load_head_only`): about 2 GB per process for
+    an 8B target in bf16 instead of 16. Online, the whole target is loaded once per process, at
+    `setup`, in `target_dtype` (or spread over devices with `target_device_map`).
+
     Args:
         target_path: the target's Hugging Face folder (with its tokenizer).
         target_dtype: the dtype the target is loaded in.
         optim: the optimiser's settings (`OptimConfig`).
+        target_weights: "auto" (the head only, unless the data has no features), "head" or "all".
+        target_device_map: `from_pretrained`'s device_map for the whole target (e.g. "auto");
+            None = this process's device.
     """
 
-    def __init__(self, target_path: str, target_dtype: str, optim: Mapping[str, Any]) -> None:
+    def __init__(self, target_path: str, target_dtype: str, optim: Mapping[str, Any],
+                 target_weights: str = "auto", target_device_map: str | dict | None = None) -> None:
         super().__init__(optim)
-        target, tokenizer = load_target(target_path, dtype=target_dtype)
-        # plain dict entries: not submodules, so not in state_dict() or parameters()
-        self.__dict__["target"] = target
+        if target_weights not in ("auto", "head", "all"):
+            raise ValueError(f"target_weights must be auto, head or all, got {target_weights!r}")
+        self._target_path, self._target_weights = str(target_path), target_weights
+        self._target_args = {"dtype": target_dtype, "device_map": target_device_map}
+        whole = target_weights == "all"
+        target, tokenizer = load_target(target_path, target_dtype, weights="all" if whole else "head",
+                                        device_map=target_device_map if whole else None)
+        self._set_target(target)
         self.tokenizer = tokenizer
         self.target_identity = TargetIdentity.of(target, tokenizer, str(target_path), with_lm_head=True)
 
+    def _set_target(self, target: torch.nn.Module) -> None:
+        self.__dict__["target"] = target  # a plain entry: not a submodule, so not in state_dict() or parameters()
+
     def setup(self, stage: str) -> None:
         """The data must have been made for this target: a feature dump by it (`made_for`), and
-        token samples with its tokenizer."""
+        token samples with its tokenizer. Data without features get the whole target."""
         dm = self.trainer.datamodule if self.trainer is not None else None
         made_for = getattr(dm, "made_for", None)
         if made_for is not None:
@@ -165,10 +218,35 @@ class FrozenTargetModule(TrainableModule):
         if tokenizer is not None and tokenizer_hash(tokenizer) != self.target_identity.tokenizer_hash:
             raise TargetMismatchError(f"the training data is tokenised with another tokenizer than the target's "
                                       f"({tokenizer_hash(tokenizer)} != {self.target_identity.tokenizer_hash})")
+        if is_head_only(self.target) and not getattr(dm, "has_features", False):
+            if self._target_weights == "head":
+                raise ValueError("target_weights=head loads only the target's embeddings and LM head, but the "
+                                 "data carry no features (online): use target_weights=auto or all")
+            self.load_full_target()
+
+    def load_full_target(self) -> None:
+        """Replace the head-only target by the whole model (online features), on this process's
+        device unless a device map spreads it; `on_full_target` lets subclasses re-point."""
+        args = self._target_args
+        # straight onto this process's device: the module itself is still on the CPU in setup()
+        device = self.trainer.strategy.root_device if self._trainer is not None else self.device
+        target, _ = load_target(self._target_path, args["dtype"], device=device, with_tokenizer=False,
+                                device_map=args["device_map"])
+        self._set_target(target)
+        self.on_full_target(target)
+
+    def on_full_target(self, target: torch.nn.Module) -> None:
+        """Called when the whole target replaces the head-only one (the modules built on its E and
+        LM head re-point to the new ones)."""
 
     def _target_on_device(self):
         target = self.target
-        if next(target.parameters()).device != self.device:
+        if getattr(target, "hf_device_map", None):
+            return target  # spread over devices by its device map: it stays where it is
+        if is_head_only(target):  # only E and the head are real: move them
+            for module in (embeddings(target), lm_head(target)):
+                module.to(self.device)
+        elif next(target.parameters()).device != self.device:
             target.to(self.device)  # an EAGLE drafter shares its E and lm_head: they move with it
         return target
 
@@ -177,6 +255,11 @@ class FrozenTargetModule(TrainableModule):
         target = self._target_on_device()
         features = batch.get("features")
         if features is None:  # online: nothing was dumped
+            if is_head_only(target):
+                raise ValueError("a batch without features, but only the target's embeddings and LM head are "
+                                 "loaded (target_weights=head, or no setup): its features cannot be computed")
+            device = embeddings(target).weight.device
             with torch.no_grad():
-                features = target_forward(target, batch["input_ids"], attention_mask=batch["attention_mask"]).features
-        return features.float()
+                features = target_forward(target, batch["input_ids"].to(device),
+                                          attention_mask=batch["attention_mask"].to(device)).features
+        return features.to(self.device).float()

@@ -5,37 +5,32 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from transformers import (
-    LlamaConfig,
-    LlamaForCausalLM,
-    MistralConfig,
-    MistralForCausalLM,
-    Qwen2Config,
-    Qwen2ForCausalLM,
-)
+from transformers import AutoConfig, AutoModelForCausalLM
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG_DIR = ROOT / "configs"
 TREES = CONFIG_DIR / "tree"
 
-TINY = dict(
-    vocab_size=96,
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=512,
-    initializer_range=0.2,  # peaked logits: greedy ties (and flaky argmax) become vanishingly rare
-    bos_token_id=1,
-    eos_token_id=2,
-    pad_token_id=0,
-)
+COMMON = dict(vocab_size=96, max_position_embeddings=512, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+              initializer_range=0.2)  # peaked logits: greedy ties (and flaky argmaxes) become vanishingly rare
+TINY = dict(COMMON, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2)
 
+# The family matrix: each entry exercises something the others do not.
 FAMILIES = {
-    "llama": (LlamaConfig, LlamaForCausalLM),
-    "mistral": (MistralConfig, MistralForCausalLM),
-    "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+    "llama": TINY,
+    "mistral": dict(TINY, sliding_window=16),  # one window for every layer, crossed by most tests
+    "qwen2": TINY,
+    # alternating sliding and full layers (per-layer-type masks) and soft-capped logits
+    "gemma2": dict(TINY, head_dim=8, sliding_window=16, final_logit_softcapping=3.0, query_pre_attn_scalar=8),
+    "cohere": dict(TINY, logit_scale=0.5),  # scaled logits
+    "phi3": TINY,  # fused qkv and gate/up projections
+    # no intermediate_size, absolute position embeddings, one (fused) attention projection
+    "gpt2": dict(COMMON, n_embd=32, n_layer=2, n_head=4, n_positions=512),
+    # multi-query attention (one KV head), no num_key_value_heads field
+    "falcon": dict(COMMON, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, multi_query=True,
+                   new_decoder_architecture=False, alibi=False, parallel_attn=True),
+    "gpt_neox": dict(TINY, rotary_pct=0.5),  # partial rotary
 }
 
 TEXTS = ["def add(a, b):\n    return a + b\n", "for i in range(10):\n    print(i)\n",
@@ -44,10 +39,9 @@ TEXTS = ["def add(a, b):\n    return a + b\n", "for i in range(10):\n    print(i
 
 def make_tiny_model(family: str, seed: int = 0, **overrides) -> torch.nn.Module:
     """A random fp32 causal LM of the given family, small enough for exhaustive tests."""
-    config_cls, model_cls = FAMILIES[family]
     torch.manual_seed(seed)
-    config = config_cls(**{**TINY, **overrides})
-    return model_cls(config).eval()
+    config = AutoConfig.for_model(family, **{**FAMILIES[family], **overrides})
+    return AutoModelForCausalLM.from_config(config).eval()
 
 
 def small_tokenizer():

@@ -52,3 +52,35 @@ def sample_counts(generate, runs: int, seed: int = 1234) -> tuple[dict[tuple, in
         counts[tuple(res.tokens)] = counts.get(tuple(res.tokens), 0) + 1
         rounds += res.stats.rounds
     return counts, rounds
+
+
+class _Replay:
+    """One replay of a run: the draws follow `prefix`, then the first outcome of each new draw,
+    leaving the other outcomes of new draws in `pending` for later replays."""
+
+    def __init__(self, prefix: tuple[int, ...], pending: list[tuple[int, ...]]):
+        self.prefix, self.pending, self.taken, self.prob = prefix, pending, [], 1.0
+
+    def __call__(self, probs: torch.Tensor) -> int:
+        if len(self.taken) < len(self.prefix):
+            choice = self.prefix[len(self.taken)]
+        else:
+            support = torch.nonzero(probs > 0).flatten().tolist()
+            choice = support[0]
+            self.pending.extend(tuple(self.taken) + (other,) for other in support[1:])
+        self.taken.append(choice)
+        self.prob *= float(probs[choice])
+        return choice
+
+
+def enumerate_draws(run) -> dict:
+    """Every outcome of `run(draw)` with its exact probability, for a `run` whose only
+    randomness is its calls `draw(probs) -> index` (a 1-D tensor of probabilities): `run` is
+    replayed once per sequence of draws, depth first over each draw's support."""
+    out: dict = {}
+    pending: list[tuple[int, ...]] = [()]
+    while pending:
+        draw = _Replay(pending.pop(), pending)
+        outcome = run(draw)
+        out[outcome] = out.get(outcome, 0.0) + draw.prob
+    return out
