@@ -76,8 +76,8 @@ def use_job_folder(cfg: DictConfig) -> None:
         return
     if cfg.trainer.get("devices", 1) not in (1, "1") and "LOCAL_RANK" not in os.environ:
         # Lightning would relaunch the whole sweep command in each extra process
-        raise ValueError("a Hydra sweep cannot launch multi-process jobs: run each job on its own, "
-                         "or launch the sweep under torchrun")
+        raise ValueError("a Hydra sweep cannot launch multi-process jobs: run each job on its own, or the "
+                         "sweep under torchrun with an explicit hydra.sweep.dir (the same folder on every rank)")
     with open_dict(cfg):
         cfg.paths.run_dir = hydra_cfg.runtime.output_dir
 
