@@ -3,11 +3,12 @@
 #   make test   the test suite (what CI runs)
 #   make analysis   after make demo: notebooks/feature_error.ipynb on the demo's run
 #   make medusa     after (or instead of) the demo: train Medusa-1 heads and benchmark them next to EAGLE
+#   make specinfer  after (or instead of) the demo: SpecInfer's boost-tuned SSMs, merged, benchmarked
 PY := .venv/bin/python
 STAMP := .venv/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 RUNS := runs
 
-.PHONY: install artifacts demo medusa analysis test test-slow lint clean-runs gpu-wheels gpu-bench gpu-bench-smoke
+.PHONY: install artifacts demo medusa specinfer analysis test test-slow lint clean-runs gpu-wheels gpu-bench gpu-bench-smoke
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv .venv
@@ -48,6 +49,23 @@ demo: artifacts
 medusa: artifacts
 	$(call stage,Medusa heads,test -e $(RUNS)/medusa_tiny/medusa/config.json,$(PY) train.py experiment=medusa_tiny)
 	$(PY) decode.py mode=benchmark benchmark.methods=[vanilla,eagle,medusa,medusa_typical]
+
+# SpecInfer's merge-based speculation after the demo's artifacts: the target's own continuations
+# (self-distillation), three SSMs boost-tuned from the draft LM (each on the rows the ones before it
+# do not cover) and one baseline SSM tuned on all rows for the three's budget; their coverage, then
+# one benchmark run: vanilla, draft (the baseline SSM: a chain and an expansion), the merged three,
+# and EAGLE.
+DISTILL := $(RUNS)/data/distill/target_tiny-python_stdlib-t1
+SSM = $(PY) train.py experiment=ssm_boost
+specinfer: artifacts
+	$(call stage,self-distillation (the target continues corpus prompts),grep -qs '"status": "complete"' $(DISTILL)/metadata.json,$(PY) -m data_gen.distill)
+	$(call stage,SSM 1 (all rows),test -e $(RUNS)/ssm_boost_1/model/eagle_target.json,$(SSM) task_name=ssm_boost_1)
+	$(call stage,SSM 2 (rows SSM 1 does not cover),test -e $(RUNS)/ssm_boost_2/model/eagle_target.json,$(SSM) task_name=ssm_boost_2 'data.datamodule.covered_by=[$(RUNS)/ssm_boost_1/model]')
+	$(call stage,SSM 3 (rows SSMs 1-2 do not cover),test -e $(RUNS)/ssm_boost_3/model/eagle_target.json,$(SSM) task_name=ssm_boost_3 'data.datamodule.covered_by=[$(RUNS)/ssm_boost_1/model,$(RUNS)/ssm_boost_2/model]')
+	$(call stage,baseline SSM (all rows; the three SSMs' steps),test -e $(RUNS)/ssm_all/model/eagle_target.json,$(SSM) task_name=ssm_all trainer.max_steps=450 trainer.val_check_interval=150)
+	$(PY) decode.py mode=coverage 'coverage.also=[$(RUNS)/draft_lm_tiny/model]'
+	$(PY) decode.py mode=benchmark draft.model=$(RUNS)/ssm_all/model benchmark.out_dir=$(RUNS)/specinfer/bench \
+		'benchmark.methods=[vanilla,draft,draft@specinfer_221,specinfer_merge,specinfer_merge@specinfer_221,eagle]'
 
 # notebooks/feature_error.ipynb on the demo's run: two small ablation drafters (with and without
 # EAGLE-1's input noise), then the notebook executed into runs/analysis/ with its plots.

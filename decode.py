@@ -9,8 +9,10 @@
                                                             # 7B-shaped random weights: round cost
     python decode.py mode=export export.formats=[sglang]    # the drafter for vLLM / SGLang / EAGLE
 
+    python decode.py mode=coverage                          # SpecInfer's SSMs: coverage per SSM and union
+
 Methods are named NAME[@TREE][:RUNNER] (eagle/bench/methods.py): vanilla | eagle | draft |
-prompt_lookup | medusa | medusa_typical | hf_generate | hf_assisted | hf_prompt_lookup;
+specinfer_merge | prompt_lookup | medusa | medusa_typical | hf_generate | hf_assisted | hf_prompt_lookup;
 `eagle@chain5` runs a tree method with another tree, `eagle:static` on static caches. All are
 lossless except medusa_typical (Medusa's typical acceptance), which is labelled LOSSY wherever
 it reports. The benchmark, the tree search and the timing print their output folder last.
@@ -264,11 +266,45 @@ def export(cfg: DictConfig) -> Path:
     return out
 
 
+def coverage(cfg: DictConfig) -> Path:
+    """SpecInfer's boost-tuning report: each SSM's coverage of the held-out self-distilled rows,
+    the union of the boost-tuned SSMs (`specinfer.models`) and the baseline (`coverage.baseline`:
+    one SSM trained on all rows for the same budget). Writes coverage.json and coverage.md."""
+    from eagle.data.coverage import CoverCriterion, agreement, coverage_markdown, coverage_report
+    from eagle.data.distill import load_distilled
+
+    ccfg = cfg.coverage
+    _, splits = load_distilled(ccfg.distill_dir)
+    val = splits["validation"]
+    ids = torch.tensor(val["input_ids"])
+    argmax = torch.tensor(val["target_argmax"])
+    prompt_len = sorted(set(val["prompt_len"]))
+    if len(prompt_len) != 1:
+        raise ValueError(f"{ccfg.distill_dir}: coverage needs one prompt length, got {prompt_len}")
+    boosted = {f"ssm_{k + 1}": str(p) for k, p in enumerate(cfg.specinfer.models)}
+    models = {**boosted, **({"baseline": str(ccfg.baseline)} if ccfg.baseline else {}),
+              **{Path(str(p)).parent.name: str(p) for p in ccfg.also}}
+    agree = {}
+    for name, path in tqdm(models.items(), desc="coverage", unit="model"):
+        model, _ = load_target(path, dtype=torch.float32, device=cfg.device, with_tokenizer=False)
+        agree[name] = agreement(model, ids, argmax, prompt_len[0])
+    report = coverage_report(agree, list(boosted), "baseline" if ccfg.baseline else None,
+                             CoverCriterion(ccfg.threshold))
+    report["paths"] = models
+    out = Path(ccfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "coverage.json").write_text(json.dumps(report, indent=2) + "\n")
+    (out / "coverage.md").write_text(coverage_markdown(report))
+    print(coverage_markdown(report))
+    return out
+
+
 def decode(cfg: DictConfig):
     set_threads(cfg.threads)
     if cfg.mode == "generate":
         return generate(cfg)
-    modes = {"benchmark": benchmark, "tree_search": tree_search, "timing": timing, "export": export}
+    modes = {"benchmark": benchmark, "tree_search": tree_search, "timing": timing, "export": export,
+             "coverage": coverage}
     if cfg.mode in modes:
         out_dir = modes[cfg.mode](cfg)
         print(out_dir.resolve())

@@ -12,11 +12,18 @@ carries a one-hot. The verifier never needs to know how a child was drawn.
 
 A chain of gamma draft tokens is the tree `chain_parents(gamma)`: chain verification with a
 bonus token (Leviathan et al.; Chen et al.) is tree verification on a chain.
+
+Repeated draws (`repeats`): when several draft models propose at the same node and a later
+draw repeats an earlier sibling's token, the merged tree keeps one node for the token, and the
+later draw's proposal is still tried, as a repeat, at its place in the order of draws: right
+after the sibling drawn just before it. A repeat can never be accepted once its token was
+rejected (the residual is 0 there), but its proposal must still update the residual, or the
+rule is biased (`eagle.proposers.merge` has the derivation).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -24,7 +31,10 @@ from torch import Tensor
 
 from eagle.tree import Tree
 
-NodeRule = Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]
+NodeRule = Callable[..., tuple[Tensor, Tensor]]  # (p, tokens, qs[, repeats]) -> (accept, final)
+# node i -> (twins, (r, V) proposals): draws tried right after node i that repeated the tokens
+# of earlier siblings `twins` (node indices); see `eagle.proposers.merge`
+Repeats = Mapping[int, tuple[Sequence[int], Tensor]]
 
 
 def accept_prob(p: Tensor, q: Tensor, x: Tensor | int) -> Tensor:
@@ -56,7 +66,8 @@ def residual(p: Tensor, q: Tensor) -> Tensor:
     return torch.where(mass > 0, pos / mass, p)
 
 
-def node_outcomes(p: Tensor, tokens: Tensor, qs: Tensor) -> tuple[Tensor, Tensor]:
+def node_outcomes(p: Tensor, tokens: Tensor, qs: Tensor,
+                  repeats: Sequence[tuple[Sequence[int], Tensor] | None] | None = None) -> tuple[Tensor, Tensor]:
     """SpecInfer's multi-round rule at one node, in closed form.
 
     Children are tried in order; child i is accepted with probability
@@ -67,6 +78,10 @@ def node_outcomes(p: Tensor, tokens: Tensor, qs: Tensor) -> tuple[Tensor, Tensor
         p: (V,) target distribution after the node.
         tokens: (m,) the children's tokens, in the order they are tried.
         qs: (m, V) the distribution each child was drawn from.
+        repeats: optional, per child i, None or (twins, (r, V) proposals): later draws tried
+            right after child i, in order, each repeating the token of an earlier child
+            `twins[j]` (an index into `tokens`). A repeat's acceptance counts as its twin's;
+            its rejection updates the residual like any draw.
     Returns:
         accept: (m,) probability that child i is the accepted one
             (all earlier children rejected, then child i accepted).
@@ -75,18 +90,58 @@ def node_outcomes(p: Tensor, tokens: Tensor, qs: Tensor) -> tuple[Tensor, Tensor
     """
     if tokens.numel() == 0:
         return p.new_zeros(0), p
-    q_x = qs.gather(-1, tokens[:, None]).squeeze(-1)  # (m,)
-    if bool((q_x <= 0).any()):
+    tokens = tokens.to(p.device)
+    if repeats is None:  # one draw per child
+        owner, q_draw, x_draw = torch.arange(len(tokens), device=p.device), qs, tokens
+    else:  # the draws in the order they were made: each child, then the repeats drawn after it
+        owners, rows = [], []
+        for i, rep in enumerate(repeats):
+            owners.append(i)
+            rows.append(qs[i: i + 1])
+            if rep is not None:
+                twins, q_rep = rep
+                if any(not 0 <= j <= i for j in twins):
+                    raise ValueError("a repeated draw must repeat a child drawn before it")
+                owners += list(twins)
+                rows.append(q_rep.to(qs))
+        owner = torch.tensor(owners, device=p.device)  # (n,) the child each draw's token belongs to
+        q_draw = torch.cat(rows)  # (n, V)
+        x_draw = tokens[owner]  # (n,)
+    if bool((q_draw.gather(-1, x_draw[:, None]) <= 0).any()):
         # a candidate its own q could not produce means the proposer filled q_nodes wrongly
         raise ValueError("a child's token has zero probability under the q it was drawn from")
     alphas, p_cur = [], p
-    for i, x in enumerate(tokens.tolist()):
-        alphas.append(accept_prob(p_cur, qs[i], x))
-        p_cur = residual(p_cur, qs[i])
-    alpha = torch.stack(alphas)  # (m,)
-    # child i is the accepted one iff children 0..i-1 were all rejected and i is accepted
-    rejected_before = torch.cat([alpha.new_ones(1), (1 - alpha[:-1]).cumprod(0)])  # (m,)
-    return alpha * rejected_before, p_cur
+    for x, q in zip(x_draw.tolist(), q_draw):
+        alphas.append(accept_prob(p_cur, q, x))
+        p_cur = residual(p_cur, q)
+    alpha = torch.stack(alphas)  # (n,)
+    # draw j is the accepted one iff draws 0..j-1 were all rejected and j is accepted
+    rejected_before = torch.cat([alpha.new_ones(1), (1 - alpha[:-1]).cumprod(0)])  # (n,)
+    accept = alpha.new_zeros(len(tokens)).index_add_(0, owner, alpha * rejected_before)  # (m,)
+    return accept, p_cur
+
+
+def _repeats_of(children: Sequence[int], repeats: Repeats | None) -> list | None:
+    """One node's repeated draws for `node_outcomes`: per child, None or (twins as indices
+    among `children`, (r, V) proposals); None when there are none."""
+    if not repeats or not any(c in repeats for c in children):
+        return None
+    local = {c: j for j, c in enumerate(children)}
+    out = []
+    for c in children:
+        if c not in repeats:
+            out.append(None)
+            continue
+        twins, q = repeats[c]
+        if any(t not in local for t in twins):
+            raise ValueError(f"a draw repeated after node {c} must repeat one of its siblings")
+        out.append(([local[t] for t in twins], q))
+    return out
+
+
+def _outcomes(node_rule: NodeRule, p: Tensor, tokens: Tensor, qs: Tensor, rows) -> tuple[Tensor, Tensor]:
+    # rules written for plain trees (the tests' planted bugs) take no repeats
+    return node_rule(p, tokens, qs) if rows is None else node_rule(p, tokens, qs, rows)
 
 
 def chain_parents(gamma: int) -> list[int]:
@@ -111,6 +166,7 @@ def tree_outcome_distribution(
     p_nodes: Tensor,
     q_nodes: Tensor,
     node_rule: NodeRule = node_outcomes,
+    repeats: Repeats | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Exact distribution of the verification outcome of one draft tree.
 
@@ -121,6 +177,8 @@ def tree_outcome_distribution(
         q_nodes: (N+1, V) distribution each node's token was drawn from (row 0 unused).
         node_rule: the per-node rule; injectable so tests can run wrong rules through the
             same tree code.
+        repeats: node i -> (twin nodes, (r, V) proposals) of draws tried right after node i
+            that repeated earlier siblings' tokens (merged trees, `node_outcomes`).
     Returns:
         end_prob: (N+1,) probability that the accepted path ends at node u (u = 0: nothing
             accepted); sums to 1.
@@ -135,7 +193,8 @@ def tree_outcome_distribution(
             end_prob.append(reach[u])
             end_dist.append(p_nodes[u])
             continue
-        accept, final = node_rule(p_nodes[u], tokens[list(ch)], q_nodes[list(ch)])
+        accept, final = _outcomes(node_rule, p_nodes[u], tokens[list(ch)], q_nodes[list(ch)],
+                                  _repeats_of(ch, repeats))
         for c, a in zip(ch, accept):
             reach[c] = reach[u] * a
         end_prob.append(reach[u] * (1 - accept.sum()))
@@ -150,6 +209,7 @@ def verify_tree_stochastic(
     q_nodes: Tensor,
     generator: torch.Generator | None = None,
     draw: Callable[[Tensor], int] | None = None,
+    repeats: Repeats | None = None,
 ) -> tuple[list[int], int]:
     """Sample one verification outcome; the emitted tokens are distributed exactly as p.
 
@@ -167,6 +227,8 @@ def verify_tree_stochastic(
             children then "none" (m + 1 entries), at the end over the V tokens. Default: one
             `torch.multinomial` with `generator`. The tests pass one that follows every outcome,
             so the exact distribution of this code path itself is checked.
+        repeats: node i -> (twin nodes, (r, V) proposals) of draws tried right after node i
+            that repeated earlier siblings' tokens (merged trees, `node_outcomes`).
     Returns:
         path: accepted node indices, starting with the root 0.
         next_token: the correction or bonus token emitted after the path.
@@ -182,7 +244,8 @@ def verify_tree_stochastic(
         if not ch:
             dist = p_nodes[u]  # leaf: every draft on the path accepted, bonus token from p
             break
-        accept, final = node_outcomes(p_nodes[u], tokens[list(ch)], q_nodes[list(ch)])
+        accept, final = _outcomes(node_outcomes, p_nodes[u], tokens[list(ch)], q_nodes[list(ch)],
+                                  _repeats_of(ch, repeats))
         # child i with probability accept[i] (the earlier ones rejected, it accepted), or none
         pick = draw(torch.cat([accept, (1 - accept.sum()).clamp_min(0)[None]]))
         if pick == len(ch):

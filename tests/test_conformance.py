@@ -30,6 +30,7 @@ from eagle.proposers import (
 )
 from eagle.proposers import medusa_proposer as medusa
 from eagle.proposers.eagle import pass_shape
+from eagle.proposers.merge import MergeProposer
 from eagle.tree import TreeTemplate
 from helpers.decoding import RandomProposer, greedy_cases, run_greedy_cases, tree
 from helpers.models import FAMILIES, make_tiny_model
@@ -61,8 +62,16 @@ class Case:
     accepts: bool = False  # drafts what the target says (an oracle): deep paths must be accepted
 
 
-def _draft(target, family: str) -> torch.nn.Module:
-    return make_tiny_model(family, seed=1, num_hidden_layers=1, vocab_size=target.config.vocab_size)
+def _draft(target, family: str, seed: int = 1) -> torch.nn.Module:
+    return make_tiny_model(family, seed=seed, num_hidden_layers=1, vocab_size=target.config.vocab_size)
+
+
+def _merge(target, family, runner, trees: Trees):
+    """SpecInfer's merge: two small LMs (a chain, an expansion) and the target itself as a third
+    SSM, so merged paths are accepted deep and the SSMs often repeat each other's tokens."""
+    ssms = [TemplateProposer(DraftLM(_draft(target, family, seed), cache=runner), tpl)
+            for seed, tpl in [(1, trees.chain), (2, trees.expansion)]]
+    return MergeProposer(ssms + [TemplateProposer(DraftLM(target, cache=runner), trees.chain)])
 
 
 def _eagle_padded(target, family, runner, trees: Trees):
@@ -91,13 +100,14 @@ PROPOSERS = [
                                                               cache=r, proposal="topk")),
     Case("eagle_padded", _eagle_padded, runners=("static",)),
     Case("medusa", lambda t, f, r, trees: medusa(MedusaHeads.random(t, trees.medusa.depth, seed=2), trees.medusa)),
+    Case("specinfer_merge", _merge, accepts=True),
 ]
 CASES = [(c, r) for c in PROPOSERS for r in c.runners]
 IDS = [f"{c.name}-{r}" for c, r in CASES]
 # Sampled checks cost ~10 s each: on the static runner the default run keeps those whose draft
 # model's own cache turns static too (the rest differ from their dynamic case only in the target's
 # runner, whose logits the greedy suite checks for every proposer); `make test-slow` runs them all.
-SAMPLED_STATIC = {"draft_tree", "eagle", "eagle_padded"}
+SAMPLED_STATIC = {"draft_tree", "eagle", "eagle_padded", "specinfer_merge"}
 SAMPLED = [pytest.param(c, r, id=f"{c.name}-{r}",
                         marks=[pytest.mark.slow] if r == "static" and c.name not in SAMPLED_STATIC else [])
            for c, r in CASES]

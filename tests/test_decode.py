@@ -40,6 +40,7 @@ def models(tmp_path_factory):
 def decode_cfg(models: Path, tmp_path: Path, *overrides: str):
     return compose_config("decode", [
         f"target={models / 'target'}", f"draft.model={models / 'draft'}", "eagle.random=true",
+        f"specinfer.models=[{models / 'draft'},{models / 'target'}]",
         "medusa.random=true", f"paths.runs_dir={tmp_path}", "max_new_tokens=12", *overrides])
 
 
@@ -178,7 +179,7 @@ def test_bad_input_errors(models, tmp_path, monkeypatch):
     with pytest.raises(MethodError, match="unknown method 'nope'"):
         methods.build("nope", "float32")
     for bad in ("vanilla@chain5", "eagle@"):
-        with pytest.raises(MethodError, match="only eagle, draft, medusa, medusa_typical take a tree"):
+        with pytest.raises(MethodError, match="only eagle, draft, specinfer_merge, medusa, medusa_typical take a tree"):
             methods.build(bad, "float32")
     with pytest.raises(MethodError, match="unknown runner 'fast'"):
         MethodSpec.parse("eagle:fast")

@@ -1,8 +1,8 @@
 """Decoding methods by name: one registry, one parser, one typed settings class per method.
 
 A method is named `NAME[@TREE][:RUNNER]`:
-  - NAME: a key of `METHODS` (vanilla, eagle, draft, prompt_lookup, medusa, medusa_typical, and
-    the Hugging Face peers hf_generate, hf_assisted, hf_prompt_lookup);
+  - NAME: a key of `METHODS` (vanilla, eagle, draft, specinfer_merge, prompt_lookup, medusa,
+    medusa_typical, and the Hugging Face peers hf_generate, hf_assisted, hf_prompt_lookup);
   - @TREE: another tree for a method that drafts one (`eagle@chain5`, a name in configs/tree/
     or a YAML path), so several trees run side by side in one benchmark;
   - :RUNNER: how the target (and the draft model's cache) keeps its KV for an engine method:
@@ -56,6 +56,14 @@ class EagleSettings:
 class DraftSettings:
     model: str | None = None       # small LM sharing the target's tokenizer
     tree: str = "chain5"           # classic speculative decoding drafts a chain
+    proposal: str = "sample"
+
+
+@dataclass(frozen=True)
+class MergeSettings:
+    models: tuple[str, ...] = ()   # the SSMs' folders (small LMs sharing the target's tokenizer), in order
+    tree: str = "chain5"           # the tree each SSM drafts (a chain, or an expansion: specinfer_*)
+    budget: int | None = None      # most nodes of the merged tree; None = every SSM's whole tree
     proposal: str = "sample"
 
 
@@ -267,6 +275,18 @@ def _draft(ctx: MethodContext, info, s: DraftSettings, name, runner) -> Method:
     return EngineMethod(name, info, ctx, runner, proposer, tuple(template.parents))
 
 
+def _specinfer_merge(ctx: MethodContext, info, s: MergeSettings, name, runner) -> Method:
+    from eagle.proposers import DraftLM, TemplateProposer
+    from eagle.proposers.merge import MergeProposer
+
+    if not s.models:
+        raise MethodError(f"method {name!r} needs its SSMs (specinfer.models=[DIR, ...]; make specinfer trains them)")
+    template = _tree(ctx, s.tree)
+    ssms = [TemplateProposer(DraftLM(_draft_model(ctx, DraftSettings(model=path), name), cache=runner), template,
+                             proposal=s.proposal, name=f"ssm{k + 1}") for k, path in enumerate(s.models)]
+    return EngineMethod(name, info, ctx, runner, MergeProposer(ssms, s.budget))
+
+
 def _eagle(ctx: MethodContext, info, s: EagleSettings, name, runner) -> Method:
     from eagle.models.checkpoint import load_drafter
     from eagle.models.drafter import EagleDrafter
@@ -335,6 +355,7 @@ METHODS: dict[str, MethodInfo] = {
     "vanilla": MethodInfo(_vanilla),
     "eagle": MethodInfo(_eagle, EagleSettings, "eagle", takes_tree=True, wide=True),
     "draft": MethodInfo(_draft, DraftSettings, "draft", takes_tree=True, needs_draft_lm=True),
+    "specinfer_merge": MethodInfo(_specinfer_merge, MergeSettings, "specinfer", takes_tree=True, needs_draft_lm=True),
     "prompt_lookup": MethodInfo(_prompt_lookup, PromptLookupSettings, "prompt_lookup"),
     "medusa": MethodInfo(_medusa, MedusaSettings, "medusa", takes_tree=True, wide=True),
     "medusa_typical": MethodInfo(_medusa, MedusaSettings, "medusa", takes_tree=True, wide=True,

@@ -51,11 +51,16 @@ class DraftTree:
         parents: length N+1, parents[0] = -1, parents[i] < i; siblings are tried in index order.
         q: (N, V) the distribution each draft token was actually drawn from (one-hot for a
             deterministic choice); None under greedy decoding, where it is never needed.
+        repeats: node i (1..N) -> (twins, (r, V) proposals): draws made right after node i
+            that repeated the tokens of earlier siblings `twins` (a merged tree,
+            `eagle.proposers.merge`); under sampling each is tried there, with its own
+            proposal (`eagle.acceptance.node_outcomes`).
     """
 
     tokens: Tensor
     parents: tuple[int, ...]
     q: Tensor | None = None
+    repeats: dict[int, tuple[tuple[int, ...], Tensor]] | None = None
 
     @property
     def size(self) -> int:
@@ -238,7 +243,7 @@ class SpeculativeDecoder:
                 raise ValueError(f"{self.proposer.name} gave no proposal distributions under sampling")
             else:
                 q_full = torch.cat([torch.zeros_like(p[:1]), tree.q.to(p)])  # (n, V)
-            path, next_token = verify_tree_stochastic(parents, tokens, p, q_full, generator)
+            path, next_token = verify_tree_stochastic(parents, tokens, p, q_full, generator, repeats=tree.repeats)
         self.runner.commit(path)
         return path, int(next_token), out.features[:, path]
 

@@ -4,6 +4,8 @@
   reused from disk), random blocks for training a causal LM from scratch.
 - `FeatureDataModule`: a feature dump (`python -m data_gen`) for a drafter trained offline.
 - `OnlineDataModule`: token samples only; the frozen target computes the features.
+- `DistilledDataModule`: the target's own continuations (`python -m data_gen.distill`) as
+  token rows for a small LM, optionally without those earlier SSMs cover (boost-tuning).
 
 None of them needs the model: the modules check that the data was made for their target
 (`made_for`, `tokenizer`; `eagle.training.module.FrozenTargetModule.setup`).
@@ -11,7 +13,7 @@ None of them needs the model: the modules check that the data was made for their
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -221,3 +223,90 @@ class OnlineDataModule(SampleDataModule):
         samples = self.source(tokenizer=self.tokenizer, max_len=self.max_len)
         self.splits = {s: TokenSamples(samples.get(s, [])) for s in SPLITS}
         self._check_splits("the online data source")
+
+
+class DistilledDataModule(L.LightningDataModule):
+    """Self-distilled rows (`python -m data_gen.distill`: prompt + the target's continuation)
+    as whole token rows for training a causal LM, an SSM for SpecInfer's merge.
+
+    Collective boost-tuning: with `covered_by`, the training rows that any of those SSMs
+    already covers (`eagle.data.coverage`: its argmax is the target's on >= `threshold` of
+    the continuation) are left out, so this SSM learns the rest. Validation keeps every row.
+
+    Args:
+        distill_dir: the distillation folder (holds metadata.json).
+        tokenizer_path: the target's folder: its tokenizer must be the one the rows were made with.
+        batch_size: rows per batch.
+        covered_by: model folders of the SSMs trained before this one (boost-tuning).
+        threshold: the coverage threshold.
+        num_workers: DataLoader workers.
+        seed: shuffling of the training rows.
+    """
+
+    def __init__(self, distill_dir: str | Path, tokenizer_path: str | Path, batch_size: int = 8,
+                 covered_by: Sequence[str] = (), threshold: float = 0.5, num_workers: int = 0, seed: int = 0) -> None:
+        super().__init__()
+        self.distill_dir, self.tokenizer_path = Path(distill_dir), str(tokenizer_path)
+        self.batch_size, self.covered_by, self.threshold = batch_size, list(covered_by), threshold
+        self.num_workers, self.seed = num_workers, seed
+        self.tokenizer = None
+        self.rows: dict[str, torch.Tensor] = {}
+        self.info: dict[str, Any] = {}
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.rows:
+            return
+        from eagle.data.coverage import CoverCriterion, agreement, covered
+        from eagle.data.distill import load_distilled
+
+        meta, splits = load_distilled(self.distill_dir)
+        self.tokenizer = load_tokenizer(self.tokenizer_path)
+        if meta.get("tokenizer_hash") not in (None, tokenizer_hash(self.tokenizer)):
+            raise ValueError(f"{self.distill_dir} was made with another tokenizer than {self.tokenizer_path}'s")
+        prompt_len = {}
+        for split in SPLITS:
+            lengths = {len(r) for r in splits[split]["input_ids"]}
+            if len(lengths) != 1:
+                raise ValueError(f"{self.distill_dir} {split}: rows of lengths {sorted(lengths)}; whole-row training "
+                                 f"needs one length (equal prompt lengths and new_tokens)")
+            self.rows[split] = torch.tensor(np.asarray(splits[split]["input_ids"], dtype=np.int64))
+            prompt_len[split] = sorted(set(splits[split]["prompt_len"]))
+        n_train = len(self.rows["train"])
+        keep = torch.ones(n_train, dtype=torch.bool)
+        if self.covered_by:
+            from transformers import AutoModelForCausalLM
+
+            criterion = CoverCriterion(self.threshold)
+            argmax = torch.tensor(np.asarray(splits["train"]["target_argmax"], dtype=np.int64))
+            if len(prompt_len["train"]) != 1:
+                raise ValueError(f"{self.distill_dir}: boost-tuning needs one prompt length, got {prompt_len['train']}")
+            for path in self.covered_by:
+                ssm = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+                keep &= ~covered(agreement(ssm, self.rows["train"], argmax, prompt_len["train"][0]), criterion)
+            print(f"[boost] {int(keep.sum())} of {n_train} training rows are not covered by {self.covered_by} "
+                  f"(threshold {self.threshold}): this SSM trains on those")
+            if not keep.any():
+                raise ValueError(f"the SSMs {self.covered_by} cover every training row at threshold {self.threshold}: "
+                                 f"nothing is left for another SSM (raise the threshold or use fewer SSMs)")
+        self.rows["train"] = self.rows["train"][keep]
+        self.info = {"corpus": f"self-distilled:{self.distill_dir.name}", "corpus_fingerprint": meta["params"]["splits"]["train"]["fingerprint"],
+                     "n_files": 0, "n_tokens": int(self.rows["train"].numel()),
+                     "val_tokens": int(self.rows["validation"][:, 1:].numel()),
+                     "train_rows": int(keep.sum()), "all_train_rows": n_train, "covered_by": self.covered_by}
+
+    def describe(self) -> dict[str, Any]:
+        return dict(self.info)
+
+    def train_dataloader(self) -> DataLoader:
+        g = torch.Generator().manual_seed(self.seed)
+        return DataLoader(list(self.rows["train"]), batch_size=self.batch_size, shuffle=True, generator=g,
+                          num_workers=self.num_workers, drop_last=len(self.rows["train"]) >= self.batch_size)
+
+    def val_dataloader(self) -> DataLoader:
+        val = list(self.rows["validation"])
+        return DataLoader(val, batch_size=self.batch_size, num_workers=self.num_workers, **eval_sampler(self, val))
+
+    def unigram_val_loss(self, vocab_size: int) -> float:
+        """The add-one unigram model of the training rows, on the validation targets."""
+        return unigram_cross_entropy(self.rows["train"].numpy().ravel(), self.rows["validation"][:, 1:].numpy().ravel(),
+                                     vocab_size)

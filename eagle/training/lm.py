@@ -81,6 +81,8 @@ class CausalLMModule(TrainableModule):
             stream (`init_residual_projections`; Llama-family module names).
         samples: greedy completions of these prompts are printed and stored with the model.
         sample_tokens: new tokens per sample.
+        init_from: a trained LM's folder to start from (fine-tuning, e.g. boost-tuning an SSM
+            from the draft LM): its weights must fit `model_config` exactly.
     """
 
     artifact = "model"
@@ -93,6 +95,7 @@ class CausalLMModule(TrainableModule):
         residual_init: str | None = None,
         samples: Sequence[str] = (),
         sample_tokens: int = 48,
+        init_from: str | None = None,
     ) -> None:
         super().__init__(optim or {"lr": 1e-3, "schedule": "cosine"})
         self.save_hyperparameters()
@@ -124,6 +127,16 @@ class CausalLMModule(TrainableModule):
                   "eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id}
         self.hparams.model_config = config
         self._build(config)
+        if self.hparams.init_from:
+            self._load_init(self.hparams.init_from)
+
+    def _load_init(self, path: str) -> None:
+        """Start from a trained LM's weights (before a checkpoint, if one resumes, replaces them)."""
+        source = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        try:
+            self.model.load_state_dict(source.state_dict())
+        except RuntimeError as err:
+            raise ValueError(f"init_from={path}: its weights do not fit model_config ({err})") from None
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids=input_ids, use_cache=False).logits
