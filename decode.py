@@ -282,14 +282,14 @@ def coverage(cfg: DictConfig) -> Path:
     if len(prompt_len) != 1:
         raise ValueError(f"{ccfg.distill_dir}: coverage needs one prompt length, got {prompt_len}")
     boosted = {f"ssm_{k + 1}": str(p) for k, p in enumerate(cfg.specinfer.models)}
-    models = {**boosted, **({"baseline": str(ccfg.baseline)} if ccfg.baseline else {}),
+    baseline = f"baseline ({Path(str(ccfg.baseline)).parent.name})" if ccfg.baseline else None
+    models = {**boosted, **({baseline: str(ccfg.baseline)} if baseline else {}),
               **{Path(str(p)).parent.name: str(p) for p in ccfg.also}}
     agree = {}
     for name, path in tqdm(models.items(), desc="coverage", unit="model"):
         model, _ = load_target(path, dtype=torch.float32, device=cfg.device, with_tokenizer=False)
         agree[name] = agreement(model, ids, argmax, prompt_len[0])
-    report = coverage_report(agree, list(boosted), "baseline" if ccfg.baseline else None,
-                             CoverCriterion(ccfg.threshold))
+    report = coverage_report(agree, list(boosted), baseline, CoverCriterion(ccfg.threshold))
     report["paths"] = models
     out = Path(ccfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)

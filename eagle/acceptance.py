@@ -15,8 +15,8 @@ bonus token (Leviathan et al.; Chen et al.) is tree verification on a chain.
 
 Repeated draws (`repeats`): when several draft models propose at the same node and a later
 draw repeats an earlier sibling's token, the merged tree keeps one node for the token, and the
-later draw's proposal is still tried, as a repeat, at its place in the order of draws: right
-after the sibling drawn just before it. A repeat can never be accepted once its token was
+later draw's proposal is still tried, as a repeat, at its place in the order of draws: after
+the newest sibling node drawn before it (and the repeats already queued there). A repeat can never be accepted once its token was
 rejected (the residual is 0 there), but its proposal must still update the residual, or the
 rule is biased (`eagle.proposers.merge` has the derivation).
 """

@@ -48,7 +48,7 @@ def test_coverage_report_by_hand():
     assert rep["added_by_each"] == {"a": 0.5, "b": 0.25}  # b adds sample 1 only
     assert rep["union_beats_baseline"] is True
     md = coverage_markdown(rep)
-    assert "| union of a, b | 75.0% |" in md and "beats the baseline all" in md
+    assert "| union of a, b | 75.0% |" in md and "beats the all (75.0% vs 50.0%)" in md
     rep = coverage_report(agree, ["a"], "all", crit)
     assert rep["union_beats_baseline"] is False and "does NOT beat" in coverage_markdown(rep)
     with pytest.raises(ValueError, match="threshold"):
@@ -190,5 +190,7 @@ def test_coverage_mode_writes_the_report(tmp_path, distilled, target_dir, draft_
     decode(cfg)
     rep = json.loads((out / "coverage.json").read_text())
     assert rep["samples"] == 6 and rep["models"]["ssm_2"]["coverage"] == 1.0  # the target covers its own rows
-    assert rep["union_coverage"] == 1.0 and rep["union_beats_baseline"] == (rep["models"]["baseline"]["coverage"] < 1)
+    base = rep["models"][rep["baseline"]]["coverage"]
+    assert rep["baseline"].startswith("baseline (") and rep["union_beats_baseline"] == (base < 1)
+    assert rep["union_coverage"] == 1.0
     assert "union of ssm_1, ssm_2" in (out / "coverage.md").read_text()

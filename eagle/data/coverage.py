@@ -107,6 +107,6 @@ def coverage_markdown(report: dict) -> str:
     lines.append(f"| union of {', '.join(report['boosted'])} | {report['union_coverage']:.1%} | | |")
     if "baseline" in report:
         verdict = "beats" if report["union_beats_baseline"] else "does NOT beat"
-        lines += ["", f"The union {verdict} the baseline {report['baseline']} "
+        lines += ["", f"The union {verdict} the {report['baseline']} "
                       f"({report['union_coverage']:.1%} vs {report['models'][report['baseline']]['coverage']:.1%})."]
     return "\n".join(lines) + "\n"

@@ -34,8 +34,9 @@ rejection still moves the residual to norm([r - q_j]_+). Dropping it is biased; 
 folding q_j into the node's recorded proposal (the update depends on r, known only at
 verification). Each merged node therefore records the proposal of its first draw, and
 `DraftTree.repeats` the repeated draws (which node each repeats, and its proposal), each
-tried right after the sibling drawn just before it (`eagle.acceptance.node_outcomes`). The enumeration tests
-(tests/test_merge.py) show the rule exact to 1e-12 and the rule without repeats biased.
+queued after the newest sibling node drawn before it, in order (`eagle.acceptance.node_outcomes`).
+The enumeration tests (tests/test_merge.py) show this rule exact to 1e-12, and two wrong ones
+biased: dropping the repeats, and trying each right after the node it repeats.
 
 The node budget truncates the sequence of draws in canonical order: a draw is kept only
 while the merged tree has room for a new node, decided before the draw's value is looked
@@ -99,7 +100,7 @@ def merge_trees(trees: Sequence[DraftTree], budget: int | None = None
                 last_kid.append(-1)
                 kids[up][tok] = node
                 last_kid[up] = node
-            else:  # a repeated draw: its proposal is tried after the sibling drawn just before it
+            else:  # a repeated draw: queued after the newest sibling node, at its place in the order
                 node = twin
                 if q is not None:
                     repeats.setdefault(last_kid[up], []).append((twin, q))
