@@ -14,6 +14,7 @@ import torch
 
 from data_gen.distill import generate as distill
 from decode import decode
+from eagle.bench.methods import MethodContext, MethodError, build_method
 from eagle.data.coverage import (
     CoverCriterion,
     agreement,
@@ -21,7 +22,6 @@ from eagle.data.coverage import (
     coverage_report,
     covered,
 )
-from eagle.bench.methods import MethodContext, MethodError, build_method
 from eagle.data.distill import load_distilled
 from eagle.sampling import SamplingPolicy
 from eagle.target import load_target
