@@ -57,11 +57,14 @@ medusa: artifacts
 # and EAGLE.
 DISTILL := $(RUNS)/data/distill/target_tiny-python_stdlib-t1
 SSM = $(PY) train.py experiment=ssm_boost
+# (in variables: $(call) would split a literal comma into another argument)
+COVERED_2 := 'data.datamodule.covered_by=[$(RUNS)/ssm_boost_1/model]'
+COVERED_3 := 'data.datamodule.covered_by=[$(RUNS)/ssm_boost_1/model,$(RUNS)/ssm_boost_2/model]'
 specinfer: artifacts
 	$(call stage,self-distillation (the target continues corpus prompts),grep -qs '"status": "complete"' $(DISTILL)/metadata.json,$(PY) -m data_gen.distill)
 	$(call stage,SSM 1 (all rows),test -e $(RUNS)/ssm_boost_1/model/eagle_target.json,$(SSM) task_name=ssm_boost_1)
-	$(call stage,SSM 2 (rows SSM 1 does not cover),test -e $(RUNS)/ssm_boost_2/model/eagle_target.json,$(SSM) task_name=ssm_boost_2 'data.datamodule.covered_by=[$(RUNS)/ssm_boost_1/model]')
-	$(call stage,SSM 3 (rows SSMs 1-2 do not cover),test -e $(RUNS)/ssm_boost_3/model/eagle_target.json,$(SSM) task_name=ssm_boost_3 'data.datamodule.covered_by=[$(RUNS)/ssm_boost_1/model,$(RUNS)/ssm_boost_2/model]')
+	$(call stage,SSM 2 (rows SSM 1 does not cover),test -e $(RUNS)/ssm_boost_2/model/eagle_target.json,$(SSM) task_name=ssm_boost_2 $(COVERED_2))
+	$(call stage,SSM 3 (rows SSMs 1-2 do not cover),test -e $(RUNS)/ssm_boost_3/model/eagle_target.json,$(SSM) task_name=ssm_boost_3 $(COVERED_3))
 	$(call stage,baseline SSM (all rows; the three SSMs' steps),test -e $(RUNS)/ssm_all/model/eagle_target.json,$(SSM) task_name=ssm_all trainer.max_steps=450 trainer.val_check_interval=150)
 	$(PY) decode.py mode=coverage 'coverage.also=[$(RUNS)/draft_lm_tiny/model]'
 	$(PY) decode.py mode=benchmark draft.model=$(RUNS)/ssm_all/model benchmark.out_dir=$(RUNS)/specinfer/bench \
