@@ -10,6 +10,7 @@
     python decode.py mode=export export.formats=[sglang]    # the drafter for vLLM / SGLang / EAGLE
 
     python decode.py mode=coverage                          # SpecInfer's SSMs: coverage per SSM and union
+    python decode.py mode=profile                           # where EAGLE's round goes, part by part
 
 Methods are named NAME[@TREE][:RUNNER] (eagle/bench/methods.py): vanilla | eagle | draft |
 specinfer_merge | prompt_lookup | medusa | medusa_typical | hf_generate | hf_assisted | hf_prompt_lookup;
@@ -266,6 +267,16 @@ def export(cfg: DictConfig) -> Path:
     return out
 
 
+def write_report(out_dir: str | Path, name: str, report: dict, markdown: str) -> Path:
+    """`<name>.json` and `<name>.md` in `out_dir`; the Markdown is printed too."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
+    (out / f"{name}.md").write_text(markdown)
+    print(markdown)
+    return out
+
+
 def coverage(cfg: DictConfig) -> Path:
     """SpecInfer's boost-tuning report: each SSM's coverage of the held-out self-distilled rows,
     the union of the boost-tuned SSMs (`specinfer.models`) and the baseline (`coverage.baseline`:
@@ -291,12 +302,58 @@ def coverage(cfg: DictConfig) -> Path:
         agree[name] = agreement(model, ids, argmax, prompt_len[0])
     report = coverage_report(agree, list(boosted), baseline, CoverCriterion(ccfg.threshold))
     report["paths"] = models
-    out = Path(ccfg.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "coverage.json").write_text(json.dumps(report, indent=2) + "\n")
-    (out / "coverage.md").write_text(coverage_markdown(report))
-    print(coverage_markdown(report))
-    return out
+    return write_report(ccfg.out_dir, "coverage", report, coverage_markdown(report))
+
+
+def profile(cfg: DictConfig) -> Path:
+    """Where EAGLE's round goes (`eagle.bench.profile`): drafting and verification split into
+    their parts, per round and per drafter pass, next to a vanilla step of the same target.
+    Writes profile.json and profile.md."""
+    import eagle.decoding.engine as engine
+    from eagle.bench.profile import Timers, breakdown_markdown, round_breakdown, timed
+    from eagle.decoding.stats import DecodeStats
+    from eagle.proposers.template import TemplateProposer
+
+    pcfg = cfg.profile
+    dtype = method_dtype("eagle", cfg.device, {} if pcfg.dtype == "auto" else {"eagle": pcfg.dtype})
+    methods = Methods(cfg)
+    _, tokenizer = methods.target(dtype)
+    eagle, vanilla = methods.build("eagle", dtype), methods.build("vanilla", dtype)
+    prompts = [encode_prompt(tokenizer, p) for p in load_eval_set(pcfg.eval_set, pcfg.num_prompts)]
+    policy = SamplingPolicy(temperature=pcfg.temperature)
+    model = eagle.proposer.model
+    patches = [
+        (model.drafter, "forward", "drafter: FC + decoder layer"), (model.drafter, "logits", "drafter: LM head"),
+        (eagle.proposer, "_choose", "children: top-k / sampling"), (model.cache, "prepare", "drafter: mask + positions"),
+        (model.cache, "keep", "drafter: cache ops"), (model.cache, "reserve", "drafter: cache ops"),
+        (eagle.runner, "verify", "target: tree forward"), (SamplingPolicy, "probs", "target: logits processing"),
+        (engine, "verify_tree_greedy", "acceptance"), (engine, "verify_tree_stochastic", "acceptance"),
+        (eagle.runner, "commit", "target: KV compaction")]
+    if not isinstance(eagle.proposer, TemplateProposer):
+        raise ValueError("profile: the eagle method must be a template proposer")
+
+    def decode_all(method) -> DecodeStats:
+        out = DecodeStats(prompt_len=0)
+        for ids in tqdm(prompts, desc=f"profile {method.name}", unit="prompt"):
+            out.rounds += method.generate(ids, pcfg.new_tokens, policy, seeded_generator(cfg.seed, cfg.device)).stats.rounds
+        return out
+
+    decode_all(vanilla)  # warm-up
+    plain = decode_all(vanilla)
+    timers = Timers(cuda=str(cfg.device).startswith("cuda"))
+    with timed(patches, timers):
+        spec = decode_all(eagle)
+    passes = timers.calls.get("drafter: FC + decoder layer", 0)
+    breakdown = round_breakdown(timers, len(spec.rounds), spec.draft_s, spec.verify_s, passes)
+    breakdown["tau"] = spec.tau
+    step_ms = 1000 * (plain.draft_s + plain.verify_s) / len(plain.rounds)
+    per_token = {"vanilla": step_ms, "eagle": breakdown["round_ms"] / spec.tau}
+    report = {"method": "eagle", "dtype": dtype, "device": str(cfg.device), "threads": torch.get_num_threads(),
+              "prompts": len(prompts), "new_tokens": pcfg.new_tokens, "temperature": pcfg.temperature,
+              "tree": cfg.eagle.tree, "tree_nodes": eagle.proposer.max_nodes,
+              "target_layers": int(methods.target(dtype)[0].config.num_hidden_layers),
+              "vanilla": {"step_ms": step_ms}, "eagle": breakdown, "speedup": per_token["vanilla"] / per_token["eagle"]}
+    return write_report(pcfg.out_dir, "profile", report, breakdown_markdown(report))
 
 
 def decode(cfg: DictConfig):
@@ -304,7 +361,7 @@ def decode(cfg: DictConfig):
     if cfg.mode == "generate":
         return generate(cfg)
     modes = {"benchmark": benchmark, "tree_search": tree_search, "timing": timing, "export": export,
-             "coverage": coverage}
+             "coverage": coverage, "profile": profile}
     if cfg.mode in modes:
         out_dir = modes[cfg.mode](cfg)
         print(out_dir.resolve())

@@ -318,3 +318,28 @@ def test_export_mode_writes_one_folder_per_format(models, tmp_path):
         for fmt in (p.name for p in out.iterdir()):
             back = import_eagle(out / fmt, target, tokenizer)
             assert (back.fc.bias is not None) == (bias or fmt == "sglang")  # SGLang's fc always has one
+
+
+def test_profile_splits_the_round(models, tmp_path):
+    """mode=profile: the parts add up to the round, EAGLE's default tree takes 5 drafter passes
+    per round (catch-up + depths 1-4), and every timed function is restored afterwards."""
+    import eagle.decoding.engine as engine
+    from decode import decode
+    from eagle.sampling import SamplingPolicy
+
+    probs, greedy = SamplingPolicy.probs, engine.verify_tree_greedy
+    out = tmp_path / "profile"
+    decode(decode_cfg(models, tmp_path, "mode=profile", f"profile.eval_set={models / 'prompts.jsonl'}",
+                      "profile.num_prompts=2", "profile.new_tokens=16", "profile.dtype=float32",
+                      f"profile.out_dir={out}"))
+    report = json.loads((out / "profile.json").read_text())
+    b = report["eagle"]
+    assert b["drafter_passes_per_round"] == 5
+    assert b["calls"]["drafter: LM head"] == b["calls"]["drafter: FC + decoder layer"]
+    assert b["calls"]["target: tree forward"] == b["rounds"] == b["calls"]["acceptance"]
+    assert "target: logits processing" not in b["calls"]  # greedy; the drafter's own probs are not counted
+    assert sum(b["parts_ms"].values()) == pytest.approx(b["round_ms"])
+    assert all(ms >= 0 for ms in b["parts_ms"].values())
+    assert report["speedup"] > 0 and report["vanilla"]["step_ms"] > 0
+    assert "target layers" in (out / "profile.md").read_text()
+    assert SamplingPolicy.probs is probs and engine.verify_tree_greedy is greedy

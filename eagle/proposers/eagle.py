@@ -78,9 +78,9 @@ class EagleDraftModel:
         ids = torch.tensor([state.tokens[start:]], device=device)  # (1, k)
         pos = torch.arange(start, len(state.tokens), device=device)  # (k,)
         causal = torch.ones(k, k, dtype=torch.bool, device=device).tril()
-        hidden, logits = self._pass(features, ids, have, causal, pos, write_at=have)
+        hidden = self._pass(features, ids, have, causal, pos, write_at=have)
         self.cache.keep(have + k)
-        return logits[-1], hidden[-1]
+        return self.drafter.logits(hidden[-1]), hidden[-1]  # the LM head on the root's row only
 
     def step(self, tokens: Tensor, parent_hidden: Tensor | None, position_ids: Tensor,
              visible: Tensor) -> tuple[Tensor, Tensor]:
@@ -94,15 +94,16 @@ class EagleDraftModel:
             raise ValueError("the EAGLE drafter needs its parents' predicted features")
         committed, (n, s) = self.cache.length, visible.shape
         # earlier steps' nodes sit in the s - n entries after the committed ones
-        hidden, logits = self._pass(parent_hidden[None], tokens[None], committed, visible, position_ids,
-                                    write_at=committed + s - n)
-        return logits, hidden
+        hidden = self._pass(parent_hidden[None], tokens[None], committed, visible, position_ids,
+                            write_at=committed + s - n)
+        return self.drafter.logits(hidden), hidden
 
     def _pass(self, features: Tensor, ids: Tensor, start: int, visible: Tensor, positions: Tensor,
-              write_at: int) -> tuple[Tensor, Tensor]:
+              write_at: int) -> Tensor:
         """One drafter pass (see `_scores`), padded to `pass_shape` when there is one and the pass
         fits in it (padding rows see nothing of the branch and write past this pass's entries,
-        where later passes overwrite them). Returns f_hat (n, H) and logits (n, V)."""
+        where later passes overwrite them). Returns f_hat (n, H); the callers apply the LM head
+        to the rows they need (the catch-up: only the root's)."""
         (n, s), device = visible.shape, self.drafter.device
         rows, window = self.pass_shape or (0, 0)
         if n > rows or s > window:  # no fixed shape, or a long prompt's catch-up
@@ -116,18 +117,17 @@ class EagleDraftModel:
         padded = torch.zeros(rows, window, dtype=torch.bool, device=device)
         padded[:n, :s] = visible
         # 0-d tensors: one compiled graph serves every committed length
-        hidden, logits = self._scores_fixed(features, ids, torch.tensor(start, device=device), padded, positions,
-                                            torch.tensor(write_at, device=device))
-        return hidden[:n], logits[:n]
+        hidden = self._scores_fixed(features, ids, torch.tensor(start, device=device), padded, positions,
+                                    torch.tensor(write_at, device=device))
+        return hidden[:n]
 
     def _scores(self, features: Tensor, ids: Tensor, start: int | Tensor, visible: Tensor, positions: Tensor,
-                write_at: int | Tensor) -> tuple[Tensor, Tensor]:
+                write_at: int | Tensor) -> Tensor:
         """features (1, n, H) and ids (1, n) written at entries write_at..write_at+n-1, at `positions`
         (n,), each seeing the committed entries (before `start`) and what `visible` (n, S) allows of
-        the S entries from `start`. Returns f_hat (n, H) and logits (n, V)."""
+        the S entries from `start`. Returns f_hat (n, H)."""
         mask = self.cache.prepare(start, visible, write_at, positions)  # (1, 1, n, width)
-        hidden = self.drafter(features, ids, position_ids=positions[None], attention_mask=mask, cache=self.cache.hf)
-        return hidden[0], self.drafter.logits(hidden[0])
+        return self.drafter(features, ids, position_ids=positions[None], attention_mask=mask, cache=self.cache.hf)[0]
 
 
 def pass_shape(template: TreeTemplate) -> tuple[int, int]:

@@ -12,6 +12,7 @@ zeroed and renormalised for a draw. After verification the temporary KV is dropp
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -83,6 +84,26 @@ class TemplateProposer(Proposer):
         for nodes in self.expanded_by_depth:
             seen = seen + nodes
             self.visible_by_depth.append(ancestors[nodes][:, seen])  # (m, len(seen)) ancestor-or-self
+        # per depth d >= 1, everything the round needs as index tensors, built once: the level of
+        # parents whose children are drawn (the root, then depth d-1's expanded nodes, in the
+        # order of the previous pass's rows), each child's (row, rank) among them, and the row of
+        # each expanded node's parent (whose predicted feature it is fed)
+        self.levels: list[_Level | None] = [None]
+        for d in range(1, tree.depth + 1):
+            parents = [0] if d == 1 else self.expanded_by_depth[d - 1]
+            kids, rows, ranks = [], [], []
+            for j, u in enumerate(parents):
+                for r, c in enumerate(template.children[u]):
+                    kids.append(c)
+                    rows.append(j)
+                    ranks.append(r)
+            row_of = {u: j for j, u in enumerate(parents)}
+            nodes = self.expanded_by_depth[d] if d < tree.depth else []
+            self.levels.append(_Level(
+                width=max(len(template.children[u]) for u in parents), kids=torch.tensor(kids),
+                rows=torch.tensor(rows), ranks=torch.tensor(ranks), nodes=torch.tensor(nodes, dtype=torch.long),
+                parent_rows=torch.tensor([row_of[self.parents[v]] for v in nodes], dtype=torch.long)))
+        self._device = torch.device("cpu")
 
     def reset(self, state: DecodeState) -> None:
         self.model.reset(state)
@@ -90,52 +111,70 @@ class TemplateProposer(Proposer):
     def accept(self, state: DecodeState, tree: DraftTree, path: list[int]) -> None:
         self.model.end_round()
 
+    def _on(self, device: torch.device) -> None:
+        """Move the fixed index tensors to the draft model's device (once: the template is fixed)."""
+        if device != self._device:
+            self.visible_by_depth = [v.to(device) for v in self.visible_by_depth]
+            self.levels = [None] + [lv.to(device) for lv in self.levels[1:]]
+            self._device = device
+
     def propose(self, state: DecodeState) -> DraftTree:
         tpl, model, policy = self.template, self.model, state.policy
-        root_logits, root_hidden = model.catch_up(state)
+        logits, hidden = model.catch_up(state)  # the root's (V,) and (H,) or None
+        device = logits.device
+        self._on(device)
+        logits = logits[None]  # (1, V): one row per parent of the level being drawn
+        hidden = None if hidden is None else hidden[None]
         root_pos = len(state.tokens) - 1
         n = tpl.num_nodes + 1
-        tokens = torch.empty(n, dtype=torch.long, device=root_logits.device)
+        tokens = torch.empty(n, dtype=torch.long, device=device)
         tokens[0] = state.tokens[-1]
-        q = None if policy.greedy else torch.zeros(n, root_logits.shape[-1], device=root_logits.device)
-        logits = {0: root_logits}
-        hidden = {0: root_hidden}
+        q = None if policy.greedy else torch.zeros(n, logits.shape[-1], device=device)
         for depth in range(1, tpl.depth + 1):
-            for parent in [0] if depth == 1 else self.expanded_by_depth[depth - 1]:
-                kids = list(tpl.children[parent])  # a list: a tuple would index dimensions
-                tokens[kids], q_kids = self._choose(logits[parent], len(kids), state)
-                if q is not None:
-                    q[kids] = q_kids
-            nodes = self.expanded_by_depth[depth] if depth < tpl.depth else []
-            if not nodes:
-                continue
-            parent_hidden = None if root_hidden is None else torch.stack(
-                [hidden[self.parents[v]] for v in nodes])
-            pos = torch.full((len(nodes),), root_pos + depth, dtype=torch.long, device=tokens.device)
-            if self.visible_by_depth[depth].device != tokens.device:  # once: the template is fixed
-                self.visible_by_depth = [v.to(tokens.device) for v in self.visible_by_depth]
-            visible = self.visible_by_depth[depth]
-            out_logits, out_hidden = model.step(tokens[nodes], parent_hidden, pos, visible)
-            for j, v in enumerate(nodes):
-                logits[v] = out_logits[j]
-                hidden[v] = None if out_hidden is None else out_hidden[j]
+            level = self.levels[depth]
+            picks, q_picks = self._choose(logits, level.width, state)  # (p, width), (p, width, V) | None
+            tokens[level.kids] = picks[level.rows, level.ranks]
+            if q is not None:
+                q[level.kids] = q_picks[level.rows, level.ranks]
+            if not level.nodes.numel():
+                break  # nothing expands below this depth
+            parent_hidden = None if hidden is None else hidden[level.parent_rows]  # (m, H)
+            pos = torch.full((len(level.nodes),), root_pos + depth, dtype=torch.long, device=device)
+            logits, hidden = model.step(tokens[level.nodes], parent_hidden, pos, self.visible_by_depth[depth])
         return DraftTree(tokens=tokens[1:], parents=self.parents, q=None if q is None else q[1:])
 
     def _choose(self, logits: Tensor, m: int, state: DecodeState) -> tuple[Tensor, Tensor | None]:
-        """Pick m children from a node's logits (V,); returns tokens (m,) and their q (m, V)."""
+        """Pick m children for each row of `logits` (p, V) at once; returns tokens (p, m) and their
+        q (p, m, V) (None under greedy decoding)."""
         policy = state.policy
         if policy.greedy:
-            return logits.topk(m).indices, None
-        dist = policy.probs(logits.float())  # (V,) the drafter's q at this node
+            return logits.topk(m, dim=-1).indices, None
+        dist = policy.probs(logits.float())  # (p, V) the draft model's q at each parent
         if self.proposal == "topk":
-            picks = dist.topk(m).indices
+            picks = dist.topk(m, dim=-1).indices
             return picks, torch.nn.functional.one_hot(picks, dist.shape[-1]).to(dist)
         return sample_without_replacement(dist, m, state.generator)
 
 
+@dataclass(frozen=True)
+class _Level:
+    """Index tensors of one depth of a template (see `TemplateProposer.__init__`)."""
+
+    width: int  # the most children of one parent at this level: the top-k / draws per row
+    kids: Tensor  # (c,) the children's node ids
+    rows: Tensor  # (c,) each child's parent's row in the level
+    ranks: Tensor  # (c,) each child's rank among its siblings
+    nodes: Tensor  # (m,) this depth's expanded nodes (fed to the next pass), in row order
+    parent_rows: Tensor  # (m,) the row of each expanded node's parent in the level
+
+    def to(self, device: torch.device) -> _Level:
+        return _Level(self.width, *(getattr(self, f).to(device) for f in ("kids", "rows", "ranks", "nodes",
+                                                                          "parent_rows")))
+
+
 def sample_without_replacement(dist: Tensor, m: int, generator: torch.Generator | None = None
                                ) -> tuple[Tensor, Tensor]:
-    """m successive draws without replacement from `dist` (V,), and the exact q of each.
+    """m successive draws without replacement from each row of `dist` (..., V), and the exact q of each.
 
     Gumbel-top-k: the m largest of log(dist) + Gumbel noise, in order, are distributed exactly
     as m successive draws where each excludes the earlier ones (Kool et al., 2019), in one
@@ -144,7 +183,7 @@ def sample_without_replacement(dist: Tensor, m: int, generator: torch.Generator 
     deterministic (the -inf keys, in topk's order), so their q is a one-hot.
 
     Returns:
-        picks (m,) long and q (m, V).
+        picks (..., m) long and q (..., m, V).
     """
     # float64 keys: with float32 uniforms the largest Gumbel is ~ -log(-log(1 - 2^-24)) = 16.6, so a
     # token below ~3.6e-9 of the top token's probability could never be drawn first, while its
@@ -152,13 +191,17 @@ def sample_without_replacement(dist: Tensor, m: int, generator: torch.Generator 
     u = torch.rand(dist.shape, generator=generator, device=dist.device, dtype=torch.float64)
     u = u.clamp_min_(torch.finfo(torch.float64).tiny)
     keys = dist.double().log() - (-u.log()).log()  # log p + Gumbel(0, 1); -inf off the support
-    picks = keys.topk(m).indices  # (m,) in draw order
-    q = dist.expand(m, -1).clone()  # (m, V)
-    rows, cols = torch.tril_indices(m, m, offset=-1, device=dist.device)
-    q[rows, picks[cols]] = 0.0  # row i excludes draws 0..i-1
-    mass = q.sum(-1, keepdim=True)  # (m, 1)
-    exhausted = mass[:, 0] <= 0
+    picks = keys.topk(m, dim=-1).indices  # (..., m) in draw order
+    vocab = dist.shape[-1]
+    q = dist.unsqueeze(-2).expand(*dist.shape[:-1], m, vocab).clone()  # (..., m, V)
+    earlier = torch.ones(m, m, dtype=torch.bool, device=dist.device).tril(-1)  # [i, j]: draw j precedes i
+    excluded = torch.zeros(q.shape, dtype=torch.bool, device=dist.device)
+    # row i of q zeroes picks j < i (a row's picks are distinct, so no two writes collide)
+    excluded.scatter_(-1, picks.unsqueeze(-2).expand(*picks.shape[:-1], m, m), earlier.expand(*picks.shape[:-1], m, m))
+    q = q.masked_fill(excluded, 0.0)
+    mass = q.sum(-1, keepdim=True)  # (..., m, 1)
+    exhausted = mass[..., 0] <= 0  # (..., m)
     q = torch.where(mass > 0, q / mass.clamp_min(torch.finfo(q.dtype).tiny), q)
     if exhausted.any():
-        q[exhausted] = torch.nn.functional.one_hot(picks[exhausted], dist.shape[-1]).to(q)
+        q[exhausted] = torch.nn.functional.one_hot(picks[exhausted], vocab).to(q)
     return picks, q
