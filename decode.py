@@ -41,12 +41,19 @@ from eagle.bench.methods import (
     method_dtype,
 )
 from eagle.bench.timing import project, random_target, time_methods, weights_gb, write_timing
-from eagle.bench.tree_search import candidates, position_paths, write_tree
+from eagle.bench.tree_search import (
+    Candidate,
+    RoundCost,
+    candidates,
+    choose_for_machine,
+    position_paths,
+    write_tree,
+)
 from eagle.cli import run_cli
 from eagle.hardware import resolve_dtype_name, set_threads
 from eagle.sampling import SamplingPolicy, seeded_generator
 from eagle.target import load_target, resolve_dtype
-from eagle.tree import resolve_tree
+from eagle.tree import TreeTemplate, resolve_tree
 
 ROOT = Path(__file__).resolve().parent
 TREE_DIR = ROOT / "configs" / "tree"
@@ -181,6 +188,18 @@ def tree_search(cfg: DictConfig) -> Path:
     for c in found:
         write_tree(c, out / f"{c.tree.name}.yaml", source=f"{probe.name} over {len(prompts)} prompts")
         print(f"[tree search] {c.tree.summary()}: predicted tau {c.predicted_tau:.2f}")
+    cost, vanilla_ms = measure_round_cost(cfg, methods, dtype, prompts, found, out)
+    ranking = choose_for_machine(found, cost, vanilla_ms)
+    for r in ranking:
+        print(f"[tree search] {r['tree']}: predicted round {r['predicted_round_ms']:.1f} ms, "
+              f"speedup {r['predicted_speedup']:.2f}x (tau {r['predicted_tau']:.2f})")
+    chosen = next(c for c in found if c.tree.name == ranking[0]["tree"])
+    write_tree(chosen, out / "machine.yaml", source=f"{chosen.tree.name}, chosen by the cost model of this machine")
+    (out / "machine.json").write_text(json.dumps({"chosen": chosen.tree.name, "vanilla_ms": vanilla_ms,
+                                                  "cost_model": cost.to_dict(), "ranking": ranking}, indent=2))
+    print(f"[tree search] the tree for this machine: {chosen.tree.summary()} -> {out / 'machine.yaml'}")
+    if not ts.compare:
+        return out
     names = ["vanilla", "eagle"] + [f"eagle@{c.tree.name}" for c in found]
     compare = benchmark(cfg, methods, names=names, temperatures=list(ts.temperatures), out_dir=out / "compare",
                         tree_dirs=(str(out),))
@@ -195,8 +214,34 @@ def tree_search(cfg: DictConfig) -> Path:
         print(f"[tree search] {run['eval_set']} T={run['temperature']:g}: default tree {default['speedup']:.2f}x "
               f"(tau {default['tau']:.2f}); best candidate {best['tree']} {best['speedup']:.2f}x "
               f"(tau {best['tau']:.2f}, predicted {best['predicted_tau']:.2f}): eagle.tree={out / best['tree']}.yaml")
+    predicted = {r["tree"]: r for r in ranking}
+    for row in summary:
+        row |= {k: predicted[row["tree"]][k] for k in ("predicted_round_ms", "predicted_speedup")}
+        row["machine_choice"] = row["tree"] == chosen.tree.name
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return out
+
+
+def measure_round_cost(cfg: DictConfig, methods: Methods, dtype: str, prompts: list[list[int]],
+                       found: list, out: Path):
+    """Rounds measured on chains and on the candidate trees (short greedy decodes of a few
+    prompts), fitted into a `RoundCost`; and the vanilla step on the same prompts."""
+    ts, greedy = cfg.tree_search, SamplingPolicy()
+    trees = [TreeTemplate.chain(k, name=f"chain{k}") for k in ts.cost_chains] + [c.tree for c in found]
+    for tree in trees[: len(ts.cost_chains)]:
+        write_tree(Candidate(tree, 0.0), out / f"{tree.name}.yaml", source="cost model calibration")
+    ids = prompts[: ts.cost_prompts]
+
+    def per_round(method) -> tuple[float, float]:
+        method.generate(ids[0], 8, greedy)  # warm-up: allocations, first calls
+        rounds = [r for p in ids for r in method.generate(p, ts.cost_tokens, greedy).stats.rounds]
+        return (1000 * sum(r.draft_s for r in rounds) / len(rounds), 1000 * sum(r.verify_s for r in rounds) / len(rounds))
+
+    vanilla_ms = sum(per_round(methods.build("vanilla", dtype)))
+    measured = []
+    for tree in tqdm(trees, desc="cost model: rounds per tree", unit="tree"):
+        measured.append((tree, *per_round(methods.build(f"eagle@{tree.name}", dtype, tree_dirs=(str(out),)))))
+    return RoundCost.fit(measured), vanilla_ms
 
 
 def read_json(path: str, key: str) -> dict:

@@ -156,6 +156,13 @@ def test_tree_search_writes_best_subtrees_and_compares_them(models, tmp_path):
     compare = json.loads((out / "compare" / "results.json").read_text())["runs"][0]["methods"]
     assert set(compare) == {"vanilla", "eagle", "eagle@best2", "eagle@best4"}
     assert all(m["identical_to_reference"] == 1.0 for name, m in compare.items() if name != "vanilla")
+    # the tree for this machine: the candidate the cost model ranks first, written as machine.yaml
+    machine = json.loads((out / "machine.json").read_text())
+    assert machine["chosen"] == machine["ranking"][0]["tree"] and machine["vanilla_ms"] > 0
+    assert TreeTemplate.from_file(out / "machine.yaml").paths == TreeTemplate.from_file(
+        out / f"{machine['chosen']}.yaml").paths
+    assert [r["machine_choice"] for r in summary].count(True) == 1
+    assert all(r["predicted_round_ms"] > 0 for r in summary)
 
 
 def test_generate_mode_streams(models, tmp_path, capsys):

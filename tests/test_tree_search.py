@@ -6,9 +6,13 @@ import pytest
 import torch
 
 from eagle.bench.tree_search import (
+    Candidate,
+    RoundCost,
     acceptance_by_position,
     best_subtree,
     candidates,
+    choose_for_machine,
+    drafter_passes,
     position_paths,
     simulate,
     write_tree,
@@ -141,3 +145,25 @@ def test_simulated_tau_is_the_decoded_tau():
         assert measured == pytest.approx(c.predicted_tau, abs=1e-12), c.tree.name
         taus.append(measured)
     assert taus[-1] > taus[0] > 1.0  # the probe saw real acceptances
+
+
+def test_round_cost_model_by_hand():
+    """Drafting a + b * passes + c * rows is recovered exactly from rounds that follow it, and
+    verification is interpolated between the measured sizes (extended beyond them)."""
+    trees = [TreeTemplate.chain(1), TreeTemplate.chain(3), TreeTemplate.static_expansion([2, 1]),
+             TreeTemplate.from_paths([[0], [1], [0, 0], [1, 0], [0, 0, 0]])]
+    assert drafter_passes(trees[1]) == (3, 2)  # catch-up + depths 1-2; nodes 1 and 2 expand
+    assert drafter_passes(trees[2]) == (2, 2)  # <2,1>: the root's two children expand, into two leaves
+    draft = {id(t): 1.0 + 2.0 * drafter_passes(t)[0] + 0.5 * drafter_passes(t)[1] for t in trees}
+    verify = {2: 10.0, 4: 14.0, 5: 15.0, 6: 18.0}
+    cost = RoundCost.fit([(t, draft[id(t)], verify[t.num_nodes + 1]) for t in trees])
+    assert cost.draft_coef == pytest.approx((1.0, 2.0, 0.5))
+    assert cost.verify(4) == 14.0 and cost.verify(3) == pytest.approx(12.0)  # measured; between 2 and 4
+    assert cost.verify(8) == pytest.approx(24.0) and cost.verify(1) == pytest.approx(8.0)  # extended
+    big, small = Candidate(TreeTemplate.chain(5, name="big"), 5.0), Candidate(TreeTemplate.chain(1, name="small"), 1.9)
+    ranked = choose_for_machine([big, small], cost, vanilla_ms=10.0)
+    # chain 5: 1 + 2*5 + 0.5*4 + verify(6) = 31 ms for tau 5: 1.61x; chain 1: 1 + 2 + 0 + 10 = 13 ms for 1.9: 1.46x
+    assert [r["tree"] for r in ranked] == ["big", "small"]
+    assert ranked[0]["predicted_speedup"] == pytest.approx(5.0 * 10 / 31)
+    with pytest.raises(ValueError, match="three trees"):
+        RoundCost.fit([(t, 1.0, 1.0) for t in trees[:2]])

@@ -19,7 +19,10 @@ overestimated its tau by up to 1.3 tokens, LOG.md). From those paths:
   the same text; a bf16 verification of another shape may round a near-tie differently).
 
 Which N is best depends on what a wider verification and a deeper draft cost on the
-machine, so `decode.py mode=tree_search` benchmarks the candidates. At temperature > 0
+machine: `RoundCost` models a round's time from rounds measured on a few trees (verification
+by tokens verified, drafting by passes and rows), `choose_for_machine` ranks the candidates
+by predicted tau x vanilla step / round time, and `decode.py mode=tree_search` writes the
+winner as `machine.yaml` and benchmarks the candidates to check the prediction. At temperature > 0
 siblings interact through the residual distribution: the greedy-optimal shape is a good
 guess there, not a proof.
 """
@@ -146,6 +149,80 @@ def candidates(probe: TreeTemplate, paths: Sequence[Sequence[RankPathT]], sizes:
             tree = best_subtree(probe, by_node, n, name=f"best{n}").tree
             out.append(Candidate(tree, simulate(paths, tree, max_new_tokens)))
     return out
+
+
+# ---------------------------------------------------------------------------------------
+# choosing for the machine: a measured cost model of the round (Sequoia chooses its tree for
+# the hardware; so does this)
+
+
+def drafter_passes(tree: TreeTemplate) -> tuple[int, int]:
+    """(passes, rows) of EAGLE's drafting on `tree` per round: the catch-up plus one pass per
+    depth that has expanded nodes, and the expanded nodes fed in those passes."""
+    expanded = [i for i in range(1, tree.num_nodes + 1) if tree.children[i]]
+    depths = {tree.depths[i] for i in expanded}
+    return 1 + len(depths), len(expanded)
+
+
+@dataclass(frozen=True)
+class RoundCost:
+    """What a round costs on this machine, fitted to rounds measured on a few trees.
+
+    Verification: milliseconds by the number of tokens verified (root + tree), interpolated
+    linearly between the measured sizes (a CPU's matmuls are not linear in the tokens, so no
+    single slope fits). Drafting: `a + b * passes + c * rows` (`drafter_passes`), least squares.
+    """
+
+    verify_ms: tuple[tuple[int, float], ...]  # (tokens, ms), sorted by tokens
+    draft_coef: tuple[float, float, float]  # a, b, c
+
+    @classmethod
+    def fit(cls, measured: Sequence[tuple[TreeTemplate, float, float]]) -> RoundCost:
+        """From (tree, draft ms per round, verify ms per round) of at least three trees."""
+        import numpy as np
+
+        if len(measured) < 3:
+            raise ValueError("the cost model needs rounds measured on at least three trees")
+        by_tokens: dict[int, list[float]] = {}
+        for tree, _, verify in measured:
+            by_tokens.setdefault(tree.num_nodes + 1, []).append(verify)
+        verify_ms = tuple(sorted((n, sum(v) / len(v)) for n, v in by_tokens.items()))
+        x = np.array([[1.0, *drafter_passes(t)] for t, _, _ in measured])  # (k, 3)
+        y = np.array([d for _, d, _ in measured])
+        coef = np.linalg.lstsq(x, y, rcond=None)[0]
+        return cls(verify_ms, tuple(float(c) for c in coef))
+
+    def verify(self, tokens: int) -> float:
+        """Interpolated between the measured sizes; beyond them, the nearest segment extended."""
+        ns, ms = [n for n, _ in self.verify_ms], [m for _, m in self.verify_ms]
+        if len(ns) == 1:
+            return ms[0] * tokens / ns[0]
+        if ns[0] <= tokens <= ns[-1]:
+            i = max(j for j in range(len(ns) - 1) if ns[j] <= tokens)
+        else:
+            i = 0 if tokens < ns[0] else len(ns) - 2
+        return ms[i] + (ms[i + 1] - ms[i]) * (tokens - ns[i]) / (ns[i + 1] - ns[i])
+
+    def draft(self, tree: TreeTemplate) -> float:
+        a, b, c = self.draft_coef
+        passes, rows = drafter_passes(tree)
+        return a + b * passes + c * rows
+
+    def round_ms(self, tree: TreeTemplate) -> float:
+        return self.draft(tree) + self.verify(tree.num_nodes + 1)
+
+    def to_dict(self) -> dict:
+        return {"verify_ms": [list(p) for p in self.verify_ms], "draft_ms": dict(zip("abc", self.draft_coef)),
+                "draft_formula": "a + b * passes + c * rows"}
+
+
+def choose_for_machine(found: Sequence[Candidate], cost: RoundCost, vanilla_ms: float) -> list[dict]:
+    """Every candidate with its predicted round time and speedup (tau x vanilla step / round),
+    best first: the first is the tree for this machine."""
+    rows = [{"tree": c.tree.name, "nodes": c.tree.num_nodes, "depth": c.tree.depth, "predicted_tau": c.predicted_tau,
+             "predicted_round_ms": cost.round_ms(c.tree),
+             "predicted_speedup": c.predicted_tau * vanilla_ms / cost.round_ms(c.tree)} for c in found]
+    return sorted(rows, key=lambda r: -r["predicted_speedup"])
 
 
 def write_tree(candidate: Candidate, path: str | Path, source: str = "") -> Path:
