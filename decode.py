@@ -367,9 +367,13 @@ def profile(cfg: DictConfig) -> Path:
     prompts = [encode_prompt(tokenizer, p) for p in load_eval_set(pcfg.eval_set, pcfg.num_prompts)]
     policy = SamplingPolicy(temperature=pcfg.temperature)
     model = eagle.proposer.model
+    if compile_mode(cfg):  # time whole compiled passes: a timer inside one would break its graph
+        inside = [(model, "_scores", "drafter: FC + decoder layer"), (model, "_scores_fixed", "drafter: FC + decoder layer")]
+    else:
+        inside = [(model.drafter, "forward", "drafter: FC + decoder layer"),
+                  (model.cache, "prepare", "drafter: mask + positions")]
     patches = [
-        (model.drafter, "forward", "drafter: FC + decoder layer"), (model.drafter, "logits", "drafter: LM head"),
-        (eagle.proposer, "_choose", "children: top-k / sampling"), (model.cache, "prepare", "drafter: mask + positions"),
+        *inside, (model.drafter, "logits", "drafter: LM head"), (eagle.proposer, "_choose", "children: top-k / sampling"),
         (model.cache, "keep", "drafter: cache ops"), (model.cache, "reserve", "drafter: cache ops"),
         (eagle.runner, "verify", "target: tree forward"), (SamplingPolicy, "probs", "target: logits processing"),
         (engine, "verify_tree_greedy", "acceptance"), (engine, "verify_tree_stochastic", "acceptance"),
@@ -383,12 +387,13 @@ def profile(cfg: DictConfig) -> Path:
             out.rounds += method.generate(ids, pcfg.new_tokens, policy, seeded_generator(cfg.seed, cfg.device)).stats.rounds
         return out
 
-    decode_all(vanilla)  # warm-up
+    for method in (vanilla, eagle):  # warm-up: allocations, and compiled graphs under compile=true
+        method.generate(prompts[0], pcfg.new_tokens, policy, seeded_generator(cfg.seed, cfg.device))
     plain = decode_all(vanilla)
     timers = Timers(cuda=str(cfg.device).startswith("cuda"))
     with timed(patches, timers):
         spec = decode_all(eagle)
-    passes = timers.calls.get("drafter: FC + decoder layer", 0)
+    passes = timers.calls.get("drafter: FC + decoder layer", 0)  # (compiled: mask building included)
     breakdown = round_breakdown(timers, len(spec.rounds), spec.draft_s, spec.verify_s, passes)
     breakdown["tau"] = spec.tau
     step_ms = 1000 * (plain.draft_s + plain.verify_s) / len(plain.rounds)
