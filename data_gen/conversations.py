@@ -356,5 +356,38 @@ def text_samples(tokenizer, max_len: int, path: str | Path | None = None, builde
             for s in SPLITS}
 
 
+def distilled_samples(tokenizer, max_len: int, path: str | Path, loss_on: str = "continuation",
+                      max_samples: int | None = None, max_val_samples: int | None = None) -> dict[str, list[dict]]:
+    """Self-distilled rows (`python -m data_gen.distill`: prompt + the target's own continuation)
+    as samples, so a drafter or Medusa heads train on the text the target itself writes.
+
+    Args:
+        path: the distillation folder.
+        loss_on: "continuation" (the loss mask covers the target's tokens only, as Medusa-2's
+            self-distillation) or "all".
+    """
+    from eagle.data.distill import load_distilled
+    from eagle.target import tokenizer_hash
+
+    if loss_on not in ("continuation", "all"):
+        raise ValueError(f"loss_on must be 'continuation' or 'all', got {loss_on!r}")
+    meta, splits = load_distilled(path)
+    if meta.get("tokenizer_hash") not in (None, tokenizer_hash(tokenizer)):
+        raise ValueError(f"{path} was made with another tokenizer than the target's")
+    caps = {"train": max_samples, "validation": max_val_samples}
+    out = {}
+    for split in SPLITS:
+        rows = splits[split] if caps[split] is None else splits[split].select(range(min(caps[split], len(splits[split]))))
+        samples = []
+        for i, row in enumerate(rows):
+            ids = np.asarray(row["input_ids"][:max_len], dtype=np.int32)
+            mask = np.ones(ids.size, np.int8)
+            if loss_on == "continuation":
+                mask[: row["prompt_len"]] = 0
+            samples.append({"id": f"{split}:{i}", "input_ids": ids, "loss_mask": mask})
+        out[split] = samples
+    return out
+
+
 def count_tokens(samples: dict[str, list[dict]]) -> dict[str, int]:
     return {s: int(sum(x["input_ids"].size for x in v)) for s, v in samples.items()}

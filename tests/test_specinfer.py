@@ -194,3 +194,27 @@ def test_coverage_mode_writes_the_report(tmp_path, distilled, target_dir, draft_
     assert rep["baseline"].startswith("baseline (") and rep["union_beats_baseline"] == (base < 1)
     assert rep["union_coverage"] == 1.0
     assert "union of ssm_1, ssm_2" in (out / "coverage.md").read_text()
+
+
+def test_distilled_rows_feed_the_feature_dump(tmp_path, distilled, target_dir):
+    """data_gen=distilled: EAGLE's features of the target's own text, the loss on its tokens only."""
+    from data_gen.__main__ import generate as dump_features
+    from data_gen.conversations import distilled_samples
+    from eagle.data.features import open_feature_dump
+
+    _, tok = load_target(target_dir)
+    samples = distilled_samples(tok, 64, distilled)
+    _, splits = load_distilled(distilled)
+    assert [len(samples[s]) for s in ("train", "validation")] == [24, 6]
+    first = samples["train"][0]
+    assert first["input_ids"].tolist() == splits["train"][0]["input_ids"]
+    assert first["loss_mask"].tolist() == [0] * 8 + [1] * 8  # prompt_len 8, then the target's 8 tokens
+    assert distilled_samples(tok, 64, distilled, loss_on="all")["train"][0]["loss_mask"].all()
+    with pytest.raises(ValueError, match="loss_on"):
+        distilled_samples(tok, 64, distilled, loss_on="prompt")
+    out = tmp_path / "features"
+    dump_features(compose_config("data_gen", [
+        "data_gen=distilled", f"source.path={distilled}", f"target_path={target_dir}", f"out_dir={out}",
+        "target_dtype=float32", "device=cpu", "max_len=64", "progress=false"]))
+    meta, dumped = open_feature_dump(out)
+    assert len(dumped["train"]) == 24 and len(dumped["validation"]) == 6
