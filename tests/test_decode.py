@@ -222,6 +222,25 @@ def test_cli_unknown_method_is_one_line(models, tmp_path):
     assert "Traceback" not in proc.stderr
 
 
+def test_unseen_code_prompts_are_named_new_and_stable(monkeypatch):
+    """Functions of installed third-party packages, HumanEval-style (signature + docstring),
+    named by package==version/module:function, and none whose source the stdlib holds."""
+    import eagle.bench.evalsets as evalsets
+
+    prompts = evalsets.unseen_code(limit=12)
+    assert len(prompts) == 12 and len({p.id for p in prompts}) == 12
+    assert [p.id for p in prompts] == [p.id for p in evalsets.unseen_code(limit=12)]  # a fixed order
+    assert len({p.id.split("==")[0] for p in prompts}) >= 3  # spread over the packages
+    for p in prompts:
+        assert "==" in p.id and ":" in p.id and not p.chat
+        assert p.text.lstrip().startswith(("def ", "@")) and p.text.count('"""') + p.text.count("'''") >= 1
+    # were the first function in the standard library, it would be left out
+    first = prompts[0]
+    stdlib = evalsets._stdlib_text()
+    monkeypatch.setattr(evalsets, "_stdlib_text", lambda: stdlib + "\n" + first.text)
+    assert first.id not in [p.id for p in evalsets.unseen_code(limit=12)]
+
+
 def test_eval_sets_ship_with_packages():
     assert len(load_eval_set("humaneval")) == 164
     assert len(load_eval_set("mtbench", limit=5)) == 5
