@@ -327,16 +327,11 @@ def coverage(cfg: DictConfig) -> Path:
     the union of the boost-tuned SSMs (`specinfer.models`) and the baseline (`coverage.baseline`:
     one SSM trained on all rows for the same budget). Writes coverage.json and coverage.md."""
     from eagle.data.coverage import CoverCriterion, agreement, coverage_markdown, coverage_report
-    from eagle.data.distill import load_distilled
+    from eagle.data.distill import load_distilled, split_rows
 
     ccfg = cfg.coverage
     _, splits = load_distilled(ccfg.distill_dir)
-    val = splits["validation"]
-    ids = torch.tensor(val["input_ids"])
-    argmax = torch.tensor(val["target_argmax"])
-    prompt_len = sorted(set(val["prompt_len"]))
-    if len(prompt_len) != 1:
-        raise ValueError(f"{ccfg.distill_dir}: coverage needs one prompt length, got {prompt_len}")
+    ids, argmax, prompt_len = split_rows(splits["validation"], f"{ccfg.distill_dir} validation")
     boosted = {f"ssm_{k + 1}": str(p) for k, p in enumerate(cfg.specinfer.models)}
     baseline = f"baseline ({Path(str(ccfg.baseline)).parent.name})" if ccfg.baseline else None
     models = {**boosted, **({baseline: str(ccfg.baseline)} if baseline else {}),
@@ -344,7 +339,7 @@ def coverage(cfg: DictConfig) -> Path:
     agree = {}
     for name, path in tqdm(models.items(), desc="coverage", unit="model"):
         model, _ = load_target(path, dtype=torch.float32, device=cfg.device, with_tokenizer=False)
-        agree[name] = agreement(model, ids, argmax, prompt_len[0])
+        agree[name] = agreement(model, ids, argmax, prompt_len)
     report = coverage_report(agree, list(boosted), baseline, CoverCriterion(ccfg.threshold))
     report["paths"] = models
     return write_report(ccfg.out_dir, "coverage", report, coverage_markdown(report))

@@ -16,9 +16,9 @@ bonus token (Leviathan et al.; Chen et al.) is tree verification on a chain.
 Repeated draws (`repeats`): when several draft models propose at the same node and a later
 draw repeats an earlier sibling's token, the merged tree keeps one node for the token, and the
 later draw's proposal is still tried, as a repeat, at its place in the order of draws: after
-the newest sibling node drawn before it (and the repeats already queued there). A repeat can never be accepted once its token was
-rejected (the residual is 0 there), but its proposal must still update the residual, or the
-rule is biased (`eagle.proposers.merge` has the derivation).
+the newest sibling node drawn before it (and the repeats already queued there). A repeat can
+never be accepted once its token was rejected (the residual is 0 there), but its proposal must
+still update the residual, or the rule is biased (`eagle.proposers.merge` has the derivation).
 """
 
 from __future__ import annotations
@@ -91,9 +91,9 @@ def node_outcomes(p: Tensor, tokens: Tensor, qs: Tensor,
     if tokens.numel() == 0:
         return p.new_zeros(0), p
     tokens = tokens.to(p.device)
-    if repeats is None:  # one draw per child
-        owner, q_draw, x_draw = torch.arange(len(tokens), device=p.device), qs, tokens
-    else:  # the draws in the order they were made: each child, then the repeats drawn after it
+    owner = None  # draw j's token belongs to child owner[j]; None: one draw per child, in order
+    q_draw, x_draw = qs, tokens
+    if repeats is not None:  # the draws in the order they were made: each child, then the repeats drawn after it
         owners, rows = [], []
         for i, rep in enumerate(repeats):
             owners.append(i)
@@ -117,7 +117,9 @@ def node_outcomes(p: Tensor, tokens: Tensor, qs: Tensor,
     alpha = torch.stack(alphas)  # (n,)
     # draw j is the accepted one iff draws 0..j-1 were all rejected and j is accepted
     rejected_before = torch.cat([alpha.new_ones(1), (1 - alpha[:-1]).cumprod(0)])  # (n,)
-    accept = alpha.new_zeros(len(tokens)).index_add_(0, owner, alpha * rejected_before)  # (m,)
+    accept = alpha * rejected_before  # (n,) per draw
+    if owner is not None:  # a repeat's acceptance is its twin's
+        accept = alpha.new_zeros(len(tokens)).index_add_(0, owner, accept)  # (m,)
     return accept, p_cur
 
 

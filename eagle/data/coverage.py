@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from eagle.target import target_forward
+from eagle.data.distill import target_argmax as argmax_next  # any LM's argmax after each position
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,6 @@ class CoverCriterion:
             raise ValueError(f"coverage threshold must be in (0, 1], got {self.threshold}")
 
 
-@torch.inference_mode()
 def agreement(model: nn.Module, input_ids: Tensor, target_argmax: Tensor, prompt_len: int,
               batch_size: int = 32) -> Tensor:
     """Per sample, the share of continuation positions where `model`'s argmax next token is the
@@ -49,13 +48,10 @@ def agreement(model: nn.Module, input_ids: Tensor, target_argmax: Tensor, prompt
         raise ValueError(f"input_ids {tuple(input_ids.shape)} and target_argmax {tuple(target_argmax.shape)} differ")
     if not 0 < prompt_len <= input_ids.shape[1]:
         raise ValueError(f"prompt_len {prompt_len} outside the rows' length {input_ids.shape[1]}")
-    device = next(model.parameters()).device
     out = []
     for i in range(0, len(input_ids), batch_size):
-        ids = input_ids[i: i + batch_size].to(device)
-        logits = target_forward(model, ids).logits  # (b, T, V)
-        guess = logits[:, prompt_len - 1:].argmax(-1)  # (b, T - prompt_len + 1)
-        want = target_argmax[i: i + batch_size, prompt_len - 1:].to(device)
+        guess = argmax_next(model, input_ids[i: i + batch_size])[:, prompt_len - 1:]  # (b, T - prompt_len + 1)
+        want = target_argmax[i: i + batch_size, prompt_len - 1:].to(guess.device)
         out.append((guess == want).float().mean(-1).cpu())
     return torch.cat(out)
 

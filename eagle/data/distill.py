@@ -132,6 +132,19 @@ def target_argmax(target: nn.Module, ids: torch.Tensor) -> torch.Tensor:
     return torch.stack([head_logits(target, features[i]).argmax(-1) for i in range(features.size(0))])
 
 
+def split_rows(dataset, where: str = "") -> tuple[torch.Tensor, torch.Tensor, int]:
+    """A split's rows as tensors: input_ids (N, T), target_argmax (N, T) and their prompt length,
+    which must be one for all rows (whole-row training and coverage need aligned continuations)."""
+    columns = dataset.select_columns(["input_ids", "target_argmax", "prompt_len"]).to_dict()
+    lengths = {len(r) for r in columns["input_ids"]}
+    prompt_lens = sorted(set(columns["prompt_len"]))
+    if len(lengths) != 1 or len(prompt_lens) != 1:
+        raise DistillError(f"{where}: rows of lengths {sorted(lengths)} and prompt lengths {prompt_lens}; one of "
+                           f"each is needed (distil with equal prompt lengths)")
+    return (torch.tensor(np.asarray(columns["input_ids"], dtype=np.int64)),
+            torch.tensor(np.asarray(columns["target_argmax"], dtype=np.int64)), int(prompt_lens[0]))
+
+
 # ------------------------------------------------------------------------------ plan
 
 

@@ -257,32 +257,24 @@ class DistilledDataModule(L.LightningDataModule):
         if self.rows:
             return
         from eagle.data.coverage import CoverCriterion, agreement, covered
-        from eagle.data.distill import load_distilled
+        from eagle.data.distill import load_distilled, split_rows
 
         meta, splits = load_distilled(self.distill_dir)
         self.tokenizer = load_tokenizer(self.tokenizer_path)
         if meta.get("tokenizer_hash") not in (None, tokenizer_hash(self.tokenizer)):
             raise ValueError(f"{self.distill_dir} was made with another tokenizer than {self.tokenizer_path}'s")
-        prompt_len = {}
-        for split in SPLITS:
-            lengths = {len(r) for r in splits[split]["input_ids"]}
-            if len(lengths) != 1:
-                raise ValueError(f"{self.distill_dir} {split}: rows of lengths {sorted(lengths)}; whole-row training "
-                                 f"needs one length (equal prompt lengths and new_tokens)")
-            self.rows[split] = torch.tensor(np.asarray(splits[split]["input_ids"], dtype=np.int64))
-            prompt_len[split] = sorted(set(splits[split]["prompt_len"]))
+        rows = {split: split_rows(splits[split], f"{self.distill_dir} {split}") for split in SPLITS}
+        self.rows = {split: ids for split, (ids, _, _) in rows.items()}
         n_train = len(self.rows["train"])
         keep = torch.ones(n_train, dtype=torch.bool)
         if self.covered_by:
             from transformers import AutoModelForCausalLM
 
             criterion = CoverCriterion(self.threshold)
-            argmax = torch.tensor(np.asarray(splits["train"]["target_argmax"], dtype=np.int64))
-            if len(prompt_len["train"]) != 1:
-                raise ValueError(f"{self.distill_dir}: boost-tuning needs one prompt length, got {prompt_len['train']}")
+            _, argmax, prompt_len = rows["train"]
             for path in self.covered_by:
                 ssm = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-                keep &= ~covered(agreement(ssm, self.rows["train"], argmax, prompt_len["train"][0]), criterion)
+                keep &= ~covered(agreement(ssm, self.rows["train"], argmax, prompt_len), criterion)
             print(f"[boost] {int(keep.sum())} of {n_train} training rows are not covered by {self.covered_by} "
                   f"(threshold {self.threshold}): this SSM trains on those")
             if not keep.any():
