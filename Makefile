@@ -2,13 +2,14 @@
 #   make demo   build the embedded target, train a drafter, benchmark every method
 #   make test   the test suite (what CI runs)
 #   make analysis   after make demo: notebooks/feature_error.ipynb on the demo's run
+#   make ablations  after (or instead of) the demo: EAGLE-1's ablations (inputs, noise, data), table + notebook
 #   make medusa     after (or instead of) the demo: train Medusa-1 heads and benchmark them next to EAGLE
 #   make specinfer  after (or instead of) the demo: SpecInfer's boost-tuned SSMs, merged, benchmarked
 PY := .venv/bin/python
 STAMP := .venv/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 RUNS := runs
 
-.PHONY: install artifacts demo medusa specinfer analysis test test-slow lint clean-runs gpu-wheels gpu-bench gpu-bench-smoke
+.PHONY: install artifacts demo medusa specinfer ablations analysis test test-slow lint clean-runs gpu-wheels gpu-bench gpu-bench-smoke
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv .venv
@@ -76,12 +77,23 @@ specinfer: artifacts
 	$(PY) decode.py mode=benchmark draft.model=$(RUNS)/ssm_all/model benchmark.out_dir=$(RUNS)/specinfer/bench \
 		'benchmark.methods=[vanilla,draft,draft@specinfer_221,specinfer_merge,specinfer_merge@specinfer_221,eagle]'
 
-# notebooks/feature_error.ipynb on the demo's run: two small ablation drafters (with and without
-# EAGLE-1's input noise), then the notebook executed into runs/analysis/ with its plots.
+# EAGLE-1's ablations after the demo's artifacts: the target's own continuations and their
+# features (for the self-distilled drafter), six drafters that each change one factor of EAGLE-1
+# (inputs, input noise, training data: configs/ablation/) as one Hydra multirun, then one
+# benchmark of all six against vanilla (runs/ablations/report/ablations.md/.png) and the notebook.
+ABLATIONS := eagle1,unshifted,feature_only,token_only,no_noise,self_distilled
+DISTILL_FEATURES := $(RUNS)/data/features/target_tiny-distilled-t1
+ablations: artifacts
+	$(call stage,self-distillation (the target continues corpus prompts),grep -qs '"status": "complete"' $(DISTILL)/metadata.json,$(PY) -m data_gen.distill)
+	$(call stage,EAGLE features of the self-distilled rows,grep -qs '"status": "complete"' $(DISTILL_FEATURES)/metadata.json,$(PY) -m data_gen data_gen=distilled name=target_tiny-distilled-t1)
+	$(call stage,six ablation drafters (one Hydra multirun),test -e $(RUNS)/ablations/self_distilled/drafter/config.json,$(PY) train.py -m experiment=eagle_ablation ablation=$(ABLATIONS))
+	$(PY) decode.py mode=ablations
+	$(MAKE) --no-print-directory analysis
+
+# notebooks/feature_error.ipynb on the demo's run (and the ablations, when make ablations has run
+# them), executed into runs/analysis/ with its plots.
 analysis: install
 	@test -e $(RUNS)/drafter_tiny/drafter/config.json || { echo "[analysis] run 'make demo' first: it builds the target, features, drafter and benchmark"; exit 1; }
-	$(call stage,ablation drafter with input noise,test -e $(RUNS)/drafter_ablation_noise0.1/drafter/config.json,$(PY) train.py experiment=drafter_ablation model.noise=0.1)
-	$(call stage,ablation drafter without input noise,test -e $(RUNS)/drafter_ablation_noise0.0/drafter/config.json,$(PY) train.py experiment=drafter_ablation model.noise=0.0)
 	FEATURE_ERROR_RUNS=$(abspath $(RUNS)) $(PY) notebooks/execute.py notebooks/feature_error.ipynb $(RUNS)/analysis/feature_error.ipynb
 
 clean-runs:

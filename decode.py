@@ -11,6 +11,7 @@
 
     python decode.py mode=coverage                          # SpecInfer's SSMs: coverage per SSM and union
     python decode.py mode=profile                           # where EAGLE's round goes, part by part
+    python decode.py mode=ablations                         # EAGLE-1's ablation drafters (make ablations)
 
 Methods are named NAME[@TREE][:RUNNER] (eagle/bench/methods.py): vanilla | eagle | draft |
 specinfer_merge | prompt_lookup | medusa | medusa_typical | hf_generate | hf_assisted | hf_prompt_lookup;
@@ -401,12 +402,45 @@ def profile(cfg: DictConfig) -> Path:
     return write_report(pcfg.out_dir, "profile", report, breakdown_markdown(report))
 
 
+def ablations(cfg: DictConfig) -> Path:
+    """Benchmark every ablation drafter under `ablations.dir` against vanilla in one run, then
+    write the ablation table (eagle/bench/ablations.py) beside the benchmark's own report."""
+    from eagle.bench import ablations as abl
+
+    acfg = cfg.ablations
+    variants = abl.find_variants(acfg.dir)
+    labels = {v.name: f"eagle[{v.name}]" for v in variants}
+    drafters = {labels[v.name]: str(v.drafter) for v in variants}
+    methods = Methods(cfg)
+    dtype = method_dtype("eagle", cfg.device, {"eagle": acfg.dtype} if acfg.dtype else {})
+
+    def build(label: str):
+        if label == "vanilla":
+            return methods.build("vanilla", dtype), dtype
+        sections = {**methods.sections, "eagle": {**methods.sections["eagle"], "drafter": drafters[label]}}
+        method = build_method("eagle", methods.context(dtype), sections)
+        method.name = label
+        return method, dtype
+
+    eval_sets = {Path(name).stem: load_eval_set(name, acfg.num_prompts) for name in acfg.eval_sets}
+    _, tokenizer = methods.target(dtype)
+    config = BenchmarkConfig(methods=("vanilla", *drafters), temperatures=tuple(acfg.temperatures),
+                             max_new_tokens=cfg.max_new_tokens, warmup=cfg.benchmark.warmup, seed=cfg.seed)
+    out_dir = Path(acfg.out_dir)
+    bench = run_benchmark(eval_sets, tokenizer, build, config, target_name=str(cfg.target), out_dir=out_dir / "bench",
+                          device=cfg.device, reference=lambda d: methods.build("vanilla", d))
+    report = abl.ablation_report(variants, bench, labels)
+    abl.write(report, out_dir)
+    print((out_dir / "ablations.md").read_text())
+    return out_dir
+
+
 def decode(cfg: DictConfig):
     set_threads(cfg.threads)
     if cfg.mode == "generate":
         return generate(cfg)
     modes = {"benchmark": benchmark, "tree_search": tree_search, "timing": timing, "export": export,
-             "coverage": coverage, "profile": profile}
+             "coverage": coverage, "profile": profile, "ablations": ablations}
     if cfg.mode in modes:
         out_dir = modes[cfg.mode](cfg)
         print(out_dir.resolve())

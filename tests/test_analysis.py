@@ -35,7 +35,7 @@ def test_oracle_drafter_has_zero_error_and_full_agreement():
     head = torch.nn.Linear(16, 11)
     truth = feats[:, 1:]  # what the drafter should predict at every input position
 
-    prof = depth_profile(lambda f, x: truth, head, [batch(feats)], depth=5, ks=(1, 3))
+    prof = depth_profile(lambda f, x, p: truth, head, [batch(feats)], depth=5, ks=(1, 3))
     assert prof.l1 == [0.0] * 5
     assert prof.cosine == pytest.approx([1.0] * 5)
     assert prof.agreement == {1: [1.0] * 5, 3: [1.0] * 5}
@@ -50,7 +50,7 @@ def test_error_piles_up_along_a_draft_by_the_lag():
     t, h = 10, 4
     feats = (torch.arange(t, dtype=torch.float32) + 1)[None, :, None].expand(1, t, h).contiguous()
     head = torch.nn.Linear(h, 5)
-    prof = depth_profile(lambda f, x: f, head, [batch(feats)], depth=4, ks=(1,))
+    prof = depth_profile(lambda f, x, p: f, head, [batch(feats)], depth=4, ks=(1,))
     assert prof.l1 == pytest.approx([1.0, 2.0, 3.0, 4.0])
     assert prof.cosine == pytest.approx([1.0] * 4)
     assert prof.feature_scale == pytest.approx(sum(range(2, t)) / (t - 2))  # targets f_2..f_{t-1}, weighted
@@ -60,7 +60,7 @@ def test_opposite_features_never_agree_top1_but_always_top_v():
     torch.manual_seed(1)
     feats = torch.randn(3, 6, 8)
     head = torch.nn.Linear(8, 5, bias=False)
-    prof = depth_profile(lambda f, x: -feats[:, 1:], head, [batch(feats)], depth=1, ks=(1, 5))
+    prof = depth_profile(lambda f, x, p: -feats[:, 1:], head, [batch(feats)], depth=1, ks=(1, 5))
     assert prof.agreement[1] == [0.0]  # argmax(W(-f)) = argmin(Wf) != argmax(Wf)
     assert prof.agreement[5] == [1.0]
     assert prof.cosine == pytest.approx([-1.0])
@@ -73,12 +73,12 @@ def test_loss_mask_selects_positions_and_empty_mask_is_refused():
     feats = torch.randn(1, 6, 4)
     mask = torch.tensor([[0, 0, 0, 1, 1, 0]])
     head = torch.nn.Linear(4, 3)
-    prof = depth_profile(lambda f, x: f, head, [batch(feats, mask)], depth=1)
+    prof = depth_profile(lambda f, x, p: f, head, [batch(feats, mask)], depth=1)
     # weight at input position j is m_{j+2}: positions 1 and 2 count
     want = ((feats[0, 1:3] - feats[0, 2:4]).abs().mean(-1)).mean()
     assert prof.counts == [2] and prof.l1[0] == pytest.approx(float(want))
     with pytest.raises(ValueError, match="no trained positions"):
-        depth_profile(lambda f, x: f, head, [batch(feats, torch.zeros_like(mask))], depth=1)
+        depth_profile(lambda f, x, p: f, head, [batch(feats, torch.zeros_like(mask))], depth=1)
 
 
 def test_drafter_profile_runs_a_real_drafter():

@@ -90,6 +90,31 @@ def test_forward_matches_hand_computation(family, overrides):
     torch.testing.assert_close(d.logits(ours), target.lm_head(ours))
 
 
+@pytest.mark.parametrize("inputs", ["shifted", "unshifted", "feature", "token"])
+def test_fc_reads_the_configured_inputs(inputs):
+    """EAGLE-1's ablation inputs: the fc reads [f_{t-1}; E(x_t)], [f_{t-1}; E(x_{t-1})], f_{t-1}
+    or E(x_t), and an unshifted drafter refuses to run without x_{t-1}."""
+    target = make_tiny_model("llama")
+    d = EagleDrafter.random(target, seed=1, inputs=inputs)
+    g = torch.Generator().manual_seed(0)
+    f = torch.randn(2, 5, d.config.hidden_size, generator=g)
+    x = torch.randint(0, d.config.vocab_size, (2, 5), generator=g)
+    p = torch.randint(0, d.config.vocab_size, (2, 5), generator=g)
+    seen = []
+    d.fc.register_forward_hook(lambda m, args, out: seen.append(args[0]))
+    d(f, x, prev_ids=p)
+    emb = d.embed_tokens.weight
+    want = {"shifted": torch.cat([f, emb[x]], -1), "unshifted": torch.cat([f, emb[p]], -1),
+            "feature": f, "token": emb[x]}[inputs]
+    assert torch.equal(seen[0], want)
+    assert d.needs_prev_ids == (inputs == "unshifted")
+    if inputs == "unshifted":
+        with pytest.raises(ValueError, match="prev_ids"):
+            d(f, x)
+    with pytest.raises(ValueError, match="inputs must be one of"):
+        EagleDrafter.random(target, inputs="shifted_token")
+
+
 def test_target_modules_are_frozen_and_never_saved():
     target = make_tiny_model("llama", tie_word_embeddings=False)
     d = EagleDrafter.random(target)
@@ -195,15 +220,19 @@ def test_pass_shape_fits_every_pass_of_a_round():
     assert pass_shape(tree("chain5")) == (6, 6)  # the catch-up sees up to 6 entries; 4 nodes expanded
 
 
-@pytest.mark.parametrize("cache", ["dynamic", "static", "padded"])
-def test_tree_drafting_equals_sequential_evaluation_with_parent_features(cache):
+@pytest.mark.parametrize("cache,inputs", [("dynamic", "shifted"), ("static", "shifted"), ("padded", "shifted"),
+                                          ("dynamic", "unshifted"), ("padded", "unshifted"),
+                                          ("dynamic", "feature"), ("static", "token")])
+def test_tree_drafting_equals_sequential_evaluation_with_parent_features(cache, inputs):
     """Every drafted node's f_hat equals a plain causal drafter run over the committed
     tokens (with the target's true features) and then the node's path (each node fed its
     parent's f_hat); children are the top-k of their parent. Checked in every round, so
     catch-up after partial acceptance and branch-KV removal are covered too, and so is the
-    decode-time pairing [f_{t-1}; E(x_t)]: shifting it by one token fails here (no tau needed)."""
+    decode-time pairing [f_{t-1}; E(x_t)]: shifting it by one token fails here (no tau needed).
+    The ablation's other inputs draft by the same rule (an unshifted drafter reads each
+    position's previous token: the token before a catch-up token, a node's parent's)."""
     target = make_tiny_model("llama")
-    d = EagleDrafter.random(target, seed=4)
+    d = EagleDrafter.random(target, seed=4, inputs=inputs)
     tpl = tree("eagle_default")
     model = draft_model(cache, d, tpl)
     proposer = TemplateProposer(model, tpl, name="eagle")
@@ -215,8 +244,8 @@ def test_tree_drafting_equals_sequential_evaluation_with_parent_features(cache):
         calls["catch_up"].append(out)
         return out
 
-    def spy_step(tokens, parent_hidden, position_ids, visible):
-        out = step(tokens, parent_hidden, position_ids, visible)
+    def spy_step(tokens, parent_hidden, position_ids, visible, **kw):
+        out = step(tokens, parent_hidden, position_ids, visible, **kw)
         calls["step"].append((parent_hidden, out))
         return out
 
@@ -229,7 +258,7 @@ def test_tree_drafting_equals_sequential_evaluation_with_parent_features(cache):
         committed = torch.tensor([state.tokens])
         features = target_forward(target, committed[:, :-1]).features  # (1, L, H): f_0..f_{L-1}
         root_logits, root_hidden = calls["catch_up"][0]
-        ref = d(features, committed[:, 1:])[0, -1]
+        ref = d(features, committed[:, 1:], prev_ids=committed[:, :-1])[0, -1]
         torch.testing.assert_close(root_hidden, ref, atol=1e-4, rtol=1e-4)
         hidden, logits = {0: root_hidden}, {0: root_logits}
         depth_calls = [nodes for nodes in proposer.expanded_by_depth[1:] if nodes]
@@ -243,8 +272,8 @@ def test_tree_drafting_equals_sequential_evaluation_with_parent_features(cache):
                     path.insert(0, u)
                     u = tpl.parents[u]
                 feats = torch.cat([features, torch.stack([hidden[tpl.parents[u]] for u in path])[None]], 1)
-                ids = torch.cat([committed[:, 1:], drafted.tokens[[u - 1 for u in path]][None]], 1)
-                ref = d(feats, ids)[0, -1]
+                seq = torch.cat([committed, drafted.tokens[[u - 1 for u in path]][None]], 1)
+                ref = d(feats, seq[:, 1:], prev_ids=seq[:, :-1])[0, -1]
                 torch.testing.assert_close(out_hidden[j], ref, atol=1e-4, rtol=1e-4)
         for v, kids in enumerate(tpl.children):
             if kids:
@@ -284,8 +313,8 @@ def test_sampled_children_record_the_proposals_they_were_drawn_from(cache):
         logits[0] = out[0]
         return out
 
-    def spy_step(tokens, parent_hidden, position_ids, visible):
-        out = step(tokens, parent_hidden, position_ids, visible)
+    def spy_step(tokens, parent_hidden, position_ids, visible, **kw):
+        out = step(tokens, parent_hidden, position_ids, visible, **kw)
         depth = int(position_ids[0]) - root_pos[0]
         for j, v in enumerate(proposer.expanded_by_depth[depth]):
             logits[v] = out[0][j]

@@ -60,14 +60,14 @@ def test_unroll_feeds_shifted_predictions():
     b, t, h = 2, 6, 3
     feats = torch.arange(b * t * h, dtype=torch.float32).reshape(b, t, h)
     ids = torch.zeros(b, t, dtype=torch.long)
-    outs = metrics.unroll(lambda f, x: f.clone(), feats, ids, depth=4)
+    outs = metrics.unroll(lambda f, x, p: f.clone(), feats, ids, ids, depth=4)
     assert len(outs) == 4
     for d, out in enumerate(outs, start=1):
         # depth d at position t = input at t shifted d-1 times = feats[t - (d-1)], floored at 0
         idx = [max(0, j - (d - 1)) for j in range(t)]
         torch.testing.assert_close(out, feats[:, idx])
     with pytest.raises(ValueError):
-        metrics.unroll(lambda f, x: f, feats, ids, depth=0)
+        metrics.unroll(lambda f, x, p: f, feats, ids, ids, depth=0)
 
 
 def test_depth_mask():
@@ -90,10 +90,10 @@ def test_agreement_by_depth_oracle_and_copier():
     ids = torch.zeros(b, t, dtype=torch.long)
     mask = torch.ones(b, t)
 
-    def oracle(f, x):
+    def oracle(f, x, p=None):
         return target.clone()
 
-    res = metrics.agreement_by_depth(oracle, head, features_in, ids, target_logits, mask, depth=5, ks=(1, 2))
+    res = metrics.agreement_by_depth(oracle, head, features_in, ids, ids, target_logits, mask, depth=5, ks=(1, 2))
     assert set(res) == {(d, k) for d in range(1, 6) for k in (1, 2)}
     for d in range(1, 6):
         hits, count = res[(d, 1)]
@@ -101,10 +101,10 @@ def test_agreement_by_depth_oracle_and_copier():
         assert hits.item() == count.item()
     assert metrics.feature_loss(oracle(None, None), target, mask).item() == 0.0
 
-    def copier(f, x):
+    def copier(f, x, p=None):
         return f.clone()
 
-    res = metrics.agreement_by_depth(copier, head, features_in, ids, target_logits, mask, depth=3)
+    res = metrics.agreement_by_depth(copier, head, features_in, ids, ids, target_logits, mask, depth=3)
     for d in range(1, 4):
         hits, count = res[(d, 1)]
         assert hits.item() == 0 and count.item() == t - (d - 1)

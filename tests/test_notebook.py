@@ -27,9 +27,10 @@ def tiny_run(tmp_path_factory) -> Path:
         f"target_path={target}", f"out_dir={runs / 'data/features/target_tiny-python_stdlib'}",
         "target_dtype=float32", "device=cpu", "max_len=32", "shard_size=8", "batch_size=4", "progress=false",
         "source.max_files=24", "source.val_fraction=0.25", "source.max_samples=16", "source.max_val_samples=4"]))
-    for task, noise in (("drafter_tiny", 0.1), ("drafter_ablation_noise0.1", 0.1), ("drafter_ablation_noise0.0", 0.0)):
+    for task, inputs, noise in (("drafter_tiny", "shifted", 0.1), ("ablations/eagle1", "shifted", 0.1),
+                                ("ablations/no_noise", "shifted", 0.0), ("ablations/token_only", "token", 0.1)):
         train(compose_train([
-            "experiment=drafter_test", f"paths.runs_dir={runs}", f"task_name={task}",
+            "experiment=drafter_test", f"paths.runs_dir={runs}", f"task_name={task}", f"model.inputs={inputs}",
             f"model.target_path={target}", f"model.noise={noise}", "logger=csv", "trainer.max_steps=2",
             f"data.datamodule.features_dir={runs / 'data/features/target_tiny-python_stdlib'}"]))
     prompts = runs / "prompts.jsonl"
@@ -40,6 +41,9 @@ def tiny_run(tmp_path_factory) -> Path:
         f"target={target}", f"eagle.drafter={runs / 'drafter_tiny/drafter'}", f"paths.runs_dir={runs}",
         "max_new_tokens=12", "mode=benchmark", f"benchmark.eval_sets=[{prompts}]",
         "benchmark.methods=[vanilla,eagle]", f"benchmark.out_dir={runs / 'bench/run1'}"]))
+    decode(compose_config("decode", [
+        f"target={target}", f"paths.runs_dir={runs}", "max_new_tokens=12", "mode=ablations",
+        f"ablations.eval_sets=[{prompts}]", "ablations.num_prompts=2"]))
     return runs
 
 
@@ -55,10 +59,10 @@ def test_feature_error_notebook_runs_end_to_end(tiny_run, tmp_path, monkeypatch)
 
     nb = nbformat.read(out, as_version=4)
     text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
-    assert text.count("Conclusion") == 6  # sections 1, 2, 4, 5 and section 3 for T=0 and T=1
+    assert text.count("Conclusion") == 7  # sections 1, 2, 4, 5, 6 and section 3 for T=0 and T=1
     assert "nan" not in text.lower()
     for png in ("feature_error_by_depth.png", "agreement_by_depth.png", "acceptance_by_tree_position.png",
-                "train_vs_validation.png", "noise_ablation.png"):
+                "train_vs_validation.png", "noise_ablation.png", "ablations.png"):
         assert (figures / png).stat().st_size > 5000, png
 
 
@@ -71,16 +75,38 @@ def test_notebook_is_stored_without_outputs():
     assert "parameters" in nb.cells[1].metadata.get("tags", [])
 
 
-def test_ablation_preset_differs_from_drafter_tiny_only_in_length_and_noise():
+ABLATION_FACTORS = {"eagle1": ("shifted", 0.1, "target_tiny-python_stdlib"),
+                    "unshifted": ("unshifted", 0.1, "target_tiny-python_stdlib"),
+                    "feature_only": ("feature", 0.1, "target_tiny-python_stdlib"),
+                    "token_only": ("token", 0.1, "target_tiny-python_stdlib"),
+                    "no_noise": ("shifted", 0.0, "target_tiny-python_stdlib"),
+                    "self_distilled": ("shifted", 0.1, "target_tiny-distilled-t1")}
+
+
+@pytest.mark.parametrize("name", list(ABLATION_FACTORS))
+def test_each_ablation_differs_from_eagle1_in_one_factor_only(name):
+    """Every option of configs/ablation/ is drafter_tiny's recipe, shortened alike, with exactly
+    the factor it names changed (same seed, steps and everything else), in runs/ablations/<name>."""
     from omegaconf import OmegaConf
 
     def cfg(*overrides):
-        return OmegaConf.to_container(compose_train([*overrides, "paths.root_dir=/nowhere"]), resolve=True)
+        c = OmegaConf.to_container(compose_train([*overrides, "paths.root_dir=/nowhere"]), resolve=True)
+        for key in ("task_name", "ablation", "paths"):
+            c.pop(key, None)
+        return c
 
     tiny = cfg("experiment=drafter_tiny")
-    for noise in (0.1, 0.0):
-        abl = cfg("experiment=drafter_ablation", f"model.noise={noise}")
-        assert abl["task_name"] == f"drafter_ablation_noise{noise}"
-        assert abl["model"] == {**tiny["model"], "noise": noise}
-        assert abl["data"] == tiny["data"] and abl["seed"] == tiny["seed"]
-        assert abl["trainer"]["max_steps"] == 250 < tiny["trainer"]["max_steps"]
+    run = compose_train(["experiment=eagle_ablation", f"ablation={name}", "paths.root_dir=/nowhere"])
+    assert run.paths.run_dir == f"/nowhere/runs/ablations/{name}" and run.ablation.name == name
+    got = cfg("experiment=eagle_ablation", f"ablation={name}")
+    inputs, noise, data = ABLATION_FACTORS[name]
+    assert (got["model"]["inputs"], got["model"]["noise"], got["data"]["name"]) == (inputs, noise, data)
+    assert got["trainer"]["max_steps"] == 250 < tiny["trainer"]["max_steps"]
+    for key in ("inputs", "noise"):
+        got["model"].pop(key), tiny["model"].pop(key)
+    assert got["model"] == tiny["model"] and got["seed"] == tiny["seed"]
+    if name != "self_distilled":
+        assert got["data"] == tiny["data"]
+    for key in ("max_steps", "val_check_interval", "default_root_dir"):  # the run folder differs by design
+        got["trainer"].pop(key), tiny["trainer"].pop(key)
+    assert got["trainer"] == tiny["trainer"]

@@ -32,7 +32,7 @@ from eagle.data.batches import collate, shift_batch
 from eagle.training import metrics
 from eagle.tree import Tree
 
-Step = Callable[[Tensor, Tensor], Tensor]  # (features (B, T, H), input_ids (B, T)) -> f_hat (B, T, H)
+Step = Callable[[Tensor, Tensor, Tensor], Tensor]  # (features, input_ids, prev_ids) -> f_hat (B, T, H)
 
 
 @dataclass
@@ -91,8 +91,9 @@ def depth_profile(step: Step, head: Callable[[Tensor], Tensor], batches: Iterabl
     """Feature error and top-k agreement of a drafter fed its own features, by depth.
 
     Args:
-        step: the drafter as `step(features_in, input_ids) -> f_hat` with causal attention
-            (`lambda f, x: drafter(f, x)`); input position t holds (f_{t-1}, x_t).
+        step: the drafter as `step(features_in, input_ids, prev_ids) -> f_hat` with causal
+            attention (`lambda f, x, p: drafter(f, x, prev_ids=p)`); input position t holds
+            (f_{t-1}, x_t, x_{t-1}).
         head: the target's LM head, features (..., H) -> logits (..., V).
         batches: dicts with `input_ids` (B, T), `features` (B, T, H) and `loss_mask` (B, T),
             as `eagle.data.batches.collate` builds them from a feature dump.
@@ -107,7 +108,7 @@ def depth_profile(step: Step, head: Callable[[Tensor], Tensor], batches: Iterabl
         w = v["weight"]  # (B, T-1)
         sums.scale += float((target.abs().mean(-1) * w).sum())
         sums.scale_count += float(w.sum())
-        for i, f_hat in enumerate(metrics.unroll(step, v["features_in"], v["input_ids"], depth)):
+        for i, f_hat in enumerate(metrics.unroll(step, v["features_in"], v["input_ids"], v["prev_ids"], depth)):
             f_hat = f_hat.float()
             m = metrics.depth_mask(w, i + 1)  # (B, T-1)
             l1 = (f_hat - target).abs().mean(-1)  # (B, T-1)
@@ -142,7 +143,7 @@ def drafter_profile(drafter, samples: Sequence[Mapping[str, Tensor]], depth: int
                     max_samples: int | None = None, batch_size: int = 8) -> DepthProfile:
     """`depth_profile` of an `eagle.models.drafter.EagleDrafter` on a feature split (float32)."""
     drafter = drafter.float().eval()
-    return depth_profile(lambda f, x: drafter(f, x), drafter.logits,
+    return depth_profile(lambda f, x, p: drafter(f, x, prev_ids=p), drafter.logits,
                          feature_batches(samples, max_samples, batch_size), depth, ks)
 
 

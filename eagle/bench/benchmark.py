@@ -79,6 +79,8 @@ class MethodResult:
     reference: str | None = None  # vanilla decoding in the method's own dtype (and runner when in the run)
     identical_to_reference: float | None = None
     identical_to_fp32: float | None = None  # against float32 vanilla: what the model itself says
+    # per prompt, in prompt order: tokens, committed, forwards, seconds (error bars by resampling prompts)
+    per_prompt: dict[str, list[float]] = field(default_factory=dict)
 
 
 def encode_prompt(tokenizer, prompt: Prompt) -> list[int]:
@@ -139,6 +141,8 @@ def summarise(method: Method, dtype: str, results: list[DecodeResult]) -> Method
         acceptance_by_depth=[sum(hist[d:]) / max(len(accepted), 1) for d in range(1, depth + 1)],
         tree_parents=list(method.tree_parents) if method.tree_parents else None,
         acceptance_by_node=acceptance_by_node(method.tree_parents, results) if method.tree_parents else None,
+        per_prompt={"tokens": [len(res.tokens) for res in results], "committed": [s.committed for s in stats],
+                    "forwards": [s.forwards for s in stats], "seconds": [s.total_s for s in stats]},
     )
 
 

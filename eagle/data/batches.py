@@ -34,11 +34,12 @@ def shift_batch(input_ids: Tensor, features: Tensor, loss_mask: Tensor) -> dict[
     Args:
         input_ids: (B, T) x_0..x_{T-1}; features: (B, T, H) f_0..f_{T-1}; loss_mask: (B, T).
     Returns:
-        `features_in` (B, T-1, H) f_{t-1}, `input_ids` (B, T-1) x_t, `target` (B, T-1, H) f_t,
-        `weight` (B, T-1) = m_{t+1} (0 at the last position).
+        `features_in` (B, T-1, H) f_{t-1}, `input_ids` (B, T-1) x_t, `prev_ids` (B, T-1) x_{t-1}
+        (what an unshifted-input drafter reads), `target` (B, T-1, H) f_t, `weight` (B, T-1) =
+        m_{t+1} (0 at the last position).
     """
     weight = F.pad(loss_mask[:, 2:], (0, 1)).float()  # (B, T-1)
-    return {"features_in": features[:, :-1], "input_ids": input_ids[:, 1:],
+    return {"features_in": features[:, :-1], "input_ids": input_ids[:, 1:], "prev_ids": input_ids[:, :-1],
             "target": features[:, 1:], "weight": weight}
 
 

@@ -14,6 +14,16 @@ built from a one-layer `LlamaConfig`, with `input_layernorm` swapped for `nn.Ide
 forked modeling code. Our `fc` columns are `[feature; embedding]`; EAGLE's code, vLLM and
 SGLang concatenate `[embedding; feature]`, which `eagle.models.export` permutes.
 
+`DrafterConfig.inputs` selects what the fc reads, for EAGLE-1's ablation of the drafter's
+inputs (on Vicuna-7B: feature & shifted token 2.8x, feature 1.9x, token 1.5x):
+
+    shifted     [f_{t-1}; E(x_t)]       EAGLE-1: the token sampled from f_{t-1} resolves which
+                                        branch the next feature belongs to
+    unshifted   [f_{t-1}; E(x_{t-1})]   the same token stream one step late: the feature no
+                                        longer knows which of its parent's draws it follows
+    feature     f_{t-1}                 feature-level autoregression without any token
+    token       E(x_t)                  a one-layer draft model on the target's embeddings
+
 `E` and `lm_head` are the target's own modules, frozen, kept in a plain tuple attribute so
 that they are never registered as submodules: they are not in `state_dict()`, not in
 `parameters()` (so no optimizer ever sees them) and not moved by `drafter.to()`. They stay
@@ -31,6 +41,9 @@ from torch import Tensor, nn
 
 from eagle.decoding.masks import causal_mask
 from eagle.target import LogitTransform, TargetIdentity, check_shape, embeddings, lm_head
+
+# what the drafter's fc reads at position t (the module docstring): name -> (feature f_{t-1}, token)
+INPUTS = {"shifted": (True, "x_t"), "unshifted": (True, "x_{t-1}"), "feature": (True, None), "token": (False, "x_t")}
 
 
 @dataclass
@@ -55,8 +68,11 @@ class DrafterConfig:
     target: dict = field(default_factory=dict)  # eagle.target.TargetIdentity(...).to_dict()
     rope_parameters: dict | None = None
     fc_bias: bool = True  # EAGLE-1's fc has a bias; vLLM's loader and EAGLE's Llama-3 drafters have none
+    inputs: str = "shifted"  # what the fc reads (INPUTS); only EAGLE-1's "shifted" is served by the engines
 
     def __post_init__(self) -> None:
+        if self.inputs not in INPUTS:
+            raise ValueError(f"drafter config: inputs must be one of {INPUTS}, got {self.inputs!r}")
         for name in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
                      "head_dim", "vocab_size", "max_position_embeddings"):
             value = getattr(self, name)
@@ -174,7 +190,9 @@ class EagleDrafter(nn.Module):
         self.config = config
         self.llama_config = config.llama_config()
         h = config.hidden_size
-        self.fc = nn.Linear(2 * h, h, bias=config.fc_bias)  # over [f_{t-1}; E(x_t)]
+        self.uses_feature, self.token = INPUTS[config.inputs]
+        width = h * (int(self.uses_feature) + int(self.token is not None))
+        self.fc = nn.Linear(width, h, bias=config.fc_bias)  # over [f_{t-1}; E(x_t)] (EAGLE-1's inputs)
         layer = LlamaDecoderLayer(self.llama_config, layer_idx=0)
         layer.input_layernorm = nn.Identity()  # EAGLE drops the pre-attention norm
         self.layers = nn.ModuleList([layer])  # state_dict keys `layers.0.*`, as in EAGLE's files
@@ -220,12 +238,18 @@ class EagleDrafter(nn.Module):
 
         return DynamicCache(config=self.llama_config)
 
+    @property
+    def needs_prev_ids(self) -> bool:
+        """Whether `forward` reads x_{t-1} (`inputs="unshifted"`)."""
+        return self.token == "x_{t-1}"
+
     def forward(self, features: Tensor, input_ids: Tensor, position_ids: Tensor | None = None,
-                attention_mask: Tensor | None = None, cache=None) -> Tensor:
+                attention_mask: Tensor | None = None, cache=None, prev_ids: Tensor | None = None) -> Tensor:
         """Predict the next features.
 
         Args:
-            features: (B, T, H) the target's features f_{t-1} (or predicted ones while drafting).
+            features: (B, T, H) the target's features f_{t-1} (or predicted ones while drafting);
+                ignored by a token-only drafter.
             input_ids: (B, T) tokens x_t.
             position_ids: (B|1, T); default arange(T) after the cache's length.
             attention_mask: None for causal attention (over the cache too), or an additive float
@@ -233,6 +257,8 @@ class EagleDrafter(nn.Module):
             cache: a transformers `DynamicCache` (see `new_cache`) or an
                 `eagle.decoding.static_cache.StaticKVCache` (then with explicit positions and
                 mask) that receives this call's KV, or None.
+            prev_ids: (B, T) tokens x_{t-1}, the token before each of `input_ids` (read only by
+                an `inputs="unshifted"` drafter, which needs them).
         Returns:
             (B, T, H) predicted features f_hat_t.
         """
@@ -247,9 +273,15 @@ class EagleDrafter(nn.Module):
         # read only when needed: under torch.compile the read would tie the graph to one length
         past = 0 if cache is None or (position_ids is not None and attention_mask is not None) else int(
             cache.get_seq_length())
-        emb = self.embed_tokens(input_ids.to(self.embed_tokens.weight.device))  # (B, T, H)
-        x = torch.cat([features.to(device, dtype), emb.to(device, dtype)], dim=-1)  # (B, T, 2H)
-        h = self.fc(x)  # (B, T, H)
+        parts = [features.to(device, dtype)] if self.uses_feature else []  # f_{t-1}
+        if self.token is not None:
+            ids = input_ids
+            if self.needs_prev_ids:
+                if prev_ids is None or prev_ids.shape != input_ids.shape:
+                    raise ValueError("an inputs='unshifted' drafter needs prev_ids (B, T), the token before each input")
+                ids = prev_ids
+            parts.append(self.embed_tokens(ids.to(self.embed_tokens.weight.device)).to(device, dtype))  # (B, T, H)
+        h = self.fc(torch.cat(parts, dim=-1) if len(parts) > 1 else parts[0])  # (B, T, 2H | H) -> (B, T, H)
         if position_ids is None:
             position_ids = torch.arange(past, past + t, device=device)[None]  # (1, T)
         position_ids = position_ids.to(device)
@@ -271,11 +303,15 @@ class EagleDrafter(nn.Module):
         return self.logit_transform(self.lm_head(hidden.to(w.device, w.dtype)))
 
     @classmethod
-    def random(cls, model: nn.Module, tokenizer=None, path: str | None = None, seed: int = 0) -> EagleDrafter:
+    def random(cls, model: nn.Module, tokenizer=None, path: str | None = None, seed: int = 0,
+               **overrides: Any) -> EagleDrafter:
         """An untrained drafter for `model` (PyTorch's default init under `seed`), on the
-        target's device and dtype. For checking losslessness on a new target before any
-        training; never used as a silent fallback for a missing checkpoint."""
+        target's device and dtype; `overrides` are `DrafterConfig` fields (e.g. `inputs`). For
+        checking losslessness on a new target before any training; never used as a silent
+        fallback for a missing checkpoint."""
         config = DrafterConfig.from_target(model, tokenizer, path)
+        if overrides:
+            config = DrafterConfig.from_dict({**config.to_dict(), **overrides})
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             drafter = cls.on_target(config, model)

@@ -119,6 +119,9 @@ def export_drafter(drafter: EagleDrafter, out_dir: str | os.PathLike, fmt: str =
     if fmt not in FORMATS:
         hint = " (vLLM's speculators format has no EAGLE-1 variant)" if fmt == "speculators" else ""
         raise ExportError(f"unknown export format {fmt!r}{hint}; choose one of {FORMATS}")
+    if drafter.config.inputs != "shifted":
+        raise ExportError(f"this drafter reads inputs={drafter.config.inputs!r} (an ablation); the engines build "
+                          "EAGLE-1's fc over [E(x_t); f_{t-1}] only")
     state = module_weights(drafter)
     state["fc.weight"] = _swap_halves(state["fc.weight"])  # ours [f; E] -> the engines' [E; f]
     has_bias = "fc.bias" in state

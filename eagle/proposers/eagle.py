@@ -12,6 +12,10 @@ tree depth, where each node is fed its PARENT's predicted feature f_hat. The bra
 those passes is dropped after verification (`end_round`). With EAGLE-1's default tree that
 is 5 drafter passes per round: catch-up + depths 1-4 (depth-5 nodes are leaves).
 
+A drafter of other inputs (`DrafterConfig.inputs`, for EAGLE-1's ablation) drafts the same
+way: an unshifted one reads each entry's previous token instead of its own (the token before
+a catch-up token, a node's parent's token), a token-only one ignores the features.
+
 The cache is an `eagle.decoding.draft_cache.DraftCache`: a growing one, or a static one in
 which every pass can be padded to one fixed shape (`pass_shape`) and compiled.
 """
@@ -48,6 +52,7 @@ class EagleDraftModel:
         if (compile_mode is not None or pass_shape is not None) and not (cache.fixed_shape and pass_shape):
             raise ValueError("compiling the drafter needs a static cache and a pass_shape")
         self.drafter, self.cache, self.pass_shape = drafter, cache, pass_shape
+        self.needs_parent_tokens = drafter.needs_prev_ids  # TemplateProposer passes them to `step`
         self._scores_fixed = compile_static(self._scores, compile_mode)
 
     @property
@@ -75,16 +80,17 @@ class EagleDraftModel:
                 f"EAGLE drafter cache out of step: it holds {have} entries, but {k} new features for "
                 f"{len(state.tokens)} tokens need {start - 1} (was reset() called for this sequence?)")
         device = self.drafter.device
-        ids = torch.tensor([state.tokens[start:]], device=device)  # (1, k)
+        ids = torch.tensor([state.tokens[start - 1:]], device=device)  # (1, k + 1) x_{start-1}..
         pos = torch.arange(start, len(state.tokens), device=device)  # (k,)
         causal = torch.ones(k, k, dtype=torch.bool, device=device).tril()
-        hidden = self._pass(features, ids, have, causal, pos, write_at=have)
+        hidden = self._pass(features, ids[:, 1:], have, causal, pos, write_at=have, prev_ids=ids[:, :-1])
         self.cache.keep(have + k)
         return self.drafter.logits(hidden[-1]), hidden[-1]  # the LM head on the root's row only
 
     def step(self, tokens: Tensor, parent_hidden: Tensor | None, position_ids: Tensor,
-             visible: Tensor) -> tuple[Tensor, Tensor]:
-        """Score n tree nodes (n,), each fed its parent's predicted feature (n, H).
+             visible: Tensor, parent_tokens: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Score n tree nodes (n,), each fed its parent's predicted feature (n, H) (and, for an
+        unshifted-input drafter, its parent's token (n,)).
 
         Returns:
             logits (n, V) and predicted features (n, H); the nodes' KV stays in the cache
@@ -95,11 +101,11 @@ class EagleDraftModel:
         committed, (n, s) = self.cache.length, visible.shape
         # earlier steps' nodes sit in the s - n entries after the committed ones
         hidden = self._pass(parent_hidden[None], tokens[None], committed, visible, position_ids,
-                            write_at=committed + s - n)
+                            write_at=committed + s - n, prev_ids=None if parent_tokens is None else parent_tokens[None])
         return self.drafter.logits(hidden), hidden
 
     def _pass(self, features: Tensor, ids: Tensor, start: int, visible: Tensor, positions: Tensor,
-              write_at: int) -> Tensor:
+              write_at: int, prev_ids: Tensor | None = None) -> Tensor:
         """One drafter pass (see `_scores`), padded to `pass_shape` when there is one and the pass
         fits in it (padding rows see nothing of the branch and write past this pass's entries,
         where later passes overwrite them). Returns f_hat (n, H); the callers apply the LM head
@@ -108,26 +114,29 @@ class EagleDraftModel:
         rows, window = self.pass_shape or (0, 0)
         if n > rows or s > window:  # no fixed shape, or a long prompt's catch-up
             self.cache.reserve(write_at + n)
-            return self._scores(features, ids, start, visible, positions, write_at)
+            return self._scores(features, ids, start, visible, positions, write_at, prev_ids)
         self.cache.reserve(max(write_at + rows, start + window))
         pad = rows - n
         features = torch.cat([features, features.new_zeros(1, pad, features.shape[-1])], 1)  # (1, rows, H)
         ids = torch.cat([ids, ids[:, :1].expand(1, pad)], 1)  # (1, rows)
+        if prev_ids is not None:
+            prev_ids = torch.cat([prev_ids, prev_ids[:, :1].expand(1, pad)], 1)  # (1, rows)
         positions = torch.cat([positions, positions[:1].expand(pad)])  # (rows,)
         padded = torch.zeros(rows, window, dtype=torch.bool, device=device)
         padded[:n, :s] = visible
         # 0-d tensors: one compiled graph serves every committed length
         hidden = self._scores_fixed(features, ids, torch.tensor(start, device=device), padded, positions,
-                                    torch.tensor(write_at, device=device))
+                                    torch.tensor(write_at, device=device), prev_ids)
         return hidden[:n]
 
     def _scores(self, features: Tensor, ids: Tensor, start: int | Tensor, visible: Tensor, positions: Tensor,
-                write_at: int | Tensor) -> Tensor:
+                write_at: int | Tensor, prev_ids: Tensor | None = None) -> Tensor:
         """features (1, n, H) and ids (1, n) written at entries write_at..write_at+n-1, at `positions`
         (n,), each seeing the committed entries (before `start`) and what `visible` (n, S) allows of
         the S entries from `start`. Returns f_hat (n, H)."""
         mask = self.cache.prepare(start, visible, write_at, positions)  # (1, 1, n, width)
-        return self.drafter(features, ids, position_ids=positions[None], attention_mask=mask, cache=self.cache.hf)[0]
+        return self.drafter(features, ids, position_ids=positions[None], attention_mask=mask, cache=self.cache.hf,
+                            prev_ids=prev_ids)[0]
 
 
 def pass_shape(template: TreeTemplate) -> tuple[int, int]:

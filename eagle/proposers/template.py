@@ -44,7 +44,10 @@ class TreeDraftModel(Protocol):
 
         `visible` (n, S) bool: which of this round's S branch entries (those of earlier steps,
         then these n nodes, in order after the committed cache) each node sees.
-        Returns: logits (n, V) and hidden outputs (n, H) or None."""
+        Returns: logits (n, V) and hidden outputs (n, H) or None.
+
+        A model with `needs_parent_tokens = True` also gets `parent_tokens` (n,), each node's
+        parent's token (EAGLE's unshifted-input ablation)."""
 
     def end_round(self) -> None:
         """Drop the round's branch KV (verification is done)."""
@@ -72,6 +75,7 @@ class TemplateProposer(Proposer):
         if template.num_nodes == 0:
             raise ValueError(f"tree {template.name!r} has no draft nodes; use vanilla decoding")
         self.model, self.template, self.proposal, self.name = model, template, proposal, name
+        self.pass_parent_tokens = bool(getattr(model, "needs_parent_tokens", False))
         self.max_nodes = template.num_nodes
         tree = template.structure
         self.parents = tree.parents
@@ -102,7 +106,8 @@ class TemplateProposer(Proposer):
             self.levels.append(_Level(
                 width=max(len(template.children[u]) for u in parents), kids=torch.tensor(kids),
                 rows=torch.tensor(rows), ranks=torch.tensor(ranks), nodes=torch.tensor(nodes, dtype=torch.long),
-                parent_rows=torch.tensor([row_of[self.parents[v]] for v in nodes], dtype=torch.long)))
+                parent_rows=torch.tensor([row_of[self.parents[v]] for v in nodes], dtype=torch.long),
+                parent_nodes=torch.tensor([self.parents[v] for v in nodes], dtype=torch.long)))
         self._device = torch.device("cpu")
 
     def reset(self, state: DecodeState) -> None:
@@ -140,7 +145,8 @@ class TemplateProposer(Proposer):
                 break  # nothing expands below this depth
             parent_hidden = None if hidden is None else hidden[level.parent_rows]  # (m, H)
             pos = torch.full((len(level.nodes),), root_pos + depth, dtype=torch.long, device=device)
-            logits, hidden = model.step(tokens[level.nodes], parent_hidden, pos, self.visible_by_depth[depth])
+            extra = {"parent_tokens": tokens[level.parent_nodes]} if self.pass_parent_tokens else {}
+            logits, hidden = model.step(tokens[level.nodes], parent_hidden, pos, self.visible_by_depth[depth], **extra)
         return DraftTree(tokens=tokens[1:], parents=self.parents, q=None if q is None else q[1:])
 
     def _choose(self, logits: Tensor, m: int, state: DecodeState) -> tuple[Tensor, Tensor | None]:
@@ -166,10 +172,11 @@ class _Level:
     ranks: Tensor  # (c,) each child's rank among its siblings
     nodes: Tensor  # (m,) this depth's expanded nodes (fed to the next pass), in row order
     parent_rows: Tensor  # (m,) the row of each expanded node's parent in the level
+    parent_nodes: Tensor  # (m,) each expanded node's parent's node id (0: the root)
 
     def to(self, device: torch.device) -> _Level:
         return _Level(self.width, *(getattr(self, f).to(device) for f in ("kids", "rows", "ranks", "nodes",
-                                                                          "parent_rows")))
+                                                                          "parent_rows", "parent_nodes")))
 
 
 def sample_without_replacement(dist: Tensor, m: int, generator: torch.Generator | None = None

@@ -34,6 +34,8 @@ class EagleDrafterModule(FrozenTargetModule):
         target_dtype: dtype the target is loaded in (its features online, E and lm_head).
         drafter_config: overrides of `DrafterConfig.from_target(target)` (e.g. a narrower MLP).
         fc_bias: give the fc a bias (EAGLE-1's) or not (what vLLM's EAGLE loader can serve).
+        inputs: what the fc reads (`eagle.models.drafter.INPUTS`): EAGLE-1's "shifted"
+            [f_{t-1}; E(x_t)], or an ablation ("unshifted", "feature", "token").
         w_feat / w_tok: loss weights.
         noise: half-width of the uniform noise added to the input features in training.
         smooth_l1_beta: SmoothL1's switch point from quadratic to linear.
@@ -54,6 +56,7 @@ class EagleDrafterModule(FrozenTargetModule):
         target_dtype: str = "float32",
         drafter_config: Mapping[str, Any] | None = None,
         fc_bias: bool = True,
+        inputs: str = "shifted",
         w_feat: float = 1.0,
         w_tok: float = 0.1,
         noise: float = 0.1,
@@ -71,7 +74,8 @@ class EagleDrafterModule(FrozenTargetModule):
         self.save_hyperparameters()
         target, tokenizer = self.target, self.tokenizer
         config = DrafterConfig.from_target(target, tokenizer, str(target_path))
-        config = DrafterConfig.from_dict({**config.to_dict(), "fc_bias": fc_bias, **dict(drafter_config or {})})
+        config = DrafterConfig.from_dict({**config.to_dict(), "fc_bias": fc_bias, "inputs": inputs,
+                                          **dict(drafter_config or {})})
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             self.drafter = EagleDrafter.on_target(config, target)
@@ -91,7 +95,7 @@ class EagleDrafterModule(FrozenTargetModule):
             # U(-a, a) on the drafter's input features: it learns to draft from its own,
             # imperfect features (EAGLE's code scales a by 512/seq_len; we keep it constant)
             features_in = features_in + (torch.rand_like(features_in) * 2 - 1) * self.hparams.noise
-        f_hat = self.drafter(features_in, v["input_ids"])  # (B, T-1, H)
+        f_hat = self.drafter(features_in, v["input_ids"], prev_ids=v["prev_ids"])  # (B, T-1, H)
         with torch.no_grad():
             target_logits = self.head(v["target"])  # (B, T-1, V) p = softmax of this
         draft_logits = self.head(f_hat)  # (B, T-1, V) q = softmax of this
@@ -105,7 +109,7 @@ class EagleDrafterModule(FrozenTargetModule):
             "loss": loss, "feat_loss": feat_loss, "tok_loss": tok_loss,
             "feat_sum": (feat_err * w).sum().detach(), "tok_sum": (tok_err * w).sum().detach(),
             "count": w.sum(), "draft_logits": draft_logits.detach(), "target_logits": target_logits,
-            "features_in": v["features_in"], "input_ids": v["input_ids"], "weight": w,
+            "features_in": v["features_in"], "input_ids": v["input_ids"], "prev_ids": v["prev_ids"], "weight": w,
         }
 
     def training_step(self, batch: Mapping[str, Tensor], batch_idx: int) -> Tensor:
@@ -127,8 +131,8 @@ class EagleDrafterModule(FrozenTargetModule):
         self.val_add("count", out["count"])
         ks = sorted({1, self.hparams.val_topk})
         hits = metrics.agreement_by_depth(
-            lambda f, x: self.drafter(f, x), self.head, out["features_in"], out["input_ids"],
-            out["target_logits"], out["weight"], depth=self.hparams.val_depth, ks=ks)
+            lambda f, x, p: self.drafter(f, x, prev_ids=p), self.head, out["features_in"], out["input_ids"],
+            out["prev_ids"], out["target_logits"], out["weight"], depth=self.hparams.val_depth, ks=ks)
         for (d, k), (h, n) in hits.items():
             self.val_add(f"top{k}_d{d}/hits", h)
             self.val_add(f"top{k}_d{d}/count", n)
@@ -145,7 +149,8 @@ class EagleDrafterModule(FrozenTargetModule):
         n = val["count"]
         feat, tok = val["feat_sum"] / n, val["tok_sum"] / n  # exact token means
         logs = {"val/loss": self.hparams.w_feat * feat + self.hparams.w_tok * tok,
-                "val/feat_loss": feat, "val/tok_loss": tok}
+                "val/feat_loss": feat, "val/tok_loss": tok,
+                "val/tokens_d1": val["top1_d1/count"]}  # positions behind the agreements (their error bars)
         for key in sorted(k for k in val if k.endswith("/hits")):
             name = key[: -len("/hits")]
             logs[f"val/{name}"] = val[key] / max(val[f"{name}/count"], 1.0)

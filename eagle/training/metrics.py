@@ -80,15 +80,16 @@ def agreement(draft_logits: Tensor, target_logits: Tensor, mask: Tensor, k: int 
     return masked_mean(topk_hits(draft_logits, target_logits, k).float(), mask)
 
 
-def unroll(step: Callable[[Tensor, Tensor], Tensor], features: Tensor, input_ids: Tensor,
-           depth: int) -> list[Tensor]:
+def unroll(step: Callable[[Tensor, Tensor, Tensor], Tensor], features: Tensor, input_ids: Tensor,
+           prev_ids: Tensor, depth: int) -> list[Tensor]:
     """The drafter's predictions when fed its own features, depth 1 to `depth`.
 
     Args:
-        step: the drafter, `step(features (B, T, H), input_ids (B, T)) -> f_hat (B, T, H)`
-            with causal attention; input position t holds (f_{t-1}, x_t).
+        step: the drafter, `step(features (B, T, H), input_ids (B, T), prev_ids (B, T)) -> f_hat
+            (B, T, H)` with causal attention; input position t holds (f_{t-1}, x_t, x_{t-1}).
         features: (B, T, H) the true input features f_{t-1}.
         input_ids: (B, T) the tokens x_t (the data's, at every depth).
+        prev_ids: (B, T) the tokens x_{t-1} (the data's; an unshifted-input drafter reads them).
         depth: number of chained steps.
     Returns:
         `depth` tensors (B, T, H); entry d-1 is the depth-d prediction of f_t. At depth d the
@@ -98,10 +99,10 @@ def unroll(step: Callable[[Tensor, Tensor], Tensor], features: Tensor, input_ids
     """
     if depth < 1:
         raise ValueError(f"depth must be >= 1, got {depth}")
-    outs = [step(features, input_ids)]
+    outs = [step(features, input_ids, prev_ids)]
     for _ in range(depth - 1):
         fed = torch.cat([features[:, :1], outs[-1][:, :-1]], dim=1)  # (B, T, H) shifted by one
-        outs.append(step(fed, input_ids))
+        outs.append(step(fed, input_ids, prev_ids))
     return outs
 
 
@@ -113,15 +114,15 @@ def depth_mask(mask: Tensor, depth: int) -> Tensor:
     return out
 
 
-def agreement_by_depth(step: Callable[[Tensor, Tensor], Tensor], head: Callable[[Tensor], Tensor],
-                       features: Tensor, input_ids: Tensor, target_logits: Tensor, mask: Tensor,
+def agreement_by_depth(step: Callable[[Tensor, Tensor, Tensor], Tensor], head: Callable[[Tensor], Tensor],
+                       features: Tensor, input_ids: Tensor, prev_ids: Tensor, target_logits: Tensor, mask: Tensor,
                        depth: int = 5, ks: Sequence[int] = (1,)) -> dict[tuple[int, int], tuple[Tensor, Tensor]]:
     """Hits and counts of top-k agreement at depths 1..depth: {(d, k): (hits, count)}.
 
     `head` maps features to logits (the target's LM head). Sums and counts (not means) so
     that a validation epoch can add them up exactly."""
     out = {}
-    for d, f_hat in enumerate(unroll(step, features, input_ids, depth), start=1):
+    for d, f_hat in enumerate(unroll(step, features, input_ids, prev_ids, depth), start=1):
         logits = head(f_hat)  # (B, T, V)
         m = depth_mask(mask, d)
         for k in ks:

@@ -1,0 +1,204 @@
+"""EAGLE-1's ablations: drafters that differ from EAGLE-1 in one factor, side by side.
+
+`make ablations` trains one drafter per option of `configs/ablation/` (a Hydra multirun of
+`train.py experiment=eagle_ablation`, each into `runs/ablations/<name>/`), then
+`decode.py mode=ablations` benchmarks them against vanilla decoding in one run and writes the
+table this module builds:
+
+    name            inputs                     noise     data
+    eagle1          f_{t-1} + shifted token    U(-.1,.1) corpus features    EAGLE-1 as published
+    unshifted       f_{t-1} + unshifted token  U(-.1,.1) corpus features
+    feature_only    f_{t-1}                    U(-.1,.1) corpus features
+    token_only      E(x_t)                     U(-.1,.1) corpus features    a 1-layer draft model on E
+    no_noise        f_{t-1} + shifted token    none      corpus features
+    self_distilled  f_{t-1} + shifted token    U(-.1,.1) the target's own continuations
+
+Error margins: tau and speedup get 95% bootstrap intervals over prompts (each resample keeps a
+prompt's vanilla and drafter runs together, so the speedup's interval includes the timing noise
+of both); agreement by depth gets a binomial 95% interval over the validation positions, which
+is optimistic (positions of one sequence are correlated) and says only how precisely the number
+was measured, not how much another seed would move it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+# EAGLE-1 (Li et al., 2024), ablation of the drafter's inputs on Vicuna-7B, MT-bench, T=0: speedup
+PAPER_SPEEDUP = {"shifted": 2.8, "feature": 1.9, "token": 1.5}
+ORDER = ("eagle1", "unshifted", "feature_only", "token_only", "no_noise", "self_distilled")
+
+
+@dataclass
+class Variant:
+    """One trained ablation drafter."""
+
+    name: str
+    drafter: Path  # its checkpoint folder
+    inputs: str
+    noise: float
+    data: str  # the feature dump it trained on (data.name)
+    steps: int
+    agreement: list[float] = field(default_factory=list)  # validation top-1 agreement, depth 1..
+    positions: int = 0  # validation positions behind each agreement (depth 1)
+
+
+def find_variants(root: str | Path) -> list[Variant]:
+    """Every finished ablation drafter under `root` (`<root>/<name>/drafter/` with its
+    `train_metrics.json`), EAGLE-1 first, then the order of `ORDER`, then by name."""
+    root = Path(root)
+    variants = []
+    for metrics_path in sorted(root.glob("*/drafter/train_metrics.json")):
+        metrics = json.loads(metrics_path.read_text())
+        config = json.loads((metrics_path.parent / "config.json").read_text())
+        model_cfg = metrics.get("config", {}).get("model", {})
+        depths = sorted(int(k.rsplit("_d", 1)[1]) for k in metrics if k.startswith("val/top1_d"))
+        variants.append(Variant(
+            name=metrics_path.parent.parent.name, drafter=metrics_path.parent,
+            inputs=config.get("inputs", "shifted"), noise=float(model_cfg.get("noise", float("nan"))),
+            data=str(metrics.get("config", {}).get("data", {}).get("name", "?")), steps=int(metrics.get("steps", 0)),
+            agreement=[metrics[f"val/top1_d{d}"] for d in depths], positions=int(metrics.get("val/tokens_d1", 0))))
+    if not variants:
+        raise FileNotFoundError(f"no trained ablation drafters under {root} (make ablations trains them)")
+    rank = {name: i for i, name in enumerate(ORDER)}
+    return sorted(variants, key=lambda v: (rank.get(v.name, len(ORDER)), v.name))
+
+
+def bootstrap_interval(method: Mapping[str, Sequence[float]], vanilla: Mapping[str, Sequence[float]],
+                       resamples: int = 2000, seed: int = 0) -> dict[str, tuple[float, float]]:
+    """95% percentile intervals of tau and speedup, resampling prompts (paired with vanilla's).
+
+    Args:
+        method, vanilla: per-prompt lists `tokens`, `committed`, `forwards`, `seconds`
+            (`MethodResult.per_prompt`), over the same prompts in the same order.
+    """
+    m = {k: torch.tensor(v, dtype=torch.float64) for k, v in method.items()}
+    b = {k: torch.tensor(v, dtype=torch.float64) for k, v in vanilla.items()}
+    n = len(m["tokens"])
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, n, (resamples, n), generator=g)  # (R, n) prompts of each resample
+    tau = m["committed"][idx].sum(1) / m["forwards"][idx].sum(1).clamp_min(1)
+    speed = (m["tokens"][idx].sum(1) / m["seconds"][idx].sum(1)) / (b["tokens"][idx].sum(1) / b["seconds"][idx].sum(1))
+
+    def interval(x: torch.Tensor) -> tuple[float, float]:
+        lo, hi = torch.quantile(x, torch.tensor([0.025, 0.975], dtype=torch.float64)).tolist()
+        return lo, hi
+
+    return {"tau": interval(tau), "speedup": interval(speed)}
+
+
+def binomial_margin(p: float, n: int) -> float:
+    """Half-width of the normal 95% interval of a share p measured on n positions (nan if n = 0)."""
+    return 1.96 * math.sqrt(p * (1 - p) / n) if n else float("nan")
+
+
+def ablation_report(variants: Sequence[Variant], bench: Mapping[str, Any], labels: Mapping[str, str]) -> dict:
+    """The ablation table: per variant, tau and speedup (with intervals) at every temperature of
+    `bench` (a benchmark report whose methods include vanilla and, for each variant, the method
+    named `labels[variant.name]`), and its validation agreement by depth (with margins)."""
+    rows = []
+    for v in variants:
+        row = {"name": v.name, "inputs": v.inputs, "noise": v.noise, "data": v.data, "steps": v.steps,
+               "agreement": v.agreement, "agreement_margin": [binomial_margin(p, v.positions) for p in v.agreement],
+               "positions": v.positions, "runs": []}
+        for run in bench["runs"]:
+            method, vanilla = run["methods"][labels[v.name]], run["methods"]["vanilla"]
+            ci = bootstrap_interval(method["per_prompt"], vanilla["per_prompt"])
+            row["runs"].append({"eval_set": run["eval_set"], "temperature": run["temperature"],
+                                "tau": method["tau"], "tau_ci": ci["tau"], "speedup": method["speedup"],
+                                "speedup_ci": ci["speedup"], "num_prompts": run["num_prompts"]})
+        rows.append(row)
+    return {"variants": rows, "paper_speedup": PAPER_SPEEDUP, "ordering": ordering(rows)}
+
+
+def ordering(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The input ablation's order at T=0 next to the paper's (shifted > feature > token)."""
+    by_inputs = {r["inputs"]: r for r in rows if r["noise"] > 0 and r["name"] != "self_distilled"}
+    out = {}
+    for run_i, run in enumerate(rows[0]["runs"] if rows else []):
+        if run["temperature"] != 0:
+            continue
+        speed = {k: r["runs"][run_i]["speedup"] for k, r in by_inputs.items()}
+        ours = sorted((k for k in PAPER_SPEEDUP if k in speed), key=lambda k: -speed[k])
+        out[run["eval_set"]] = {"ours": ours, "paper": sorted(PAPER_SPEEDUP, key=lambda k: -PAPER_SPEEDUP[k]),
+                                "agrees": ours == sorted(ours, key=lambda k: -PAPER_SPEEDUP[k])}
+    return out
+
+
+def markdown(report: Mapping[str, Any]) -> str:
+    rows = report["variants"]
+    if not rows:
+        return ""
+    runs = rows[0]["runs"]
+    head = "| variant | inputs | noise | data | " + " | ".join(
+        f"tau T={r['temperature']:g} | speedup T={r['temperature']:g}" for r in runs) + " | top-1 agreement d1..d5 |"
+    lines = [f"EAGLE-1 ablations ({runs[0]['eval_set']}, {runs[0]['num_prompts']} prompts; 95% intervals: "
+             "bootstrap over prompts for tau and speedup, binomial over validation positions for agreement)", "",
+             head, "|---|---|---:|---|" + "---:|---:|" * len(runs) + "---|"]
+    for r in rows:
+        cells = []
+        for run in r["runs"]:
+            (tl, th), (sl, sh) = run["tau_ci"], run["speedup_ci"]
+            cells.append(f"{run['tau']:.2f} [{tl:.2f}, {th:.2f}] | {run['speedup']:.2f}x [{sl:.2f}, {sh:.2f}]")
+        agree = " / ".join(f"{a:.3f}" for a in r["agreement"])
+        margin = max(r["agreement_margin"], default=float("nan"))
+        lines.append(f"| {r['name']} | {r['inputs']} | {r['noise']:g} | {r['data']} | " + " | ".join(cells)
+                     + f" | {agree} (±{margin:.3f}) |")
+    for eval_set, o in report["ordering"].items():
+        lines += ["", f"Input ablation at T=0 on {eval_set}: ours {' > '.join(o['ours'])}; EAGLE-1 on Vicuna-7B "
+                  f"{' > '.join(o['paper'])} ({', '.join(f'{k} {v}x' for k, v in report['paper_speedup'].items())}): "
+                  + ("the same order." if o["agrees"] else "a different order.")]
+    return "\n".join(lines) + "\n"
+
+
+def plot(report: Mapping[str, Any], out: Path) -> None:
+    """Speedup and tau with intervals per variant and temperature, and agreement by depth."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = report["variants"]
+    names = [r["name"] for r in rows]
+    temps = [run["temperature"] for run in rows[0]["runs"]]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    width = 0.8 / max(len(temps), 1)
+    for key, ax in zip(("speedup", "tau"), axes[:2]):
+        for j, t in enumerate(temps):
+            vals = [r["runs"][j][key] for r in rows]
+            lo = [v - r["runs"][j][f"{key}_ci"][0] for v, r in zip(vals, rows)]
+            hi = [r["runs"][j][f"{key}_ci"][1] - v for v, r in zip(vals, rows)]
+            ax.bar([i + j * width for i in range(len(rows))], vals, width, yerr=[lo, hi], capsize=3, label=f"T={t:g}")
+        ax.set_xticks([i + width * (len(temps) - 1) / 2 for i in range(len(rows))], names, rotation=25, ha="right")
+        ax.set_ylabel(key + (" over vanilla" if key == "speedup" else " (tokens per target forward)"))
+        ax.legend()
+    if "speedup" in axes[0].get_ylabel():
+        axes[0].axhline(1.0, color="gray", lw=0.8)
+    ax = axes[2]
+    for r in rows:
+        depths = range(1, len(r["agreement"]) + 1)
+        ax.errorbar(depths, r["agreement"], yerr=r["agreement_margin"], marker="o", capsize=2, label=r["name"])
+    ax.set(xlabel="draft depth (drafter fed its own features)", ylabel="top-1 agreement (validation)", ylim=(0, 1))
+    ax.legend(fontsize=7)
+    fig.suptitle("EAGLE-1 ablations: one factor changed per drafter")
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+
+
+def write(report: Mapping[str, Any], out_dir: str | Path) -> Path:
+    """ablations.json, ablations.md and ablations.png in `out_dir`."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "ablations.json").write_text(json.dumps(report, indent=2))
+    (out_dir / "ablations.md").write_text(markdown(report))
+    plot(report, out_dir / "ablations.png")
+    return out_dir
+

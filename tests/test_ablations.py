@@ -1,0 +1,88 @@
+"""eagle.bench.ablations: the table of EAGLE-1's ablations, its intervals and its ordering."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from eagle.bench import ablations as abl
+
+
+def per_prompt(tokens, committed, forwards, seconds):
+    return {"tokens": tokens, "committed": committed, "forwards": forwards, "seconds": seconds}
+
+
+def test_bootstrap_interval_is_a_point_when_every_prompt_agrees_and_widens_with_spread():
+    same = per_prompt([10] * 8, [10] * 8, [4] * 8, [1.0] * 8)
+    vanilla = per_prompt([10] * 8, [10] * 8, [10] * 8, [2.0] * 8)
+    ci = abl.bootstrap_interval(same, vanilla)
+    assert ci["tau"] == pytest.approx((2.5, 2.5)) and ci["speedup"] == pytest.approx((2.0, 2.0))
+    spread = per_prompt([10] * 8, [10] * 8, [2, 8] * 4, [0.5, 1.5] * 4)
+    ci = abl.bootstrap_interval(spread, vanilla)
+    lo, hi = ci["tau"]
+    assert lo < 2.0 < hi  # the pooled tau is 80 / 40 = 2.0
+    lo, hi = ci["speedup"]
+    assert lo < 2.0 < hi  # 80 tokens in 8 s against 80 in 16 s
+
+
+def test_binomial_margin():
+    assert abl.binomial_margin(0.5, 10_000) == pytest.approx(0.0098, abs=1e-4)
+    assert abl.binomial_margin(1.0, 100) == 0.0
+
+
+def write_variant(root, name, inputs, noise, data, top1):
+    d = root / name / "drafter"
+    d.mkdir(parents=True)
+    (d / "config.json").write_text(json.dumps({"inputs": inputs}))
+    metrics = {f"val/top1_d{i + 1}": a for i, a in enumerate(top1)}
+    metrics.update({"val/tokens_d1": 4000, "steps": 250,
+                    "config": {"model": {"noise": noise}, "data": {"name": data}}})
+    (d / "train_metrics.json").write_text(json.dumps(metrics))
+
+
+def bench(speed: dict[str, list[float]]) -> dict:
+    """A benchmark report at T=0 and T=1 where method m's per-prompt seconds are `speed[m]`."""
+    vanilla = per_prompt([10, 10], [10, 10], [10, 10], [1.0, 1.0])
+    runs = []
+    for t in (0.0, 1.0):
+        methods = {"vanilla": {"tau": 1.0, "speedup": 1.0, "per_prompt": vanilla}}
+        for m, secs in speed.items():
+            methods[m] = {"tau": 3.0, "speedup": 20 / sum(secs) / 10, "per_prompt": per_prompt([10, 10], [9, 9], [3, 3], secs)}
+        runs.append({"eval_set": "humaneval", "temperature": t, "num_prompts": 2, "methods": methods})
+    return {"runs": runs}
+
+
+def test_report_orders_variants_and_compares_the_input_ordering_with_the_paper(tmp_path):
+    write_variant(tmp_path, "token_only", "token", 0.1, "corpus", [0.5, 0.4])
+    write_variant(tmp_path, "eagle1", "shifted", 0.1, "corpus", [0.8, 0.7])
+    write_variant(tmp_path, "feature_only", "feature", 0.1, "corpus", [0.7, 0.5])
+    write_variant(tmp_path, "no_noise", "shifted", 0.0, "corpus", [0.8, 0.69])
+    variants = abl.find_variants(tmp_path)
+    assert [v.name for v in variants] == ["eagle1", "feature_only", "token_only", "no_noise"]
+    assert variants[0].agreement == [0.8, 0.7] and variants[0].positions == 4000
+    labels = {v.name: f"eagle[{v.name}]" for v in variants}
+    # feature alone faster than feature + shifted token: not the paper's order
+    report = abl.ablation_report(variants, bench({"eagle[eagle1]": [0.5, 0.5], "eagle[feature_only]": [0.4, 0.4],
+                                                  "eagle[token_only]": [0.8, 0.8], "eagle[no_noise]": [0.5, 0.5]}),
+                                 labels)
+    o = report["ordering"]["humaneval"]
+    assert o["ours"] == ["feature", "shifted", "token"] and o["paper"] == ["shifted", "feature", "token"]
+    assert not o["agrees"]
+    row = report["variants"][0]
+    assert row["runs"][0]["speedup"] == pytest.approx(2.0) and row["runs"][0]["tau"] == 3.0
+    assert row["runs"][0]["speedup_ci"] == pytest.approx((2.0, 2.0))
+    report = abl.ablation_report(variants, bench({"eagle[eagle1]": [0.3, 0.3], "eagle[feature_only]": [0.4, 0.4],
+                                                  "eagle[token_only]": [0.8, 0.8], "eagle[no_noise]": [0.5, 0.5]}),
+                                 labels)
+    assert report["ordering"]["humaneval"]["agrees"]
+    out = abl.write(report, tmp_path / "report")
+    text = (out / "ablations.md").read_text()
+    assert "| eagle1 | shifted | 0.1 | corpus | 3.00 [3.00, 3.00] | 3.33x [3.33, 3.33]" in text
+    assert "the same order" in text
+    assert (out / "ablations.png").stat().st_size > 5000
+
+
+def test_no_variants_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="make ablations"):
+        abl.find_variants(tmp_path)
