@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from eagle.data.tokens import fixed_block_offsets, unigram_cross_entropy
-from eagle.training.lm import CausalLMModule
+from eagle.training.lm import CausalLMModule, repeats_ngram, repetition_rate
 from eagle.training.module import StageError
 from helpers.configs import compose_train
 from helpers.models import ROOT
@@ -105,6 +105,8 @@ def test_train_save_load_and_resume(tmp_path, data_dir):
     assert list(side["samples"]) == list(cfg.model.samples)
     assert all(side["samples"][p].startswith(p) for p in side["samples"])
     assert side["config"]["task_name"] == "target_test"
+    rep = side["repetition"]  # greedy loops on held-out prompts, recorded with the model
+    assert rep["n"] == 8 and rep["prompts"] >= 1 and 0 <= rep["repeated_ngrams"] <= rep["rate"] <= 1
     assert side["config"]["model"]["model_config"]["hidden_size"] == 64
     for logger_dir in ("csv", "tensorboard"):
         assert (tmp_path / "target_test" / logger_dir).is_dir()
@@ -216,3 +218,24 @@ def test_residual_init_changes_only_residual_projections():
         torch.testing.assert_close(layer.mlp.up_proj.weight, plain.mlp.up_proj.weight)
     with pytest.raises(ValueError, match="residual_init"):
         CausalLMModule(config, residual_init="xavier")
+
+
+def test_repetition_known_answers():
+    assert repeats_ngram([1, 2, 3, 1, 2, 3], 3) and not repeats_ngram([1, 2, 3, 1, 2, 4], 3)
+    assert repeats_ngram([5, 5, 5, 5], 3)  # overlapping occurrences count
+    assert not repeats_ngram([1, 2], 3)
+
+    class Scripted(torch.nn.Module):
+        """`generate` appends a fixed continuation to each prompt (what repetition_rate reads)."""
+
+        config = type("C", (), {"pad_token_id": 0})()
+        device = torch.device("cpu")
+
+        def generate(self, input_ids, attention_mask, max_new_tokens, min_new_tokens, **kw):
+            assert max_new_tokens == min_new_tokens == 6
+            tails = torch.tensor([[7, 8, 7, 8, 7, 8], [1, 2, 3, 4, 5, 6]])
+            return torch.cat([input_ids, tails], 1)
+
+    out = repetition_rate(Scripted(), torch.zeros(2, 3, dtype=torch.long), new_tokens=6, n=2)
+    # row 0: 2-grams 78 87 78 87 78 -> 3 of 5 repeat an earlier one; row 1: none repeat
+    assert out == {"rate": 0.5, "repeated_ngrams": 3 / 10, "prompts": 2, "new_tokens": 6, "n": 2}

@@ -70,6 +70,48 @@ def init_residual_projections(
     return changed
 
 
+def repeats_ngram(ids: Sequence[int], n: int) -> bool:
+    """Whether some n-gram occurs twice in `ids` (overlaps count: `a a a ... a` repeats)."""
+    seen = set()
+    for i in range(len(ids) - n + 1):
+        gram = tuple(ids[i:i + n])
+        if gram in seen:
+            return True
+        seen.add(gram)
+    return False
+
+
+@torch.inference_mode()
+def repetition_rate(model: PreTrainedModel, prompts: torch.Tensor, new_tokens: int, n: int = 8) -> dict[str, Any]:
+    """How much a model's greedy text loops: the share of greedy continuations (the new tokens
+    only) that contain a repeated n-gram, and the share of their n-grams that repeat an earlier
+    one of the same continuation (finer: a model that loops from its 10th token scores higher
+    than one that repeats once at the end).
+
+    Args:
+        model: a causal LM (eval mode).
+        prompts: (P, T) token ids, one prompt per row, all of the same length (no padding).
+        new_tokens: greedy tokens generated per prompt (EOS is suppressed, so that every rate is
+            over the same length).
+        n: the n-gram length.
+    Returns:
+        {"rate": share in [0, 1], "repeated_ngrams": share in [0, 1], "prompts": P,
+         "new_tokens": ..., "n": ...}
+    """
+    ids = model.generate(input_ids=prompts.to(model.device), attention_mask=torch.ones_like(prompts),
+                         max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                         pad_token_id=model.config.pad_token_id)
+    continuations = ids[:, prompts.shape[1]:].tolist()  # (P, new_tokens)
+    looping = sum(repeats_ngram(c, n) for c in continuations)
+    repeated = total = 0
+    for c in continuations:
+        grams = [tuple(c[i:i + n]) for i in range(len(c) - n + 1)]
+        repeated += len(grams) - len(set(grams))  # every occurrence after a gram's first
+        total += len(grams)
+    return {"rate": looping / len(continuations), "repeated_ngrams": repeated / max(total, 1),
+            "prompts": len(continuations), "new_tokens": new_tokens, "n": n}
+
+
 class CausalLMModule(TrainableModule):
     """Next-token training of a Hugging Face causal LM.
 
@@ -83,6 +125,9 @@ class CausalLMModule(TrainableModule):
         sample_tokens: new tokens per sample.
         init_from: a trained LM's folder to start from (fine-tuning, e.g. boost-tuning an SSM
             from the draft LM): its weights must fit `model_config` exactly.
+        repetition: `{prompts, prompt_tokens, new_tokens, n}`: after training, the share of greedy
+            continuations of held-out prompts that repeat an n-gram (`repetition_rate`), stored
+            with the model; None skips it.
     """
 
     artifact = "model"
@@ -96,6 +141,7 @@ class CausalLMModule(TrainableModule):
         samples: Sequence[str] = (),
         sample_tokens: int = 48,
         init_from: str | None = None,
+        repetition: Mapping[str, int] | None = None,
     ) -> None:
         super().__init__(optim or {"lr": 1e-3, "schedule": "cosine"})
         self.save_hyperparameters()
@@ -183,11 +229,22 @@ class CausalLMModule(TrainableModule):
             out[prompt] = self.tokenizer.decode(ids[0], skip_special_tokens=True)
         return out
 
+    def held_out_repetition(self) -> dict[str, Any]:
+        """`repetition_rate` on prompts cut from the starts of the validation blocks (files the
+        model never trained on)."""
+        spec = dict(self.hparams.repetition)
+        blocks = [b for batch in self.trainer.datamodule.val_dataloader() for b in batch]
+        prompts = torch.stack([b[: spec["prompt_tokens"]] for b in blocks[: spec["prompts"]]])
+        return repetition_rate(self.model.eval(), prompts, spec["new_tokens"], spec["n"])
+
     def save_artifact(self, out_dir: Path, state: dict[str, torch.Tensor], report: dict[str, Any]) -> None:
         """The model and its tokenizer (`save_pretrained`: they load like any HF model), and the
         sidecar `eagle_target.json`: the data it saw, the run's report and greedy samples."""
         weights = {k: v.float() for k, v in submodule_state(state, "model").items()}
         samples = {} if self.sharded() else self.greedy_samples()  # a shard cannot generate alone
+        if self.hparams.repetition and not self.sharded():
+            report = {**report, "repetition": self.held_out_repetition()}
+            print(f"--- greedy repetition on held-out prompts: {report['repetition']}")
         for prompt, text in samples.items():
             print(f"--- greedy sample for {prompt!r}:\n{text}")
         n_params = sum({v.data_ptr(): v.numel() for v in weights.values()}.values())  # tied weights once
