@@ -37,7 +37,7 @@ define stage
 endef
 
 artifacts: install
-	$(call stage,target (16-layer Llama on the Python stdlib),test -e $(RUNS)/target_tiny/model/eagle_target.json,$(PY) train.py experiment=target_tiny)
+	$(call stage,target (12-layer Llama on the Python stdlib),test -e $(RUNS)/target_tiny/model/eagle_target.json,$(PY) train.py experiment=target_tiny)
 	$(call stage,draft LM for classic speculative decoding,test -e $(RUNS)/draft_lm_tiny/model/eagle_target.json,$(PY) train.py experiment=draft_lm_tiny)
 	$(call stage,EAGLE features of the target (sharded Arrow),grep -qs '"status": "complete"' $(RUNS)/data/features/target_tiny-python_stdlib/metadata.json,$(PY) -m data_gen)
 	$(call stage,EAGLE drafter,test -e $(RUNS)/drafter_tiny/drafter/config.json,$(PY) train.py experiment=drafter_tiny)

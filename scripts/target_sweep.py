@@ -128,14 +128,15 @@ def main() -> None:
         c["n_params"] = sidecar["n_params"]
         c["val_loss"] = sidecar["val/loss"]
         c["repetition"] = sidecar.get("repetition", {}).get("rate")
+        c["repeated_ngrams"] = sidecar.get("repetition", {}).get("repeated_ngrams")
         c["curve"] = [(s, loss, (s + 1) * c["batch"] * BLOCK / c["tokens_per_s"] / 60) for s, loss in val_curve(run_dir)]
 
     (args.out / "sweep.json").write_text(json.dumps({"minutes": args.minutes, "candidates": candidates}, indent=2))
     lines = [f"Target shapes, {args.minutes:g} idle-equivalent CPU minutes each (scripts/target_sweep.py)", "",
-             "| candidate | lr | params | tokens/s | steps | tokens | val loss | repeated 8-gram |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "| candidate | lr | params | tokens/s | steps | tokens | val loss | greedy texts with a repeated"
+             " 8-gram | repeated 8-grams |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for c in sorted(candidates, key=lambda c: c["val_loss"]):
-        rep = "" if c["repetition"] is None else f"{c['repetition']:.0%}"
+        rep = " | ".join("-" if c[k] is None else f"{c[k]:.0%}" for k in ("repetition", "repeated_ngrams"))
         lines.append(f"| {c['spec']} | {c['lr']:g} | {c['n_params'] / 1e6:.1f}M | {c['tokens_per_s']:.0f} | {c['steps']} | "
                      f"{c['steps'] * c['batch'] * BLOCK / 1e6:.2f}M | {c['val_loss']:.3f} | {rep} |")
     (args.out / "sweep.md").write_text("\n".join(lines) + "\n")

@@ -22,7 +22,7 @@ from helpers.configs import compose_train
 from helpers.models import ROOT
 from train import train
 
-LM_EXPERIMENTS = ["target_tiny", "draft_lm_tiny", "target_gpu", "draft_lm_gpu", "target_test"]  # train an LM
+LM_EXPERIMENTS = ["target_tiny", "target_long", "draft_lm_tiny", "target_gpu", "draft_lm_gpu", "target_test"]  # train an LM
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +42,9 @@ def test_preset_configs_compose():
     assert gpu.trainer.accelerator == "gpu" and gpu.trainer.precision == "auto"
     assert gpu.model.model_config.num_hidden_layers == 16
     tiny, draft = compose_train(["experiment=target_tiny"]), compose_train(["experiment=draft_lm_tiny"])
-    assert tiny.model.model_config.num_hidden_layers == 16
+    assert tiny.model.model_config.num_hidden_layers == 12  # >= 12: one drafter layer stays small beside it
+    long = compose_train(["experiment=target_long"])
+    assert long.model == tiny.model and long.trainer.max_steps == 6 * tiny.trainer.max_steps
     assert tiny.trainer.max_time is not None and tiny.trainer.precision == "auto"
     # The draft LM reuses the target's tokenizer: same data folder, same tokenizer recipe.
     assert draft.data.dir == tiny.data.dir and draft.data.datamodule.tokenizer == tiny.data.datamodule.tokenizer
