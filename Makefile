@@ -78,15 +78,19 @@ specinfer: artifacts
 		'benchmark.methods=[vanilla,draft,draft@specinfer_221,specinfer_merge,specinfer_merge@specinfer_221,eagle]'
 
 # EAGLE-1's ablations after the demo's artifacts: the target's own continuations and their
-# features (for the self-distilled drafter), six drafters that each change one factor of EAGLE-1
-# (inputs, input noise, training data: configs/ablation/) as one Hydra multirun, then one
-# benchmark of all six against vanilla (runs/ablations/report/ablations.md/.png) and the notebook.
-ABLATIONS := eagle1,unshifted,feature_only,token_only,no_noise,self_distilled
+# features (for the self-distilled drafters, T=1 and T=0), seven drafters that each change one
+# factor of EAGLE-1 (inputs, input noise, training data: configs/ablation/) as one Hydra multirun,
+# then one benchmark of all seven against vanilla (runs/ablations/report/ablations.md/.png) and the notebook.
+ABLATIONS := eagle1,unshifted,feature_only,token_only,no_noise,self_distilled,self_distilled_greedy
 DISTILL_FEATURES := $(RUNS)/data/features/target_tiny-distilled-t1
+DISTILL_GREEDY := $(RUNS)/data/distill/target_tiny-python_stdlib-greedy
+GREEDY_FEATURES := $(RUNS)/data/features/target_tiny-distilled-greedy
 ablations: artifacts
 	$(call stage,self-distillation (the target continues corpus prompts),grep -qs '"status": "complete"' $(DISTILL)/metadata.json,$(PY) -m data_gen.distill)
 	$(call stage,EAGLE features of the self-distilled rows,grep -qs '"status": "complete"' $(DISTILL_FEATURES)/metadata.json,$(PY) -m data_gen data_gen=distilled name=target_tiny-distilled-t1)
-	$(call stage,six ablation drafters (one Hydra multirun),test -e $(RUNS)/ablations/self_distilled/drafter/config.json,$(PY) train.py -m experiment=eagle_ablation ablation=$(ABLATIONS))
+	$(call stage,greedy self-distillation (T=0),grep -qs '"status": "complete"' $(DISTILL_GREEDY)/metadata.json,$(PY) -m data_gen.distill temperature=0 name=target_tiny-python_stdlib-greedy)
+	$(call stage,EAGLE features of the greedy rows,grep -qs '"status": "complete"' $(GREEDY_FEATURES)/metadata.json,$(PY) -m data_gen data_gen=distilled name=target_tiny-distilled-greedy source.path=$(DISTILL_GREEDY))
+	$(call stage,seven ablation drafters (one Hydra multirun),test -e $(RUNS)/ablations/self_distilled_greedy/drafter/config.json,$(PY) train.py -m experiment=eagle_ablation ablation=$(ABLATIONS))
 	$(PY) decode.py mode=ablations
 	$(MAKE) --no-print-directory analysis
 
