@@ -189,7 +189,8 @@ def plot(report: Mapping[str, Any], out: Path) -> None:
     for r in rows:
         depths = range(1, len(r["agreement"]) + 1)
         ax.errorbar(depths, r["agreement"], yerr=r["agreement_margin"], marker="o", capsize=2, label=r["name"])
-    ax.set(xlabel="draft depth (drafter fed its own features)", ylabel="top-1 agreement (validation)", ylim=(0, 1))
+    ax.set(xlabel="draft depth (drafter fed its own features)", ylabel="top-1 agreement (validation)", ylim=(0, 1),
+           xticks=range(1, max(len(r["agreement"]) for r in rows) + 1))
     ax.legend(fontsize=7)
     fig.suptitle("EAGLE-1 ablations: one factor changed per drafter")
     fig.tight_layout()
