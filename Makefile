@@ -9,7 +9,7 @@ PY := .venv/bin/python
 STAMP := .venv/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 RUNS := runs
 
-.PHONY: install artifacts demo medusa specinfer ablations analysis test test-slow lint clean-runs gpu-wheels gpu-bench gpu-bench-smoke
+.PHONY: install artifacts distill demo medusa specinfer ablations analysis test test-slow lint clean-runs gpu-wheels gpu-bench gpu-bench-smoke
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv .venv
@@ -67,8 +67,11 @@ SSM = $(PY) train.py experiment=ssm_boost
 # (in variables: $(call) would split a literal comma into another argument)
 COVERED_2 := 'data.datamodule.covered_by=[$(RUNS)/ssm_boost_1/model]'
 COVERED_3 := 'data.datamodule.covered_by=[$(RUNS)/ssm_boost_1/model,$(RUNS)/ssm_boost_2/model]'
-specinfer: artifacts
+# The target's own continuations at T=1 (self-distillation), shared by specinfer and ablations.
+distill: artifacts
 	$(call stage,self-distillation (the target continues corpus prompts),grep -qs '"status": "complete"' $(DISTILL)/metadata.json,$(PY) -m data_gen.distill)
+
+specinfer: distill
 	$(call stage,SSM 1 (all rows),test -e $(RUNS)/ssm_boost_1/model/eagle_target.json,$(SSM) task_name=ssm_boost_1)
 	$(call stage,SSM 2 (rows SSM 1 does not cover),test -e $(RUNS)/ssm_boost_2/model/eagle_target.json,$(SSM) task_name=ssm_boost_2 $(COVERED_2))
 	$(call stage,SSM 3 (rows SSMs 1-2 do not cover),test -e $(RUNS)/ssm_boost_3/model/eagle_target.json,$(SSM) task_name=ssm_boost_3 $(COVERED_3))
@@ -85,8 +88,7 @@ ABLATIONS := eagle1,unshifted,feature_only,token_only,no_noise,self_distilled,se
 DISTILL_FEATURES := $(RUNS)/data/features/target_tiny-distilled-t1
 DISTILL_GREEDY := $(RUNS)/data/distill/target_tiny-python_stdlib-greedy
 GREEDY_FEATURES := $(RUNS)/data/features/target_tiny-distilled-greedy
-ablations: artifacts
-	$(call stage,self-distillation (the target continues corpus prompts),grep -qs '"status": "complete"' $(DISTILL)/metadata.json,$(PY) -m data_gen.distill)
+ablations: distill
 	$(call stage,EAGLE features of the self-distilled rows,grep -qs '"status": "complete"' $(DISTILL_FEATURES)/metadata.json,$(PY) -m data_gen data_gen=distilled name=target_tiny-distilled-t1)
 	$(call stage,greedy self-distillation (T=0),grep -qs '"status": "complete"' $(DISTILL_GREEDY)/metadata.json,$(PY) -m data_gen.distill temperature=0 name=target_tiny-python_stdlib-greedy)
 	$(call stage,EAGLE features of the greedy rows,grep -qs '"status": "complete"' $(GREEDY_FEATURES)/metadata.json,$(PY) -m data_gen data_gen=distilled name=target_tiny-distilled-greedy source.path=$(DISTILL_GREEDY))

@@ -70,15 +70,15 @@ def init_residual_projections(
     return changed
 
 
+def ngrams(ids: Sequence[int], n: int) -> list[tuple[int, ...]]:
+    """Every n-gram of `ids`, overlapping, in order."""
+    return [tuple(ids[i:i + n]) for i in range(len(ids) - n + 1)]
+
+
 def repeats_ngram(ids: Sequence[int], n: int) -> bool:
     """Whether some n-gram occurs twice in `ids` (overlaps count: `a a a ... a` repeats)."""
-    seen = set()
-    for i in range(len(ids) - n + 1):
-        gram = tuple(ids[i:i + n])
-        if gram in seen:
-            return True
-        seen.add(gram)
-    return False
+    grams = ngrams(ids, n)
+    return len(set(grams)) < len(grams)
 
 
 @torch.inference_mode()
@@ -102,13 +102,11 @@ def repetition_rate(model: PreTrainedModel, prompts: torch.Tensor, new_tokens: i
                          max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
                          pad_token_id=model.config.pad_token_id)
     continuations = ids[:, prompts.shape[1]:].tolist()  # (P, new_tokens)
-    looping = sum(repeats_ngram(c, n) for c in continuations)
-    repeated = total = 0
-    for c in continuations:
-        grams = [tuple(c[i:i + n]) for i in range(len(c) - n + 1)]
-        repeated += len(grams) - len(set(grams))  # every occurrence after a gram's first
-        total += len(grams)
-    return {"rate": looping / len(continuations), "repeated_ngrams": repeated / max(total, 1),
+    grams = [ngrams(c, n) for c in continuations]
+    repeats = [len(g) - len(set(g)) for g in grams]  # every occurrence after a gram's first
+    looping = sum(r > 0 for r in repeats)
+    total = sum(len(g) for g in grams)
+    return {"rate": looping / len(continuations), "repeated_ngrams": sum(repeats) / max(total, 1),
             "prompts": len(continuations), "new_tokens": new_tokens, "n": n}
 
 
