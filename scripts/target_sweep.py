@@ -2,8 +2,9 @@
 
     .venv/bin/python scripts/target_sweep.py --minutes 5
     .venv/bin/python scripts/target_sweep.py --minutes 10 --shapes 256x16:4 128x12:8 --lr 2e-3 3e-3
+    .venv/bin/python scripts/target_sweep.py --shapes 128x12:8 128x12:8@4e-3   # one candidate's own lr
 
-A candidate is `HIDDENxLAYERS:BATCH` (blocks of 256 tokens per step); heads are of width 64
+A candidate is `HIDDENxLAYERS:BATCH[@LR]` (blocks of 256 tokens per step); heads are of width 64
 (at least one), half as many KV heads (one when the heads are odd), a SwiGLU of ~8/3 x hidden.
 For each candidate (and learning rate) the script
 
@@ -102,17 +103,21 @@ def main() -> None:
     candidates = []
     known_path = args.out / "throughput.json"
     known = json.loads(known_path.read_text()) if known_path.exists() else {}
-    for spec in args.shapes:  # every throughput first, while the machine is as idle as it gets
+    for item in args.shapes:  # every throughput first, while the machine is as idle as it gets
+        spec, _, own_lr = item.partition("@")  # a candidate may carry its own learning rate
+        if own_lr and not own_lr.replace(".", "", 1).replace("e-", "", 1).isdigit():
+            raise SystemExit(f"--shapes: {item!r}: {own_lr!r} is not a learning rate (e.g. 128x12:8@4e-3)")
         shape, batch = shape_of(spec)
         if spec not in known:
             known[spec] = throughput(shape, batch, args.throughput_steps)
             known_path.write_text(json.dumps(known, indent=2))
         tps = known[spec]
         print(f"[sweep] {spec}: {tps:.0f} training tokens/s", flush=True)
-        candidates += [dict(spec=spec, shape=shape, batch=batch, lr=lr, tokens_per_s=tps) for lr in args.lr]
+        lrs, named = ([float(own_lr)], True) if own_lr else (args.lr, len(args.lr) > 1)
+        candidates += [dict(spec=spec, shape=shape, batch=batch, lr=lr, tokens_per_s=tps,
+                            name=spec.replace(":", "_b") + (f"_lr{lr:g}" if named else "")) for lr in lrs]
 
     for c in candidates:
-        c["name"] = c["spec"].replace(":", "_b") + (f"_lr{c['lr']:g}" if len(args.lr) > 1 else "")
         c["steps"] = max(5, int(args.minutes * 60 * c["tokens_per_s"] / (c["batch"] * BLOCK)))
         run_dir = args.out / c["name"]
         overrides = [f"model.model_config.{k}={v}" for k, v in c["shape"].items()] + [

@@ -83,6 +83,14 @@ def _eagle_padded(target, family, runner, trees: Trees):
     return TemplateProposer(model, trees.tree, name="eagle")
 
 
+def _eagle_vocab(target, family, runner, trees: Trees):
+    """EAGLE drafting from every other token (a reduced vocabulary, FR-Spec): the tokens off it
+    are never drafted, yet the target still emits them, at their own probabilities."""
+    drafter = EagleDrafter.random(target, seed=1)
+    drafter.restrict_vocab(torch.arange(0, drafter.config.vocab_size, 2))
+    return eagle_proposer(drafter, trees.tree, cache=runner)
+
+
 PROPOSERS = [
     Case("vanilla", lambda t, f, r, trees: None),
     Case("random", lambda t, f, r, trees: RandomProposer(trees.tree)),
@@ -99,6 +107,7 @@ PROPOSERS = [
     Case("eagle_chain", lambda t, f, r, trees: eagle_proposer(EagleDrafter.random(t, seed=1), trees.chain,
                                                               cache=r, proposal="topk")),
     Case("eagle_padded", _eagle_padded, runners=("static",)),
+    Case("eagle_vocab", _eagle_vocab),
     Case("medusa", lambda t, f, r, trees: medusa(MedusaHeads.random(t, trees.medusa.depth, seed=2), trees.medusa)),
     Case("specinfer_merge", _merge, accepts=True),
 ]

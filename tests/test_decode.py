@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from eagle.bench.evalsets import EvalSetError, load_eval_set
 from eagle.bench.methods import METHODS, MethodError, MethodSpec
@@ -369,3 +370,36 @@ def test_profile_splits_the_round(models, tmp_path):
     assert report["speedup"] > 0 and report["vanilla"]["step_ms"] > 0
     assert "target layers" in (out / "profile.md").read_text()
     assert SamplingPolicy.probs is probs and engine.verify_tree_greedy is greedy
+
+
+def test_eagle_drafts_from_a_reduced_vocabulary(models, tmp_path, capsys):
+    """`eagle%K` (or eagle.draft_vocab=K) drafts from the K most counted tokens of the drafter's
+    training data: greedy output stays identical; no counts, or a K past the vocabulary, is a
+    clear error."""
+    from decode import Methods
+    from eagle.data.vocab import save_counts
+    from eagle.models.checkpoint import save_drafter
+    from eagle.models.drafter import EagleDrafter
+
+    target, tokenizer = load_target(models / "target")
+    ckpt = save_drafter(EagleDrafter.random(target, tokenizer, str(models / "target")), tmp_path / "drafter")
+    methods = Methods(decode_cfg(models, tmp_path, "eagle.random=false", f"eagle.drafter={ckpt}"))
+    with pytest.raises(MethodError, match="needs the token counts"):
+        methods.build("eagle%16", "float32")
+    vocab = target.config.vocab_size
+    save_counts(ckpt, torch.arange(vocab) % 7)  # ties broken by the lower id
+    with pytest.raises(MethodError, match=f"choose 1..{vocab}"):
+        methods.build(f"eagle%{vocab + 1}", "float32")
+    reference = methods.build("hf_generate", "float32")
+    for name in ("eagle%16", "eagle@chain5%16:static"):
+        method = methods.build(name, "float32")
+        want = torch.tensor([i for i in range(vocab) if i % 7 == 6][:16])
+        assert torch.equal(method.proposer.model.draft_vocab, want), name
+        for ids in ([1, 5, 9, 14], [1] + list(range(20, 60))):
+            assert method.generate(ids, 20, SamplingPolicy()).tokens == reference.generate(
+                ids, 20, SamplingPolicy()).tokens, name
+    assert f"drafting from 16 of {vocab} tokens" in capsys.readouterr().out
+    assert str(MethodSpec.parse("eagle@chain5%16:static")) == "eagle@chain5%16:static"
+    for bad in ("draft%16", "eagle%0", "eagle%x"):
+        with pytest.raises(MethodError, match="for eagle only"):
+            MethodSpec.parse(bad)

@@ -13,7 +13,8 @@ from omegaconf import OmegaConf
 
 from data_gen.__main__ import generate
 from eagle.data.batches import collate, shift_batch
-from eagle.data.features import FeatureShards
+from eagle.data.features import FeatureShards, read_metadata
+from eagle.data.vocab import count_tokens, load_counts
 from eagle.models.checkpoint import load_drafter
 from eagle.target import TargetMismatchError, load_target
 from eagle.training import metrics
@@ -145,6 +146,10 @@ def test_fast_dev_run_offline(tmp_path, target_dir, features_dir, capsys):
     run_dir = tmp_path / "debug" / "drafter_test"
     check_drafter_dir(run_dir / "drafter", target_dir)
     assert not list(tmp_path.rglob("*.ckpt"))
+    # the token counts of the training split, for a reduced drafting vocabulary (eagle.data.vocab)
+    counts = load_counts(run_dir / "drafter")
+    want = count_tokens(FeatureShards(features_dir, "train").token_rows(), counts.numel())
+    assert torch.equal(counts, want) and int(counts.sum()) == read_metadata(features_dir)["splits"]["train"]["loss_tokens"]
     assert "val/top1_d1" in capsys.readouterr().out  # the final metrics are printed
 
 
@@ -155,6 +160,7 @@ def test_fast_dev_run_online(tmp_path, target_dir):
     assert metrics["steps"] == 1 and math.isfinite(metrics["val/loss"])
     assert not list(tmp_path.rglob("*.arrow"))  # nothing dumped
     check_drafter_dir(tmp_path / "debug" / "drafter_test" / "drafter", target_dir)
+    assert load_counts(tmp_path / "debug" / "drafter_test" / "drafter").sum() > 0
 
 
 def test_train_resume_and_logs(tmp_path, target_dir, features_dir):

@@ -1,10 +1,11 @@
 """Decoding methods by name: one registry, one parser, one typed settings class per method.
 
-A method is named `NAME[@TREE][:RUNNER]`:
+A method is named `NAME[@TREE][%K][:RUNNER]`:
   - NAME: a key of `METHODS` (vanilla, eagle, draft, specinfer_merge, prompt_lookup, medusa,
     medusa_typical, and the Hugging Face peers hf_generate, hf_assisted, hf_prompt_lookup);
   - @TREE: another tree for a method that drafts one (`eagle@chain5`, a name in configs/tree/
     or a YAML path), so several trees run side by side in one benchmark;
+  - %K: EAGLE drafting from its K most frequent tokens (`eagle%1024`; `eagle.draft_vocab`);
   - :RUNNER: how the target (and the draft model's cache) keeps its KV for an engine method:
     `dynamic` (a growing cache) or `static` (preallocated, fixed shapes, compilable); without
     it, the context's default runner.
@@ -50,6 +51,8 @@ class EagleSettings:
     random: bool = False           # explicit: an untrained drafter (to check losslessness on a new target)
     tree: str = "eagle_default"    # tree name (configs/tree/) or YAML path
     proposal: str = "sample"       # under sampling: "sample" (drawn without replacement) or "topk"
+    draft_vocab: int | None = None  # draft from the K most frequent tokens of the drafter's training
+                                    # data (FR-Spec, eagle/data/vocab.py); None: the whole vocabulary
 
 
 @dataclass(frozen=True)
@@ -301,9 +304,29 @@ def _eagle(ctx: MethodContext, info, s: EagleSettings, name, runner) -> Method:
         raise MethodError(f"method {name!r} needs a trained drafter (eagle.drafter=DIR) or, explicitly, "
                           "eagle.random=true")
     drafter.to(next(ctx.target.parameters()).dtype)
+    if s.draft_vocab is not None:
+        drafter.restrict_vocab(_draft_vocab(s, name, drafter.config.vocab_size))
     compile_mode = ctx.compile_mode if runner == "static" else None
     proposer = eagle_proposer(drafter, template, proposal=s.proposal, cache=runner, compile_mode=compile_mode)
     return EngineMethod(name, info, ctx, runner, proposer, tuple(template.parents))
+
+
+def _draft_vocab(s: EagleSettings, name: str, vocab_size: int):
+    """The K token ids of `eagle.draft_vocab`, from the counts saved beside the drafter."""
+    from eagle.data.vocab import draft_vocabulary, load_counts
+
+    counts = None if s.random else load_counts(s.drafter, vocab_size)
+    if counts is None:
+        raise MethodError(f"method {name!r}: eagle.draft_vocab needs the token counts of the drafter's training "
+                          f"data (token_counts.safetensors, written by training; for another drafter: python -m "
+                          f"eagle.data.vocab --features DUMP --drafter {s.drafter or 'DIR'})")
+    try:
+        ids, coverage = draft_vocabulary(counts, s.draft_vocab)
+    except ValueError as err:
+        raise MethodError(f"method {name!r}: eagle.draft_vocab: {err}") from None
+    print(f"[{name}] drafting from {len(ids)} of {vocab_size} tokens ({coverage:.1%} of the drafter's "
+          "training tokens)", flush=True)
+    return ids
 
 
 def _medusa(ctx: MethodContext, info, s: MedusaSettings, name, runner) -> Method:
@@ -369,20 +392,25 @@ SECTIONS = sorted({info.section for info in METHODS.values() if info.section})  
 
 @dataclass(frozen=True)
 class MethodSpec:
-    """A parsed method name `NAME[@TREE][:RUNNER]` (see the module docstring)."""
+    """A parsed method name `NAME[@TREE][%K][:RUNNER]` (see the module docstring)."""
 
     base: str
     tree: str | None = None
     runner: str | None = None
+    draft_vocab: int | None = None
 
     @classmethod
     def parse(cls, text: str) -> MethodSpec:
         rest, colon, runner = str(text).partition(":")
+        rest, pct, vocab = rest.partition("%")
         base, at, tree = rest.partition("@")
         if base not in METHODS:
             raise MethodError(f"unknown method {text!r}; choose one of {', '.join(METHODS)} "
-                              f"(as NAME[@TREE][:RUNNER])")
+                              f"(as NAME[@TREE][%K][:RUNNER])")
         info = METHODS[base]
+        if pct and (info.settings is not EagleSettings or not vocab.isdigit() or int(vocab) < 1):
+            raise MethodError(f"method {text!r}: %K (a draft vocabulary of K tokens) is for eagle only, "
+                              f"as eagle%1024")
         if at and (not info.takes_tree or not tree):
             takes = ", ".join(k for k, v in METHODS.items() if v.takes_tree)
             raise MethodError(f"method {text!r}: only {takes} take a tree, as NAME@TREE")
@@ -391,14 +419,15 @@ class MethodSpec:
                 raise MethodError(f"method {text!r}: {base} runs Hugging Face's generate, which takes no runner")
             if runner not in RUNNERS:
                 raise MethodError(f"method {text!r}: unknown runner {runner!r}; choose one of {RUNNERS}")
-        return cls(base, tree or None, runner or None)
+        return cls(base, tree or None, runner or None, int(vocab) if pct else None)
 
     @property
     def info(self) -> MethodInfo:
         return METHODS[self.base]
 
     def __str__(self) -> str:
-        return self.base + (f"@{self.tree}" if self.tree else "") + (f":{self.runner}" if self.runner else "")
+        return (self.base + (f"@{self.tree}" if self.tree else "") + (f"%{self.draft_vocab}" if self.draft_vocab else "")
+                + (f":{self.runner}" if self.runner else ""))
 
 
 def method_settings(spec: MethodSpec, sections: Mapping[str, Mapping[str, Any]]):
@@ -413,7 +442,8 @@ def method_settings(spec: MethodSpec, sections: Mapping[str, Mapping[str, Any]])
     if unknown:
         raise MethodError(f"{info.section}: unknown setting(s) {unknown}; known: {sorted(known)}")
     settings = info.settings(**raw)
-    return replace(settings, tree=spec.tree) if spec.tree else settings
+    settings = replace(settings, tree=spec.tree) if spec.tree else settings
+    return replace(settings, draft_vocab=spec.draft_vocab) if spec.draft_vocab else settings
 
 
 def build_method(spec: str | MethodSpec, ctx: MethodContext,

@@ -19,7 +19,7 @@ and pads have weight 0.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -74,6 +74,11 @@ class TokenSamples(torch.utils.data.Dataset):
 
     def __len__(self) -> int:
         return len(self.samples)
+
+    def token_rows(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Every sample's (input_ids, loss_mask) (`eagle.data.vocab.count_tokens`)."""
+        for s in self.samples:
+            yield np.asarray(s["input_ids"]), np.asarray(s["loss_mask"])
 
     def __getitem__(self, i: int) -> dict[str, Tensor]:
         s = self.samples[i]

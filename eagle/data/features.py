@@ -40,7 +40,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -435,6 +435,14 @@ class FeatureShards(torch.utils.data.Dataset):
 
     def __len__(self) -> int:
         return int(self.offsets[-1])
+
+    def token_rows(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Every row's (input_ids, loss_mask), read from the Arrow columns without decoding a
+        feature (`eagle.data.vocab.count_tokens`)."""
+        for shard in self.shards:
+            table = shard.data  # the Arrow table: list columns, flattened chunk by chunk
+            for ids, mask in zip(table.column("input_ids").chunks, table.column("loss_mask").chunks, strict=True):
+                yield ids.flatten().to_numpy(), mask.flatten().to_numpy()
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         k = int(np.searchsorted(self.offsets, i, side="right") - 1)

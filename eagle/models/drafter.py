@@ -202,6 +202,9 @@ class EagleDrafter(nn.Module):
         # a plain tuple: not registered, so not in state_dict(), parameters() or .to()
         self._target_modules = (embed_tokens, lm_head)
         self.logit_transform = logit_transform or LogitTransform()
+        # (ids (K,), the head's rows (K, H), their bias (K,) | None) when drafting from a reduced
+        # vocabulary (`restrict_vocab`), else None; a copy, not registered, never saved
+        self._draft_head: tuple[Tensor, Tensor, Tensor | None] | None = None
 
     @classmethod
     def on_target(cls, config: DrafterConfig, model: nn.Module) -> EagleDrafter:
@@ -215,6 +218,7 @@ class EagleDrafter(nn.Module):
         if emb.weight.shape != self.embed_tokens.weight.shape or head.weight.shape != self.lm_head.weight.shape:
             raise ValueError("share_target: the new target's embeddings or LM head have other shapes")
         self._target_modules = (emb.requires_grad_(False), head.requires_grad_(False))
+        self.restrict_vocab(self.draft_vocab)  # the reduced head's rows come from the new head
 
     @property
     def embed_tokens(self) -> nn.Embedding:
@@ -296,11 +300,46 @@ class EagleDrafter(nn.Module):
         return self.layers[0](h, attention_mask=attention_mask, position_ids=position_ids,
                               position_embeddings=cos_sin, use_cache=cache is not None, cache=cache)  # (B, T, H)
 
+    def restrict_vocab(self, ids: Tensor | None) -> None:
+        """Draft from the tokens `ids` (K,) only, or from the whole vocabulary again (None).
+
+        FR-Spec's reduced drafting vocabulary (`eagle.data.vocab`): `logits` then scores only
+        `draft_vocab`, with a K x H copy of the LM head's rows, so the head costs K/V of itself.
+        Training and validation never restrict: the drafter learns the whole distribution.
+        """
+        if ids is None:
+            self._draft_head = None
+            return
+        ids = torch.as_tensor(ids).flatten()
+        vocab = self.config.vocab_size
+        if ids.dtype in (torch.bool, torch.float16, torch.bfloat16, torch.float32, torch.float64):
+            raise ValueError(f"a draft vocabulary is token ids, got {ids.dtype}")
+        if not ids.numel() or int(ids.min()) < 0 or int(ids.max()) >= vocab:
+            raise ValueError(f"a draft vocabulary needs 1..{vocab} token ids in [0, {vocab})")
+        if ids.unique().numel() != ids.numel():
+            raise ValueError("a draft vocabulary must not repeat a token")
+        head = self.lm_head
+        ids = ids.to(head.weight.device, torch.long)
+        bias = getattr(head, "bias", None)
+        self._draft_head = (ids, head.weight[ids].contiguous(), None if bias is None else bias[ids].contiguous())
+
+    @property
+    def draft_vocab(self) -> Tensor | None:
+        """The token ids `logits` scores (K,), in its columns' order; None: the whole vocabulary."""
+        return None if self._draft_head is None else self._draft_head[0]
+
     def logits(self, hidden: Tensor) -> Tensor:
         """The target's LM head (and logit transform) on predicted features: (..., H) -> (..., V),
-        on the head's device."""
+        on the head's device; (..., K) over `draft_vocab` when restricted (`restrict_vocab`)."""
         w = self.lm_head.weight
-        return self.logit_transform(self.lm_head(hidden.to(w.device, w.dtype)))
+        hidden = hidden.to(w.device, w.dtype)
+        if self._draft_head is None:
+            return self.logit_transform(self.lm_head(hidden))
+        ids, rows, bias = self._draft_head
+        if rows.dtype != w.dtype or rows.device != w.device:  # the target moved since: copy its rows anew
+            self.restrict_vocab(ids)
+            ids, rows, bias = self._draft_head
+        return self.logit_transform(torch.nn.functional.linear(hidden, rows, bias))  # (..., K)
 
     @classmethod
     def random(cls, model: nn.Module, tokenizer=None, path: str | None = None, seed: int = 0,

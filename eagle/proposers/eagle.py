@@ -59,6 +59,15 @@ class EagleDraftModel:
     def dtype(self) -> torch.dtype:
         return self.drafter.dtype
 
+    @property
+    def draft_vocab(self) -> Tensor | None:
+        """The token ids of the logits' columns when drafting from a reduced vocabulary."""
+        return self.drafter.draft_vocab
+
+    @property
+    def vocab_size(self) -> int:
+        return self.drafter.config.vocab_size
+
     def reset(self, state: DecodeState) -> None:
         self.cache.begin(state.max_len)
 

@@ -55,6 +55,9 @@ class TreeDraftModel(Protocol):
     @property
     def dtype(self) -> torch.dtype: ...
 
+    # Optional: a model drafting from a reduced vocabulary (`eagle.data.vocab`) has `draft_vocab`,
+    # the token ids (K,) of its logits' K columns, and `vocab_size`, the target's V.
+
 
 class TemplateProposer(Proposer):
     """Draft a fixed template tree with any `TreeDraftModel`.
@@ -134,11 +137,13 @@ class TemplateProposer(Proposer):
         n = tpl.num_nodes + 1
         tokens = torch.empty(n, dtype=torch.long, device=device)
         tokens[0] = state.tokens[-1]
-        q = None if policy.greedy else torch.zeros(n, logits.shape[-1], device=device)
+        vocab = getattr(model, "draft_vocab", None)  # (K,) ids of the logits' columns; None: all V
+        q = None if policy.greedy else torch.zeros(n, logits.shape[-1], device=device)  # over the columns
         for depth in range(1, tpl.depth + 1):
             level = self.levels[depth]
-            picks, q_picks = self._choose(logits, level.width, state)  # (p, width), (p, width, V) | None
-            tokens[level.kids] = picks[level.rows, level.ranks]
+            picks, q_picks = self._choose(logits, level.width, state)  # (p, width), (p, width, V|K) | None
+            picks = picks[level.rows, level.ranks]  # (c,) columns
+            tokens[level.kids] = picks if vocab is None else vocab[picks]
             if q is not None:
                 q[level.kids] = q_picks[level.rows, level.ranks]
             if not level.nodes.numel():
@@ -147,6 +152,8 @@ class TemplateProposer(Proposer):
             pos = torch.full((len(level.nodes),), root_pos + depth, dtype=torch.long, device=device)
             extra = {"parent_tokens": tokens[level.parent_nodes]} if self.pass_parent_tokens else {}
             logits, hidden = model.step(tokens[level.nodes], parent_hidden, pos, self.visible_by_depth[depth], **extra)
+        if q is not None and vocab is not None:  # q over the whole vocabulary, zero off the K tokens
+            q = q.new_zeros(n, model.vocab_size).index_copy_(1, vocab, q)
         return DraftTree(tokens=tokens[1:], parents=self.parents, q=None if q is None else q[1:])
 
     def _choose(self, logits: Tensor, m: int, state: DecodeState) -> tuple[Tensor, Tensor | None]:

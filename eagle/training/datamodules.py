@@ -34,6 +34,7 @@ from eagle.data.tokens import (
     tokenize_corpus,
     unigram_cross_entropy,
 )
+from eagle.data.vocab import count_tokens
 from eagle.target import TargetIdentity, load_tokenizer, tokenizer_hash
 
 TOKENS_META = "meta.json"
@@ -166,6 +167,11 @@ class SampleDataModule(L.LightningDataModule):
         val = self.splits["validation"]
         return DataLoader(val, batch_size=self.batch_size, collate_fn=collate, num_workers=self.num_workers,
                           **eval_sampler(self, val))
+
+    def token_counts(self, vocab_size: int) -> torch.Tensor:
+        """How often each token is predicted in the training split (`eagle.data.vocab.count_tokens`)."""
+        self._check_splits("token_counts: the data module (was setup() called?)")
+        return count_tokens(self.splits["train"].token_rows(), vocab_size)
 
 
 class FeatureDataModule(SampleDataModule):

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from eagle.data.batches import shift_batch
+from eagle.data.vocab import save_counts
 from eagle.models.checkpoint import save_drafter
 from eagle.models.drafter import DrafterConfig, EagleDrafter
 from eagle.training import metrics
@@ -157,5 +158,10 @@ class EagleDrafterModule(FrozenTargetModule):
         self.log_val(logs, bar={"val/top1": "val/top1_d1"})
 
     def save_artifact(self, out_dir: Path, state: dict[str, Tensor], report: dict[str, Any]) -> None:
-        """The drafter, without the target's weights (`eagle.models.checkpoint.save_drafter`)."""
+        """The drafter, without the target's weights (`eagle.models.checkpoint.save_drafter`), and
+        the token counts of its training data, for drafting from a reduced vocabulary
+        (`eagle.data.vocab`)."""
         save_drafter(self.drafter, out_dir, state=submodule_state(state, "drafter"))
+        data = self.trainer.datamodule if self._trainer is not None else None
+        if hasattr(data, "token_counts"):
+            save_counts(out_dir, data.token_counts(self.drafter.config.vocab_size))

@@ -1,0 +1,126 @@
+"""A reduced drafting vocabulary (FR-Spec): the counts, the K tokens chosen from them, the drafter's
+reduced head, and the counts training writes. Exactness of drafting from it (greedy and sampled,
+every runner and family): tests/test_conformance.py (`eagle_vocab`); through decode.py:
+tests/test_decode.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from eagle.data.features import FeatureShards
+from eagle.data.vocab import (
+    COUNTS_NAME,
+    count_tokens,
+    draft_vocabulary,
+    load_counts,
+    main,
+    save_counts,
+)
+from eagle.models.checkpoint import CheckpointError
+from eagle.models.drafter import EagleDrafter
+from eagle.proposers import eagle_proposer
+from eagle.sampling import SamplingPolicy
+from helpers.models import make_tiny_model
+
+
+def test_counts_are_the_predicted_tokens():
+    rows = [(np.array([3, 1, 3, 0]), np.array([0, 1, 1, 1])), (np.array([2, 3]), np.array([1, 0]))]
+    assert count_tokens(rows, 5).tolist() == [1, 1, 1, 1, 0]  # the unmasked 3s are not predicted
+    with pytest.raises(ValueError, match="outside the vocabulary of 3"):
+        count_tokens(rows, 3)
+
+
+def test_the_k_most_counted_tokens_sorted_by_id_with_their_coverage():
+    counts = torch.tensor([5, 0, 9, 5, 1, 0])
+    ids, coverage = draft_vocabulary(counts, 3)
+    assert ids.tolist() == [0, 2, 3] and coverage == pytest.approx(19 / 20)
+    assert draft_vocabulary(counts, 2)[0].tolist() == [0, 2]  # a tie goes to the lower id
+    assert draft_vocabulary(counts, 6)[1] == 1.0
+    for k in (0, 7):
+        with pytest.raises(ValueError, match="choose 1..6"):
+            draft_vocabulary(counts, k)
+
+
+def test_counts_round_trip_and_bad_files_are_named(tmp_path):
+    assert load_counts(tmp_path) is None
+    save_counts(tmp_path, torch.tensor([4, 0, 2]))
+    assert load_counts(tmp_path, 3).tolist() == [4, 0, 2]
+    with pytest.raises(CheckpointError, match="counts 3 tokens, the target's vocabulary has 5"):
+        load_counts(tmp_path, 5)
+    (tmp_path / COUNTS_NAME).write_bytes(b"not safetensors")
+    with pytest.raises(CheckpointError, match="corrupt or truncated"):
+        load_counts(tmp_path)
+
+
+def test_the_reduced_head_scores_its_tokens_as_the_whole_head_does():
+    target = make_tiny_model("gemma2")  # soft-capped logits: the transform applies to the reduced head too
+    drafter = EagleDrafter.random(target, seed=1)
+    hidden = torch.randn(4, target.config.hidden_size)
+    full = drafter.logits(hidden)
+    ids = torch.tensor([7, 2, 30])
+    drafter.restrict_vocab(ids)
+    assert torch.equal(drafter.draft_vocab, ids)
+    torch.testing.assert_close(drafter.logits(hidden), full[:, ids])
+    drafter.share_target(target)  # the same target again: the reduced head follows it
+    torch.testing.assert_close(drafter.logits(hidden), full[:, ids])
+    drafter.restrict_vocab(None)
+    assert drafter.draft_vocab is None and drafter.logits(hidden).shape == full.shape
+    vocab = drafter.config.vocab_size
+    for bad, why in ((torch.tensor([1, 1]), "repeat"), (torch.tensor([vocab]), "token ids in"),
+                     (torch.tensor([], dtype=torch.long), "token ids in"), (torch.tensor([0.5]), "token ids")):
+        with pytest.raises(ValueError, match=why):
+            drafter.restrict_vocab(bad)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_drafted_tokens_come_from_the_reduced_vocabulary_and_q_is_zero_off_it(temperature):
+    target = make_tiny_model("llama")
+    drafter = EagleDrafter.random(target, seed=1)
+    ids = torch.arange(1, drafter.config.vocab_size, 3)
+    drafter.restrict_vocab(ids)
+    proposer = eagle_proposer(drafter, _tree(), cache="dynamic")
+    from eagle.decoding import SpeculativeDecoder
+
+    drafts = []
+    proposer.propose = _recording(proposer.propose, drafts)
+    SpeculativeDecoder(target, proposer, SamplingPolicy(temperature=temperature), eos_token_id=[]).generate(
+        [1, 5, 9], 12, generator=torch.Generator().manual_seed(0))
+    assert drafts
+    off = torch.ones(drafter.config.vocab_size, dtype=torch.bool)
+    off[ids] = False
+    for tree in drafts:
+        assert torch.isin(tree.tokens, ids).all()
+        if temperature:
+            assert tree.q.shape[-1] == drafter.config.vocab_size and (tree.q[:, off] == 0).all()
+            torch.testing.assert_close(tree.q.sum(-1), torch.ones(len(tree.tokens)))
+
+
+def _tree():
+    from helpers.decoding import tree
+
+    return tree("eagle_default")
+
+
+def _recording(propose, out: list):
+    def wrapped(state):
+        drafted = propose(state)
+        out.append(drafted)
+        return drafted
+    return wrapped
+
+
+def test_counting_a_feature_dump_into_a_drafter_folder(tmp_path, features_dir, capsys):
+    shards = FeatureShards(features_dir, "train")
+    items = [shards[i] for i in range(len(shards))]
+    vocab = max(int(x["input_ids"].max()) for x in items) + 1
+    main(["--features", str(features_dir), "--drafter", str(tmp_path)])
+    counts = load_counts(tmp_path)
+    want = torch.zeros(counts.numel(), dtype=torch.long)
+    for x in items:
+        want += torch.bincount(x["input_ids"][x["loss_mask"] > 0], minlength=counts.numel())
+    assert counts.numel() >= vocab and torch.equal(counts, want)
+    assert f"{int(want.sum())} predicted tokens counted" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="not a checkpoint folder"):
+        main(["--features", str(features_dir), "--drafter", str(tmp_path / "missing")])
