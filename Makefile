@@ -44,8 +44,8 @@ artifacts: install
 
 # EAGLE tuned for this machine: the tree search's candidates ranked by a cost model of the round
 # measured here (decode.py mode=tree_search writes machine.yaml), drafting from the drafter's
-# DEMO_VOCAB most frequent tokens (FR-Spec, eagle.draft_vocab: the 8192 x 128 LM head is as many
-# multiply-adds as 6 of the target's 12 layers); the benchmark runs it beside EAGLE-1's default tree
+# DEMO_VOCAB most frequent tokens (FR-Spec, eagle.draft_vocab: the 8192 x 96 LM head is as many
+# multiply-adds as 7 of the target's 12 layers); the benchmark runs it beside EAGLE-1's default tree
 # and whole vocabulary. Delete runs/tree_search/demo to choose again (another machine). 10 prompts
 # per temperature keep the demo within 25 minutes on 2 cores; `python decode.py mode=benchmark` runs 20.
 DEMO_VOCAB := 1024
