@@ -124,3 +124,15 @@ def test_counting_a_feature_dump_into_a_drafter_folder(tmp_path, features_dir, c
     assert f"{int(want.sum())} predicted tokens counted" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="not a checkpoint folder"):
         main(["--features", str(features_dir), "--drafter", str(tmp_path / "missing")])
+
+
+def test_a_tree_wider_than_the_draft_vocabulary_is_refused():
+    from eagle.decoding import SpeculativeDecoder
+
+    target = make_tiny_model("llama")
+    drafter = EagleDrafter.random(target, seed=1)
+    drafter.restrict_vocab(torch.tensor([3, 4]))  # EAGLE-1's tree takes the top 4 under the root
+    decoder = SpeculativeDecoder(target, eagle_proposer(drafter, _tree(), cache="dynamic"), SamplingPolicy(),
+                                 eos_token_id=[])
+    with pytest.raises(ValueError, match="top 4 of a node, more than the 2 tokens"):
+        decoder.generate([1, 5, 9], 4)

@@ -64,7 +64,7 @@ class TemplateProposer(Proposer):
 
     Args:
         model: the draft model (EAGLE drafter, small LM or Medusa heads).
-        template: the tree to fill; its `max_rank` is the top-k per expanded node.
+        template: the tree to fill; a node's number of children is the top-k it takes.
         proposal: under sampling, "sample" (children drawn without replacement from the
             draft distribution: accepted about as often as q resembles p) or "topk"
             (deterministic top-k, one-hot q: accepted only as often as p puts mass on those
@@ -111,6 +111,7 @@ class TemplateProposer(Proposer):
                 rows=torch.tensor(rows), ranks=torch.tensor(ranks), nodes=torch.tensor(nodes, dtype=torch.long),
                 parent_rows=torch.tensor([row_of[self.parents[v]] for v in nodes], dtype=torch.long),
                 parent_nodes=torch.tensor([self.parents[v] for v in nodes], dtype=torch.long)))
+        self.max_width = max(lv.width for lv in self.levels[1:])  # the most children of one node
         self._device = torch.device("cpu")
 
     def reset(self, state: DecodeState) -> None:
@@ -138,6 +139,9 @@ class TemplateProposer(Proposer):
         tokens = torch.empty(n, dtype=torch.long, device=device)
         tokens[0] = state.tokens[-1]
         vocab = getattr(model, "draft_vocab", None)  # (K,) ids of the logits' columns; None: all V
+        if vocab is not None and len(vocab) < self.max_width:
+            raise ValueError(f"tree {tpl.name!r} takes the top {self.max_width} of a node, more than the "
+                             f"{len(vocab)} tokens of the draft vocabulary")
         q = None if policy.greedy else torch.zeros(n, logits.shape[-1], device=device)  # over the columns
         for depth in range(1, tpl.depth + 1):
             level = self.levels[depth]
