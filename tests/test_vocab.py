@@ -18,10 +18,12 @@ from eagle.data.vocab import (
     main,
     save_counts,
 )
+from eagle.decoding import SpeculativeDecoder
 from eagle.models.checkpoint import CheckpointError
 from eagle.models.drafter import EagleDrafter
 from eagle.proposers import eagle_proposer
 from eagle.sampling import SamplingPolicy
+from helpers.decoding import tree
 from helpers.models import make_tiny_model
 
 
@@ -80,7 +82,7 @@ def test_drafted_tokens_come_from_the_reduced_vocabulary_and_q_is_zero_off_it(te
     drafter = EagleDrafter.random(target, seed=1)
     ids = torch.arange(1, drafter.config.vocab_size, 3)
     drafter.restrict_vocab(ids)
-    proposer = eagle_proposer(drafter, _tree(), cache="dynamic")
+    proposer = eagle_proposer(drafter, tree("eagle_default"), cache="dynamic")
     from eagle.decoding import SpeculativeDecoder
 
     drafts = []
@@ -90,17 +92,11 @@ def test_drafted_tokens_come_from_the_reduced_vocabulary_and_q_is_zero_off_it(te
     assert drafts
     off = torch.ones(drafter.config.vocab_size, dtype=torch.bool)
     off[ids] = False
-    for tree in drafts:
-        assert torch.isin(tree.tokens, ids).all()
+    for drafted in drafts:
+        assert torch.isin(drafted.tokens, ids).all()
         if temperature:
-            assert tree.q.shape[-1] == drafter.config.vocab_size and (tree.q[:, off] == 0).all()
-            torch.testing.assert_close(tree.q.sum(-1), torch.ones(len(tree.tokens)))
-
-
-def _tree():
-    from helpers.decoding import tree
-
-    return tree("eagle_default")
+            assert drafted.q.shape[-1] == drafter.config.vocab_size and (drafted.q[:, off] == 0).all()
+            torch.testing.assert_close(drafted.q.sum(-1), torch.ones(len(drafted.tokens)))
 
 
 def _recording(propose, out: list):
@@ -127,12 +123,10 @@ def test_counting_a_feature_dump_into_a_drafter_folder(tmp_path, features_dir, c
 
 
 def test_a_tree_wider_than_the_draft_vocabulary_is_refused():
-    from eagle.decoding import SpeculativeDecoder
-
     target = make_tiny_model("llama")
     drafter = EagleDrafter.random(target, seed=1)
     drafter.restrict_vocab(torch.tensor([3, 4]))  # EAGLE-1's tree takes the top 4 under the root
-    decoder = SpeculativeDecoder(target, eagle_proposer(drafter, _tree(), cache="dynamic"), SamplingPolicy(),
+    decoder = SpeculativeDecoder(target, eagle_proposer(drafter, tree("eagle_default"), cache="dynamic"), SamplingPolicy(),
                                  eos_token_id=[])
     with pytest.raises(ValueError, match="top 4 of a node, more than the 2 tokens"):
         decoder.generate([1, 5, 9], 4)

@@ -312,7 +312,7 @@ class EagleDrafter(nn.Module):
             return
         ids = torch.as_tensor(ids).flatten()
         vocab = self.config.vocab_size
-        if ids.dtype in (torch.bool, torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        if ids.dtype == torch.bool or ids.is_floating_point():
             raise ValueError(f"a draft vocabulary is token ids, got {ids.dtype}")
         if not ids.numel() or int(ids.min()) < 0 or int(ids.max()) >= vocab:
             raise ValueError(f"a draft vocabulary needs 1..{vocab} token ids in [0, {vocab})")
