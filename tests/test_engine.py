@@ -49,6 +49,36 @@ def test_oracle_accepts_full_depth_and_cache_has_no_branch_trace(cache):
     assert all(stale)
 
 
+def test_growing_cache_holds_what_hugging_faces_cache_holds(monkeypatch):
+    """The in-place cache (`GrowingLayer`) against Hugging Face's `DynamicCache` under the same
+    appends, crops and path compactions, across buffer regrowths and a replaced tensor."""
+    from transformers import DynamicCache
+
+    from eagle.decoding import kv_cache
+
+    monkeypatch.setattr(kv_cache, "MIN_CAPACITY", 4)  # regrow often
+    g = torch.Generator().manual_seed(0)
+    ours, ref = kv_cache.new_cache(), DynamicCache()
+    for step, n in enumerate((5, 1, 3, 7, 1, 2, 9)):
+        k, v = torch.randn(1, 2, n, 4, generator=g), torch.randn(1, 2, n, 4, generator=g)
+        for layer in range(2):
+            got = ours.update(k + layer, v - layer, layer)
+            want = ref.update(k + layer, v - layer, layer)
+            for a, b in zip(got, want):
+                torch.testing.assert_close(a, b, rtol=0, atol=0)
+        if n > 2:  # a tree of n: keep a path through it, as after a verification
+            prefix = ref.get_seq_length() - n
+            kv_cache.keep_path(ours, prefix, [0, 2])
+            kv_cache.keep_path(ref, prefix, [0, 2])
+        if step == 4:  # something replaced the tensors (as beam reordering does): copied back in
+            ours.layers[0].keys = ours.layers[0].keys.clone()
+        assert ours.get_seq_length() == ref.get_seq_length()
+        for a, b in zip(ours.layers, ref.layers):
+            torch.testing.assert_close(a.keys, b.keys, rtol=0, atol=0)
+            torch.testing.assert_close(a.values, b.values, rtol=0, atol=0)
+    assert ours.layers[0].keys.untyped_storage().data_ptr() == ours.layers[0]._keys_buf.untyped_storage().data_ptr()
+
+
 def test_tau_and_stats_are_consistent():
     target = make_tiny_model("qwen2")
     decoder = SpeculativeDecoder(target, TemplateProposer(DraftLM(target), tree("chain5")), eos_token_id=[])

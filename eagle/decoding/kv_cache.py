@@ -1,23 +1,79 @@
-"""Helpers for Hugging Face's growing `DynamicCache` in tree decoding.
+"""The growing KV cache of tree decoding: a Hugging Face `DynamicCache` that appends in place.
 
 A tree verification appends every tree node's KV to the committed cache. Only the accepted
 path may stay: `keep_path` moves the accepted nodes' KV next to the committed prefix and
 crops the rest, so rejected branches leave no trace.
+
+Hugging Face's own `DynamicLayer` appends with `torch.cat`, which copies the whole cache into
+a new allocation at every forward: O(length) work and a fresh allocation per layer per step.
+`GrowingLayer` keeps the entries in a buffer with room to spare and writes only the new rows;
+the cache it hands the attention is a view of the first `length` rows. Measured in LOG.md
+(issue 17): on the CPU target the copies were a visible part of every step.
 """
 
 from __future__ import annotations
 
 import torch
+from transformers.cache_utils import DynamicCache, DynamicLayer
+
+MIN_CAPACITY = 256  # entries a layer's first buffer holds; then it doubles
 
 
-def new_cache():
+class GrowingLayer(DynamicLayer):
+    """A `DynamicLayer` whose `keys`/`values` are views into a larger buffer.
+
+    Everything that reads or edits `keys`/`values` as tensors (cropping by slicing, the
+    in-place writes of `keep_path`, `get_seq_length`) works unchanged, since a view of the
+    buffer is what they see. When `update` finds the cache is no longer a view of its buffer
+    (a method of the base class replaced it, e.g. beam reordering), it copies it into a new one.
+    """
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        super().lazy_initialization(key_states, value_states)
+        self._keys_buf = self._values_buf = None  # (B, H_kv, capacity, D)
+
+    def _owns(self, tensor: torch.Tensor, buf: torch.Tensor | None) -> bool:
+        return buf is not None and tensor.untyped_storage().data_ptr() == buf.untyped_storage().data_ptr()
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        old = self.get_seq_length()
+        new = old + key_states.shape[-2]
+        if not (self._owns(self.keys, self._keys_buf) and self._owns(self.values, self._values_buf)
+                and new <= self._keys_buf.shape[-2]):
+            capacity = max(2 * new, MIN_CAPACITY)  # doubling: amortised O(1) copies per entry
+            keys = key_states.new_empty((*key_states.shape[:-2], capacity, key_states.shape[-1]))
+            values = value_states.new_empty((*value_states.shape[:-2], capacity, value_states.shape[-1]))
+            if old:
+                keys[..., :old, :] = self.keys
+                values[..., :old, :] = self.values
+            self._keys_buf, self._values_buf = keys, values
+        self._keys_buf[..., old:new, :] = key_states
+        self._values_buf[..., old:new, :] = value_states
+        self.keys, self.values = self._keys_buf[..., :new, :], self._values_buf[..., :new, :]
+        return self.keys, self.values
+
+    def reset(self) -> None:
+        super().reset()
+        self._keys_buf = self._values_buf = None
+
+
+class GrowingCache(DynamicCache):
+    """A `DynamicCache` of `GrowingLayer`s, created lazily as layers first write."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer_class_to_replicate = GrowingLayer
+
+
+def new_cache() -> GrowingCache:
     """An empty growing cache of full layers, even for a model with sliding-window layers: a
     sliding layer keeps only its window and cannot be cropped back after a tree verification,
     so every layer keeps everything and the masks apply the window
     (`eagle.decoding.masks.for_layers`)."""
-    from transformers import DynamicCache
-
-    return DynamicCache()
+    return GrowingCache()
 
 
 def cache_length(cache) -> int:
