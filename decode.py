@@ -40,7 +40,9 @@ from eagle.bench.methods import (
     MethodSpec,
     build_method,
     method_dtype,
+    method_settings,
 )
+from eagle.bench.precision import DtypeChoice, faster_dtype
 from eagle.bench.timing import project, random_target, time_methods, weights_gb, write_timing
 from eagle.bench.tree_search import (
     Candidate,
@@ -76,6 +78,26 @@ class Methods:
         self.sections = {name: OmegaConf.to_container(cfg[name], resolve=True) for name in SECTIONS}
         self._targets: dict[torch.dtype, tuple] = {}
         self._drafts: dict[tuple[str, torch.dtype], torch.nn.Module] = {}
+        self.measured: dict[int, DtypeChoice] = {}  # tree width -> the dtype measured faster
+
+    def dtype(self, spec: str, overrides: dict[str, str] | None = None, tree_dirs: tuple[str, ...] = ()) -> str:
+        """The dtype `spec` runs in: its override, else the machine's choice (`method_dtype`),
+        except that where that choice is bf16 for a wide method on a CPU, the faster dtype is
+        measured on the target instead of assumed (eagle.bench.precision), once per tree width."""
+        spec, overrides = MethodSpec.parse(spec), overrides or {}
+        dtype = method_dtype(spec, self.cfg.device, overrides)
+        explicit = overrides.get(str(spec)) or overrides.get(spec.base)
+        if dtype != "bfloat16" or torch.device(self.cfg.device).type != "cpu" or explicit not in (None, "auto"):
+            return dtype
+        tree = getattr(method_settings(spec, self.sections), "tree", None) or self.cfg.eagle.tree
+        width = resolve_tree(tree, (*tree_dirs, str(TREE_DIR))).num_nodes + 1  # the root and the tree
+        if width not in self.measured:
+            choice = faster_dtype({name: self.target(name)[0] for name in ("float32", "bfloat16")}, width)
+            if choice.dtype == "float32":  # the bf16 copy was loaded only to be timed
+                self._targets.pop(torch.bfloat16, None)
+            print(f"[dtype] {spec}: {choice.describe()}")
+            self.measured[width] = choice
+        return self.measured[width].dtype
 
     def target(self, dtype: str):
         key = resolve_dtype(dtype)
@@ -104,7 +126,7 @@ class Methods:
 
 def generate(cfg: DictConfig) -> None:
     methods = Methods(cfg)
-    dtype = method_dtype(cfg.method, cfg.device, {} if cfg.dtype == "auto" else {cfg.method: cfg.dtype})
+    dtype = methods.dtype(cfg.method, {} if cfg.dtype == "auto" else {cfg.method: cfg.dtype})
     method = methods.build(cfg.method, dtype)
     _, tokenizer = methods.target(dtype)
     ids = encode_prompt(tokenizer, Prompt(id="cli", text=str(cfg.prompt), chat=bool(cfg.chat)))
@@ -139,7 +161,7 @@ def benchmark(cfg: DictConfig, methods: Methods | None = None, names: list[str] 
     for name in names:
         MethodSpec.parse(name)  # unknown names fail before any model is loaded
     eval_sets = {Path(name).stem: load_eval_set(name, bcfg.num_prompts) for name in bcfg.eval_sets}
-    _, tokenizer = methods.target(method_dtype("vanilla", cfg.device, dtypes))
+    _, tokenizer = methods.target(methods.dtype("vanilla", dtypes))
     chat = bcfg.chat if bcfg.chat is not None else (True if cfg.chat else None)
     if chat is not None:  # one rendering for every prompt, instead of each set's own
         if chat and not getattr(tokenizer, "chat_template", None):
@@ -147,7 +169,7 @@ def benchmark(cfg: DictConfig, methods: Methods | None = None, names: list[str] 
         eval_sets = {k: [dataclasses.replace(p, chat=bool(chat)) for p in v] for k, v in eval_sets.items()}
 
     def build(name: str):
-        dtype = method_dtype(name, cfg.device, dtypes)
+        dtype = methods.dtype(name, dtypes, tree_dirs)
         return methods.build(name, dtype, tree_dirs), dtype
 
     config = BenchmarkConfig(methods=tuple(names), temperatures=tuple(temperatures or bcfg.temperatures),
@@ -168,7 +190,7 @@ def tree_search(cfg: DictConfig) -> Path:
     out = Path(ts.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     methods = Methods(cfg)
-    dtype = method_dtype("eagle", cfg.device, OmegaConf.to_container(bcfg.dtypes) if bcfg.dtypes else {})
+    dtype = methods.dtype("eagle", OmegaConf.to_container(bcfg.dtypes) if bcfg.dtypes else {})
     probe = resolve_tree(ts.probe, [TREE_DIR])
     method = methods.build(f"eagle@{ts.probe}", dtype)
     _, tokenizer = methods.target(dtype)
@@ -356,8 +378,8 @@ def profile(cfg: DictConfig) -> Path:
     from eagle.proposers.template import TemplateProposer
 
     pcfg = cfg.profile
-    dtype = method_dtype("eagle", cfg.device, {} if pcfg.dtype == "auto" else {"eagle": pcfg.dtype})
     methods = Methods(cfg)
+    dtype = methods.dtype("eagle", {} if pcfg.dtype == "auto" else {"eagle": pcfg.dtype})
     _, tokenizer = methods.target(dtype)
     eagle, vanilla = methods.build("eagle", dtype), methods.build("vanilla", dtype)
     prompts = [encode_prompt(tokenizer, p) for p in load_eval_set(pcfg.eval_set, pcfg.num_prompts)]
@@ -412,7 +434,7 @@ def ablations(cfg: DictConfig) -> Path:
     labels = {v.name: f"eagle[{v.name}]" for v in variants}
     drafters = {labels[v.name]: str(v.drafter) for v in variants}
     methods = Methods(cfg)
-    dtype = method_dtype("eagle", cfg.device, {"eagle": acfg.dtype} if acfg.dtype else {})
+    dtype = methods.dtype("eagle", {"eagle": acfg.dtype} if acfg.dtype else {})
 
     def build(label: str):
         if label == "vanilla":

@@ -403,3 +403,51 @@ def test_eagle_drafts_from_a_reduced_vocabulary(models, tmp_path, capsys):
     for bad in ("draft%16", "eagle%0", "eagle%x"):
         with pytest.raises(MethodError, match="for eagle only"):
             MethodSpec.parse(bad)
+
+
+def test_faster_dtype_times_each_model_and_picks_the_faster():
+    """The dtype probe times the verification forward itself: a model made slower (a hook that
+    sleeps in its forward) loses, whichever name it carries, and the timings are reported."""
+    import time
+
+    from eagle.bench.precision import faster_dtype
+    from helpers.models import make_tiny_model
+
+    fast, slow = make_tiny_model("llama"), make_tiny_model("llama")
+    slow.model.register_forward_pre_hook(lambda *_: time.sleep(0.005))
+    for names in (("float32", "bfloat16"), ("bfloat16", "float32")):
+        choice = faster_dtype({names[0]: slow, names[1]: fast}, width=5, prefix=8, reps=3, warmup=1)
+        assert choice.dtype == names[1] and choice.width == 5
+        assert choice.ms[names[0]] > choice.ms[names[1]] + 4
+        assert names[1] in choice.describe()
+    with pytest.raises(ValueError, match="at least one"):
+        faster_dtype({}, width=5)
+
+
+def test_bf16_on_a_cpu_is_measured_not_assumed(models, tmp_path, monkeypatch, capsys):
+    """Where the machine's rule would run a wide method in bf16 on a CPU, `Methods.dtype` measures
+    both dtypes on the target at the method's tree width and keeps the faster; an explicit dtype,
+    a narrow method and a CPU without bf16 instructions are not measured."""
+    import decode as decode_module
+    from eagle import hardware
+    from eagle.bench.precision import DtypeChoice
+
+    calls = []
+
+    def fake(models_, width, **_):
+        calls.append((sorted(models_), width))
+        return DtypeChoice("float32", width, {"float32": 1.0, "bfloat16": 2.0})
+
+    monkeypatch.setattr(decode_module, "faster_dtype", fake)
+    monkeypatch.setattr(hardware, "cpu_has_fast_bf16", lambda: True)
+    methods = decode_module.Methods(decode_cfg(models, tmp_path))
+    assert methods.dtype("vanilla") == "float32" and not calls  # narrow: fp32 on a CPU, no probe
+    assert methods.dtype("eagle", {"eagle": "bfloat16"}) == "bfloat16" and not calls  # asked for
+    assert methods.dtype("eagle") == "float32"
+    assert calls == [(["bfloat16", "float32"], 26)]  # EAGLE-1's default tree and its root
+    assert methods.dtype("eagle@chain5") == "float32" and calls[-1][1] == 6
+    assert methods.dtype("eagle") == "float32" and len(calls) == 2  # measured once per width
+    assert torch.bfloat16 not in methods._targets  # the bf16 copy that lost is not kept
+    assert "[dtype] eagle: float32 (verifying 26 tokens" in capsys.readouterr().out
+    monkeypatch.setattr(hardware, "cpu_has_fast_bf16", lambda: False)
+    assert decode_module.Methods(decode_cfg(models, tmp_path)).dtype("eagle") == "float32" and len(calls) == 2

@@ -1,0 +1,79 @@
+"""Which dtype verifies faster on this machine: measured on the target, not assumed.
+
+A CPU with bf16 instructions does not make bf16 the faster choice for every model. With
+AMX, bf16 verified EAGLE's trees faster than fp32 (LOG.md); on an AVX512-BF16 CPU without
+AMX, the 12 x 96 CPU target verified 26 tokens in 7.4 ms in bf16 against 6.4 ms in fp32, and
+decoded one token in 6.0 ms against 3.4 ms (LOG.md, issue 17). At that size per-op overhead
+and the dtype conversions around each kernel outweigh the faster arithmetic; at 7B the
+halved weight traffic likely wins. So where the machine could go either way (a wide
+method on a CPU with bf16 instructions), `faster_dtype` times the target's own verification
+forward in each dtype and the faster one is used.
+
+The forward timed is the one a round makes: `width` new tokens (the tree and its root) on
+top of `prefix` cached ones, the cache cropped back after each; the dtypes take turns, so
+load on a shared machine falls on both alike, and the median of `reps` is compared.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from eagle.decoding.kv_cache import crop, new_cache
+from eagle.target import target_forward
+
+
+@dataclass(frozen=True)
+class DtypeChoice:
+    dtype: str  # the faster one
+    width: int  # tokens per timed verification forward
+    ms: dict[str, float]  # median ms of one verification forward, per dtype
+
+    def describe(self) -> str:
+        times = ", ".join(f"{name} {ms:.2f} ms" for name, ms in self.ms.items())
+        return f"{self.dtype} (verifying {self.width} tokens, measured here: {times})"
+
+
+@torch.inference_mode()
+def faster_dtype(models: Mapping[str, nn.Module], width: int, prefix: int = 128, reps: int = 10,
+                 warmup: int = 3, seed: int = 0) -> DtypeChoice:
+    """Time one verification forward of `width` tokens after `prefix` cached ones for each of
+    `models` (dtype name -> the same target in that dtype); return the faster dtype.
+
+    Args:
+        models: at least one model; all must share a vocabulary and fit prefix + width tokens.
+        reps, warmup: timed and untimed forwards per dtype, interleaved across dtypes.
+    """
+    if not models:
+        raise ValueError("faster_dtype needs at least one model")
+    if width < 1 or prefix < 1:
+        raise ValueError(f"width and prefix must be >= 1, got {width} and {prefix}")
+    g = torch.Generator().manual_seed(seed)
+    vocab = min(int(m.config.vocab_size) for m in models.values())
+    ids = torch.randint(0, vocab, (1, prefix + width), generator=g)
+    caches = {}
+    for name, model in models.items():
+        device = next(model.parameters()).device
+        caches[name] = new_cache()
+        target_forward(model, ids[:, :prefix].to(device), caches[name], logits_slice=slice(-1, None))
+    times: dict[str, list[float]] = {name: [] for name in models}
+    for rep in range(warmup + reps):
+        for name, model in models.items():
+            device = next(model.parameters()).device
+            tokens = ids[:, prefix:].to(device)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            t0 = time.perf_counter()
+            target_forward(model, tokens, caches[name])
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            if rep >= warmup:
+                times[name].append(1000 * (time.perf_counter() - t0))
+            crop(caches[name], prefix)
+    ms = {name: statistics.median(t) for name, t in times.items()}
+    return DtypeChoice(dtype=min(ms, key=ms.get), width=width, ms=ms)
