@@ -368,8 +368,20 @@ def test_profile_splits_the_round(models, tmp_path):
     assert sum(b["parts_ms"].values()) == pytest.approx(b["round_ms"])
     assert all(ms >= 0 for ms in b["parts_ms"].values())
     assert report["speedup"] > 0 and report["vanilla"]["step_ms"] > 0
+    assert report["fastest_vanilla"] == "float32" and report["speedup_vs_fastest"] == pytest.approx(report["speedup"])
     assert "target layers" in (out / "profile.md").read_text()
     assert SamplingPolicy.probs is probs and engine.verify_tree_greedy is greedy
+    # EAGLE in bf16 on a CPU: vanilla in both dtypes, the speedup also against the faster one
+    out = tmp_path / "profile_bf16"
+    decode(decode_cfg(models, tmp_path, "mode=profile", f"profile.eval_set={models / 'prompts.jsonl'}",
+                      "profile.num_prompts=1", "profile.new_tokens=8", "profile.dtype=bfloat16",
+                      f"profile.out_dir={out}"))
+    report = json.loads((out / "profile.json").read_text())
+    steps = {d: v["step_ms"] for d, v in report["vanilla_by_dtype"].items()}
+    assert set(steps) == {"bfloat16", "float32"} and report["vanilla"]["step_ms"] == steps["bfloat16"]
+    assert report["fastest_vanilla"] == min(steps, key=steps.get)
+    assert report["speedup_vs_fastest"] == pytest.approx(report["speedup"] * min(steps.values()) / steps["bfloat16"])
+    assert "against the faster vanilla" in (out / "profile.md").read_text()
 
 
 def test_eagle_drafts_from_a_reduced_vocabulary(models, tmp_path, capsys):

@@ -104,6 +104,9 @@ def breakdown_markdown(report: dict) -> str:
                   f"{report['new_tokens']} tokens; tree {report['tree']} ({report['tree_nodes']} nodes)",
               f"- tau {b['tau']:.2f}; vanilla step {v['step_ms']:.2f} ms; speedup {report['speedup']:.2f}x; "
               f"speedup / tau {report['speedup'] / b['tau']:.2f}",
+              *([f"- against the faster vanilla ({report['fastest_vanilla']}, "
+                 f"{report['vanilla_by_dtype'][report['fastest_vanilla']]['step_ms']:.2f} ms per token): "
+                 f"{report['speedup_vs_fastest']:.2f}x"] if len(report.get("vanilla_by_dtype", {})) > 1 else []),
               f"- drafter pass (FC + layer + LM head) {b['drafter_pass_ms']:.2f} ms = "
               f"{b['drafter_pass_ms'] / layer_ms:.1f} target layers (a vanilla step / {report['target_layers']} "
               f"layers = {layer_ms:.2f} ms); {b['drafter_passes_per_round']:.1f} passes per round",
