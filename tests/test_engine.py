@@ -77,6 +77,13 @@ def test_growing_cache_holds_what_hugging_faces_cache_holds(monkeypatch):
             torch.testing.assert_close(a.keys, b.keys, rtol=0, atol=0)
             torch.testing.assert_close(a.values, b.values, rtol=0, atol=0)
     assert ours.layers[0].keys.untyped_storage().data_ptr() == ours.layers[0]._keys_buf.untyped_storage().data_ptr()
+    # a known max_len caps the buffer at what the sequence needs, and a longer sequence still fits
+    capped = kv_cache.new_cache(max_len=10)
+    for n in (3, 4, 3):
+        capped.update(torch.zeros(1, 2, n, 4), torch.zeros(1, 2, n, 4), 0)
+    assert capped.layers[0]._keys_buf.shape[-2] == 10 and capped.get_seq_length() == 10
+    capped.update(torch.ones(1, 2, 2, 4), torch.ones(1, 2, 2, 4), 0)
+    assert capped.get_seq_length() == 12 and capped.layers[0].keys[0, 0, 10:].eq(1).all()
 
 
 def test_tau_and_stats_are_consistent():

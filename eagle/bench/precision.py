@@ -59,7 +59,7 @@ def faster_dtype(models: Mapping[str, nn.Module], width: int, prefix: int = 128,
     caches = {}
     for name, model in models.items():
         device = next(model.parameters()).device
-        caches[name] = new_cache()
+        caches[name] = new_cache(prefix + width)
         target_forward(model, ids[:, :prefix].to(device), caches[name], logits_slice=slice(-1, None))
     times: dict[str, list[float]] = {name: [] for name in models}
     for rep in range(warmup + reps):

@@ -102,7 +102,7 @@ def sample_continuations(target: nn.Module, prompts: torch.Tensor, new_tokens: i
     ids = prompts.to(device, torch.long)
     if new_tokens == 0:
         return ids.clone()
-    cache = new_cache()
+    cache = new_cache(ids.shape[1] + new_tokens)
     out = target_forward(target, ids, cache, logits_slice=slice(-1, None))  # prefill: logits (B, 1, V)
     tokens = []
     for step in range(new_tokens):

@@ -74,7 +74,7 @@ class DynamicDraftCache(DraftCache):
         return self._length
 
     def begin(self, max_len: int) -> None:
-        self.hf, self._length, self._positions = new_cache(), 0, []
+        self.hf, self._length, self._positions = new_cache(max_len), 0, []
 
     def prepare(self, start: int, visible: Tensor, write_at: int, positions: Tensor) -> Tensor | dict:
         n, s = visible.shape

@@ -7,11 +7,15 @@ crops the rest, so rejected branches leave no trace.
 Hugging Face's own `DynamicLayer` appends with `torch.cat`, which copies the whole cache into
 a new allocation at every forward: O(length) work and a fresh allocation per layer per step.
 `GrowingLayer` keeps the entries in a buffer with room to spare and writes only the new rows;
-the cache it hands the attention is a view of the first `length` rows. Measured in LOG.md
-(issue 17): on the CPU target the copies were a visible part of every step.
+the cache it hands the attention is a view of the first `length` rows. The buffer doubles when
+full, but never past the sequence's known `max_len`, so it holds no more than a static cache
+would. Measured (LOG.md, issue 17): no difference at the CPU demo's few hundred tokens; a step of
+a 4 x 1024 model with 6,144 cached tokens 1.8x faster, since the copy grows with the context.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
@@ -28,9 +32,14 @@ class GrowingLayer(DynamicLayer):
     (a method of the base class replaced it, e.g. beam reordering), it copies it into a new one.
     """
 
+    def __init__(self, max_len: int | None = None, **kwargs):
+        super().__init__(**kwargs)
+        self.max_len = max_len or None  # the most entries the sequence will need (0/None: unknown): caps the buffer
+        self._keys_buf = self._values_buf = None  # (B, H_kv, capacity, D)
+
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         super().lazy_initialization(key_states, value_states)
-        self._keys_buf = self._values_buf = None  # (B, H_kv, capacity, D)
+        self._keys_buf = self._values_buf = None
 
     def _owns(self, tensor: torch.Tensor, buf: torch.Tensor | None) -> bool:
         return buf is not None and tensor.untyped_storage().data_ptr() == buf.untyped_storage().data_ptr()
@@ -44,6 +53,8 @@ class GrowingLayer(DynamicLayer):
         if not (self._owns(self.keys, self._keys_buf) and self._owns(self.values, self._values_buf)
                 and new <= self._keys_buf.shape[-2]):
             capacity = max(2 * new, MIN_CAPACITY)  # doubling: amortised O(1) copies per entry
+            if self.max_len is not None:  # ...but no more than the sequence needs (it may still exceed it)
+                capacity = max(min(capacity, self.max_len), new)
             keys = key_states.new_empty((*key_states.shape[:-2], capacity, key_states.shape[-1]))
             values = value_states.new_empty((*value_states.shape[:-2], capacity, value_states.shape[-1]))
             if old:
@@ -61,19 +72,20 @@ class GrowingLayer(DynamicLayer):
 
 
 class GrowingCache(DynamicCache):
-    """A `DynamicCache` of `GrowingLayer`s, created lazily as layers first write."""
+    """A `DynamicCache` of `GrowingLayer`s, created lazily as layers first write; `max_len`, when
+    known, is the most entries the sequence will hold (each layer's buffer stops growing there)."""
 
-    def __init__(self):
+    def __init__(self, max_len: int | None = None):
         super().__init__()
-        self.layer_class_to_replicate = GrowingLayer
+        self.layer_class_to_replicate = functools.partial(GrowingLayer, max_len=max_len)
 
 
-def new_cache() -> GrowingCache:
+def new_cache(max_len: int | None = None) -> GrowingCache:
     """An empty growing cache of full layers, even for a model with sliding-window layers: a
     sliding layer keeps only its window and cannot be cropped back after a tree verification,
     so every layer keeps everything and the masks apply the window
     (`eagle.decoding.masks.for_layers`)."""
-    return GrowingCache()
+    return GrowingCache(max_len)
 
 
 def cache_length(cache) -> int:

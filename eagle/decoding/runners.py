@@ -91,7 +91,7 @@ class DynamicRunner(TargetRunner):
         return self._capacity
 
     def prefill(self, ids: Tensor, max_len: int) -> TargetOutput:
-        self.cache, self._capacity = new_cache(), max_len
+        self.cache, self._capacity = new_cache(max_len), max_len
         return target_forward(self.target, ids.to(self.device), self.cache, logits_slice=slice(-1, None))
 
     def verify(self, tokens: Tensor, parents: tuple[int, ...]) -> TargetOutput:
