@@ -177,7 +177,8 @@ def benchmark(cfg: DictConfig, methods: Methods | None = None, names: list[str] 
                              top_p=cfg.top_p, seed=cfg.seed)
     out_dir = Path(out_dir or bcfg.out_dir)
     run_benchmark(eval_sets, tokenizer, build, config, target_name=str(cfg.target), out_dir=out_dir,
-                  device=cfg.device, reference=lambda dtype: methods.build("vanilla", dtype))
+                  device=cfg.device, reference=lambda dtype: methods.build("vanilla", dtype),
+                  dtype_choices=methods.measured)
     print((out_dir / "results.md").read_text())
     return out_dir
 

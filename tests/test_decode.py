@@ -461,5 +461,13 @@ def test_bf16_on_a_cpu_is_measured_not_assumed(models, tmp_path, monkeypatch, ca
     assert methods.dtype("eagle") == "float32" and len(calls) == 2  # measured once per width
     assert torch.bfloat16 not in methods._targets  # the bf16 copy that lost is not kept
     assert "[dtype] eagle: float32 (verifying 26 tokens" in capsys.readouterr().out
+    out = tmp_path / "bench"  # the benchmark stores what was measured with the machine
+    decode_module.decode(decode_cfg(models, tmp_path, "mode=benchmark", f"benchmark.eval_sets=[{models / 'prompts.jsonl'}]",
+                                    "benchmark.num_prompts=1", "benchmark.methods=[vanilla,eagle]",
+                                    "benchmark.temperatures=[0.0]", f"benchmark.out_dir={out}"))
+    report = json.loads((out / "results.json").read_text())
+    assert report["machine"]["dtype_measured"]["26"]["dtype"] == "float32"
+    assert report["runs"][0]["methods"]["eagle"]["dtype"] == "float32"
+    before = len(calls)
     monkeypatch.setattr(hardware, "cpu_has_fast_bf16", lambda: False)
-    assert decode_module.Methods(decode_cfg(models, tmp_path)).dtype("eagle") == "float32" and len(calls) == 2
+    assert decode_module.Methods(decode_cfg(models, tmp_path)).dtype("eagle") == "float32" and len(calls) == before

@@ -23,7 +23,7 @@ import platform
 import resource
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -162,7 +162,7 @@ def build_all(build: Callable[[str], tuple[Method, str]], names: Sequence[str]) 
 
 def run_benchmark(eval_sets: dict[str, list[Prompt]], tokenizer, build: Callable[[str], tuple[Method, str]],
                   cfg: BenchmarkConfig, target_name: str, out_dir: str | Path, device=None,
-                  reference: Callable[[str], Method] | None = None) -> dict:
+                  reference: Callable[[str], Method] | None = None, dtype_choices: Mapping | None = None) -> dict:
     """Run every method on every eval set and temperature; write results into `out_dir`.
 
     Args:
@@ -172,6 +172,8 @@ def run_benchmark(eval_sets: dict[str, list[Prompt]], tokenizer, build: Callable
         reference: dtype name -> vanilla decoding in that dtype. Greedy texts are compared with
             vanilla in each method's own dtype and with float32 vanilla; the references the run
             does not time are decoded (untimed) with this.
+        dtype_choices: tree width -> the `eagle.bench.precision.DtypeChoice` measured while
+            `build` ran (read after building), stored under machine.dtype_measured.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -227,7 +229,8 @@ def run_benchmark(eval_sets: dict[str, list[Prompt]], tokenizer, build: Callable
                                                       "temperatures": list(cfg.temperatures)},
               "machine": {"platform": platform.platform(), "processor": platform.processor(),
                           "torch": torch.__version__, "threads": torch.get_num_threads(),
-                          "device": str(device)},
+                          "device": str(device),
+                          "dtype_measured": {str(w): asdict(c) for w, c in (dtype_choices or {}).items()}},
               "date": time.strftime("%Y-%m-%d %H:%M:%S")}
     write_report(report, out_dir)
     return report
