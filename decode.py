@@ -150,6 +150,25 @@ def generate(cfg: DictConfig) -> None:
           f"{len(out.tokens) / out.seconds:.1f} tokens/s, tau {out.tau:.2f}")
 
 
+def dtype_overrides(spec) -> dict[str, str]:
+    """`benchmark.dtypes` as {method label or base name: dtype}. Given as a mapping
+    (`benchmark.dtypes={eagle:float32}`) or, for labels Hydra's override grammar cannot spell as
+    keys (`eagle@chain5`, `vanilla:dynamic`), as a list of LABEL=DTYPE strings
+    (`'benchmark.dtypes=["vanilla:dynamic=bfloat16"]'`)."""
+    if not spec:
+        return {}
+    spec = OmegaConf.to_container(spec) if OmegaConf.is_config(spec) else spec
+    if isinstance(spec, dict):
+        return {str(k): str(v) for k, v in spec.items()}
+    out = {}
+    for item in spec:
+        label, eq, dtype = str(item).rpartition("=")
+        if not eq or not label or not dtype:
+            raise ValueError(f"benchmark.dtypes: {item!r} is not LABEL=DTYPE (e.g. vanilla:dynamic=bfloat16)")
+        out[label] = dtype
+    return out
+
+
 def benchmark(cfg: DictConfig, methods: Methods | None = None, names: list[str] | None = None,
               temperatures: list[float] | None = None, out_dir: str | Path | None = None,
               tree_dirs: tuple[str, ...] = ()) -> Path:
@@ -157,7 +176,7 @@ def benchmark(cfg: DictConfig, methods: Methods | None = None, names: list[str] 
     bcfg = cfg.benchmark
     methods = methods or Methods(cfg)
     names = list(names or bcfg.methods)
-    dtypes = OmegaConf.to_container(bcfg.dtypes) if bcfg.dtypes else {}
+    dtypes = dtype_overrides(bcfg.dtypes)
     for name in names:
         MethodSpec.parse(name)  # unknown names fail before any model is loaded
     eval_sets = {Path(name).stem: load_eval_set(name, bcfg.num_prompts) for name in bcfg.eval_sets}
@@ -191,7 +210,7 @@ def tree_search(cfg: DictConfig) -> Path:
     out = Path(ts.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     methods = Methods(cfg)
-    dtype = methods.dtype("eagle", OmegaConf.to_container(bcfg.dtypes) if bcfg.dtypes else {})
+    dtype = methods.dtype("eagle", dtype_overrides(bcfg.dtypes))
     probe = resolve_tree(ts.probe, [TREE_DIR])
     method = methods.build(f"eagle@{ts.probe}", dtype)
     _, tokenizer = methods.target(dtype)

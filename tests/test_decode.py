@@ -471,3 +471,21 @@ def test_bf16_on_a_cpu_is_measured_not_assumed(models, tmp_path, monkeypatch, ca
     before = len(calls)
     monkeypatch.setattr(hardware, "cpu_has_fast_bf16", lambda: False)
     assert decode_module.Methods(decode_cfg(models, tmp_path)).dtype("eagle") == "float32" and len(calls) == before
+
+
+def test_dtypes_as_label_strings_reach_labels_hydra_cannot_spell_as_keys(models, tmp_path):
+    """benchmark.dtypes as LABEL=DTYPE strings: one method in two dtypes in one run
+    (`vanilla` and `vanilla:dynamic`), which the mapping form cannot key; a malformed item fails."""
+    from decode import decode, dtype_overrides
+
+    out = tmp_path / "bench"
+    decode(decode_cfg(models, tmp_path, "mode=benchmark", f"benchmark.eval_sets=[{models / 'prompts.jsonl'}]",
+                      "benchmark.num_prompts=1", "benchmark.methods=[vanilla,vanilla:dynamic,eagle@chain5]",
+                      'benchmark.dtypes=["vanilla:dynamic=bfloat16","eagle@chain5=float32"]',
+                      "benchmark.temperatures=[0.0]", f"benchmark.out_dir={out}"))
+    (run,) = json.loads((out / "results.json").read_text())["runs"]
+    assert {k: v["dtype"] for k, v in run["methods"].items()} == {
+        "vanilla": "float32", "vanilla:dynamic": "bfloat16", "eagle@chain5": "float32"}
+    assert dtype_overrides({"eagle": "float32"}) == {"eagle": "float32"} and dtype_overrides(None) == {}
+    with pytest.raises(ValueError, match="LABEL=DTYPE"):
+        dtype_overrides(["eagle"])
