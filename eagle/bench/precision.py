@@ -56,22 +56,21 @@ def faster_dtype(models: Mapping[str, nn.Module], width: int, prefix: int = 128,
     g = torch.Generator().manual_seed(seed)
     vocab = min(int(m.config.vocab_size) for m in models.values())
     ids = torch.randint(0, vocab, (1, prefix + width), generator=g)
-    caches = {}
+    devices = {name: next(model.parameters()).device for name, model in models.items()}
+    tokens = {name: ids[:, prefix:].to(device) for name, device in devices.items()}  # the timed forward's
+    caches = {name: new_cache(prefix + width) for name in models}
     for name, model in models.items():
-        device = next(model.parameters()).device
-        caches[name] = new_cache(prefix + width)
-        target_forward(model, ids[:, :prefix].to(device), caches[name], logits_slice=slice(-1, None))
+        target_forward(model, ids[:, :prefix].to(devices[name]), caches[name], logits_slice=slice(-1, None))
     times: dict[str, list[float]] = {name: [] for name in models}
     for rep in range(warmup + reps):
         for name, model in models.items():
-            device = next(model.parameters()).device
-            tokens = ids[:, prefix:].to(device)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
+            cuda = devices[name].type == "cuda"
+            if cuda:
+                torch.cuda.synchronize(devices[name])
             t0 = time.perf_counter()
-            target_forward(model, tokens, caches[name])
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
+            target_forward(model, tokens[name], caches[name])
+            if cuda:
+                torch.cuda.synchronize(devices[name])
             if rep >= warmup:
                 times[name].append(1000 * (time.perf_counter() - t0))
             crop(caches[name], prefix)

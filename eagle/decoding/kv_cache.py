@@ -37,10 +37,6 @@ class GrowingLayer(DynamicLayer):
         self.max_len = max_len or None  # the most entries the sequence will need (0/None: unknown): caps the buffer
         self._keys_buf = self._values_buf = None  # (B, H_kv, capacity, D)
 
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        super().lazy_initialization(key_states, value_states)
-        self._keys_buf = self._values_buf = None
-
     def _owns(self, tensor: torch.Tensor, buf: torch.Tensor | None) -> bool:
         return buf is not None and tensor.untyped_storage().data_ptr() == buf.untyped_storage().data_ptr()
 
