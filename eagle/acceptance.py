@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from eagle.sampling import categorical
 from eagle.tree import Tree
 
 NodeRule = Callable[..., tuple[Tensor, Tensor]]  # (p, tokens, qs[, repeats]) -> (accept, final)
@@ -222,12 +223,13 @@ def verify_tree_stochastic(
     Args:
         parents: (N+1,) tree structure.
         tokens: (N+1,) long, tokens[0] is the root token.
-        p_nodes: (N+1, V) target policy distribution after each node.
+        p_nodes: (N+1, V) target policy distribution after each node: a tensor, or rows
+            computed when read (`eagle.sampling.RowProbs`); only the visited nodes' are read.
         q_nodes: (N+1, V) distribution each node's token was drawn from (row 0 unused).
         generator: optional RNG on the device of p_nodes.
         draw: `draw(probs) -> index`, one draw from a distribution: at a node over its m
             children then "none" (m + 1 entries), at the end over the V tokens. Default: one
-            `torch.multinomial` with `generator`. The tests pass one that follows every outcome,
+            `eagle.sampling.categorical` draw with `generator`. The tests pass one that follows every outcome,
             so the exact distribution of this code path itself is checked.
         repeats: node i -> (twin nodes, (r, V) proposals) of draws tried right after node i
             that repeated earlier siblings' tokens (merged trees, `node_outcomes`).
@@ -237,7 +239,7 @@ def verify_tree_stochastic(
     """
     if draw is None:
         def draw(probs: Tensor) -> int:
-            return int(torch.multinomial(probs, 1, generator=generator))
+            return int(categorical(probs, generator))
 
     children = _structure(parents, tokens, p_nodes, q_nodes).children
     path = [0]

@@ -82,8 +82,62 @@ class SamplingPolicy:
         """
         if self.greedy:
             return probs.argmax(-1)
-        flat = probs.reshape(-1, probs.size(-1))  # (B, V): multinomial takes at most 2-D
-        return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
+        return categorical(probs, generator)
+
+
+class RowProbs:
+    """`policy.probs` of each row of `logits` (N, V), computed the first time the row is read.
+
+    Sampled verification reads p only at the nodes it visits: the accepted path and the node
+    where it stops, about tau of a tree's N rows. Computing all N costs a softmax per row, and
+    under top-p a sort of the whole vocabulary per row. Indexing takes one integer row.
+    """
+
+    def __init__(self, policy: SamplingPolicy, logits: Tensor):
+        self.policy, self.logits, self.rows = policy, logits, {}
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.logits.shape
+
+    def __len__(self) -> int:
+        return len(self.logits)
+
+    def __getitem__(self, u: int) -> Tensor:
+        if u not in self.rows:
+            self.rows[u] = self.policy.probs(self.logits[u])  # (V,)
+        return self.rows[u]
+
+
+def categorical(weights: Tensor, generator: torch.Generator | None = None) -> Tensor:
+    """One draw from each row of `weights` (..., V), non-negative and not necessarily normalised.
+
+    Inverts each row's CDF, accumulated in float64: a uniform in [0, total) lands in token i's
+    interval [cdf[i-1], cdf[i]) with probability weights[i] / total, resolved down to ~1e-16 of
+    the row's mass, and a token of zero weight has an empty interval, so it is never drawn.
+    Why not `torch.multinomial`: on a CPU it costs ~200 us for one row of 8k tokens (2.7 ms at
+    128k), against ~20 us here, and a sampled round draws several times.
+
+    Returns:
+        (...) long token ids.
+    Raises:
+        ValueError: a row has no positive mass (or a NaN).
+    """
+    cdf = weights.to(torch.float64).cumsum(-1)  # (..., V)
+    total = cdf[..., -1:]  # (..., 1)
+    if not bool((total > 0).all()):  # also catches NaN
+        raise ValueError("cannot draw from a row with no positive probability mass (or a NaN)")
+    return invert_cdf(cdf, generator)
+
+
+def invert_cdf(cdf: Tensor, generator: torch.Generator | None = None) -> Tensor:
+    """The token each row's uniform lands on: the first i with cdf[i] > u, u uniform in
+    [0, cdf[-1]). cdf (..., V) float64, non-decreasing. A row of zero mass gives V (no token):
+    callers that allow one check for it. Returns (...) long."""
+    total = cdf[..., -1:]  # (..., 1)
+    # u <= 1 - 2^-53, so u * total rounds to below total: the draw lands on a token with mass
+    u = torch.rand(total.shape, generator=generator, device=cdf.device, dtype=torch.float64) * total
+    return torch.searchsorted(cdf, u, right=True)[..., 0]
 
 
 def seeded_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:

@@ -323,6 +323,31 @@ def test_sampler_matches_outcome_distribution(parents, proposal, seed):
     assert chisquare(counts[possible].numpy(), f_exp.numpy()).pvalue > 1e-3
 
 
+def test_rows_computed_on_demand_give_the_same_outcomes_and_skip_unvisited_rows():
+    """`RowProbs` (what the engine passes) must change nothing but the work: with the same
+    seeds, every outcome equals the one from the full p tensor, and the rows it computed are
+    exactly the nodes of the accepted path, where the verifier reads p."""
+    from eagle.sampling import RowProbs
+
+    parents, V = [-1, 0, 0, 0, 1, 1, 4], 6
+    tokens, _, q_nodes = draft_fixture(parents, V, 3, "sampled")
+    policy = SamplingPolicy(temperature=0.7, top_p=0.9)
+    logits = torch.randn(len(parents), V, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    p_nodes = policy.probs(logits)
+    skipped = 0
+    for seed in range(200):
+        full = verify_tree_stochastic(parents, tokens, p_nodes, q_nodes, torch.Generator().manual_seed(seed))
+        lazy_p = RowProbs(policy, logits)
+        lazy = verify_tree_stochastic(parents, tokens, lazy_p, q_nodes, torch.Generator().manual_seed(seed))
+        assert lazy == full
+        path = full[0]
+        assert set(lazy_p.rows) == set(path)  # p is read at the path's nodes only
+        for u in lazy_p.rows:
+            assert torch.equal(lazy_p.rows[u], p_nodes[u])
+        skipped += len(parents) - len(lazy_p.rows)
+    assert skipped > 0
+
+
 # ------------------------------------------------------------------------------------ greedy
 
 

@@ -121,7 +121,7 @@ def test_prompt_lookup_matches():
 # Drawing children without replacement
 
 
-def test_gumbel_top_k_draws_are_successive_draws_without_replacement():
+def test_draws_are_successive_draws_without_replacement():
     """P(first = a, second = b) = d(a) d(b) / (1 - d(a)); q rows exclude earlier draws."""
     from eagle.proposers.template import sample_without_replacement
 
@@ -161,16 +161,16 @@ def test_every_q_row_is_the_parent_distribution_without_the_earlier_draws():
             assert q[i, picks[i]] > 0  # the draw came from its own row
 
 
-def test_gumbel_keys_reach_tokens_far_below_the_top(monkeypatch):
-    """A token 1e-12 as likely as the top one must be drawn first when its uniform is close
-    enough to 1: 1 - 1e-15 gives it a Gumbel of ~34.5 > -log(1e-12) = 27.6. Float32 uniforms stop
-    at 1 - 2^-24 (a Gumbel of ~16.6), so no token below ~1e-9 of the top could ever come first
-    while its recorded q kept its full mass."""
+def test_draws_reach_tokens_far_below_the_top(monkeypatch):
+    """A token 1e-12 as likely as the top one owns the top 1e-12 of the CDF, and must be drawn
+    first when the uniform lands there (1 - 1e-15). Float32 uniforms stop at 1 - 2^-24 and a
+    float32 CDF rounds its interval away, so no token below ~1e-8 of the row could be drawn
+    first while its recorded q kept its full mass."""
     from eagle.proposers.template import sample_without_replacement
 
     def extreme_rand(shape, generator=None, device=None, dtype=torch.float32):  # torch.rand's range: [0, 1)
         below_one = torch.nextafter(torch.ones((), dtype=dtype), torch.zeros((), dtype=dtype))
-        return torch.minimum(torch.tensor([0.5, 1 - 1e-15], dtype=torch.float64).to(dtype), below_one)
+        return torch.minimum(torch.full(shape, 1 - 1e-15, dtype=torch.float64).to(dtype), below_one)
 
     monkeypatch.setattr(torch, "rand", extreme_rand)
     dist = torch.tensor([1.0, 1e-12], dtype=torch.float64)

@@ -11,7 +11,8 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from eagle.sampling import SamplingPolicy
+from eagle.sampling import SamplingPolicy, categorical
+from helpers.stats import chi2_pvalue
 
 
 def hf_probs(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
@@ -94,6 +95,39 @@ def test_sample_shapes_and_frequencies():
     assert freq[probs == 0].sum() == 0  # filtered tokens are never drawn
     torch.testing.assert_close(freq, probs, rtol=0, atol=0.03)
     assert policy.sample(probs.expand(2, 3, 5), generator=gen).shape == (2, 3)
+
+
+def test_categorical_draws_each_token_with_its_weight():
+    """Unnormalised weights with zero runs inside and at both ends: frequencies match
+    weights / total (chi-square), and a zero-weight token is never drawn."""
+    weights = torch.tensor([[0.0, 2.0, 0.0, 0.0, 1.0, 5.0, 0.0], [1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 3.0]])
+    gen = torch.Generator().manual_seed(0)
+    runs = 6000
+    draws = categorical(weights.expand(runs, 2, 7), gen)  # (runs, 2)
+    assert draws.shape == (runs, 2) and draws.dtype == torch.long
+    for row in range(2):
+        counts = dict(enumerate(torch.bincount(draws[:, row], minlength=7).tolist()))
+        assert all(counts[t] == 0 for t in range(7) if weights[row, t] == 0)
+        expected = {t: float(w) / float(weights[row].sum()) for t, w in enumerate(weights[row]) if w > 0}
+        assert chi2_pvalue({t: c for t, c in counts.items() if c}, expected, runs) > 1e-3
+
+
+def test_categorical_edges_of_the_uniform(monkeypatch):
+    """u = 0 takes the first token with mass; the largest uniform below 1 takes the last one,
+    never a zero-weight token after it nor an index past the vocabulary."""
+    weights = torch.tensor([0.0, 0.3, 0.7, 0.0, 0.0])
+    for u, want in ((0.0, 1), (1 - 2 ** -53, 2)):
+        monkeypatch.setattr(torch, "rand", lambda shape, generator=None, device=None, dtype=None, u=u:
+                            torch.full(shape, u, dtype=dtype))
+        assert int(categorical(weights)) == want
+        assert int(categorical(weights * 1e-30)) == want  # the scale does not matter
+
+
+def test_categorical_refuses_a_row_without_mass():
+    with pytest.raises(ValueError, match="no positive probability mass"):
+        categorical(torch.tensor([[0.2, 0.8], [0.0, 0.0]]))
+    with pytest.raises(ValueError, match="no positive probability mass"):
+        categorical(torch.tensor([0.5, float("nan")]))
 
 
 @pytest.mark.parametrize(

@@ -36,7 +36,7 @@ from eagle.acceptance import (
 )
 from eagle.decoding.runners import ContextOverflowError, DynamicRunner, TargetRunner
 from eagle.decoding.stats import DecodeResult, DecodeStats, RoundStats
-from eagle.sampling import SamplingPolicy, check_generator
+from eagle.sampling import RowProbs, SamplingPolicy, check_generator
 
 __all__ = ["ContextOverflowError", "DecodeResult", "DecodeState", "DecodeStats", "DraftTree", "Proposer",
            "SpeculativeDecoder", "VanillaProposer"]
@@ -236,13 +236,14 @@ class SpeculativeDecoder:
             p = self.policy.probs(logits.float())  # (n, V) temperature-scaled p at every node
             path, next_token = verify_tree_typical(parents, tokens, p, self.typical.eps, self.typical.delta)
         else:
-            p = self.policy.probs(logits.float())
+            p = RowProbs(self.policy, logits.float())  # (n, V), each row computed when the verifier reads it
             if tree.size == 0:
-                q_full = torch.zeros_like(p)  # (1, V): the root's row is never read
+                q_full = logits.new_zeros(logits.shape, dtype=torch.float32)  # (1, V): the root's row is never read
             elif tree.q is None:
                 raise ValueError(f"{self.proposer.name} gave no proposal distributions under sampling")
             else:
-                q_full = torch.cat([torch.zeros_like(p[:1]), tree.q.to(p)])  # (n, V)
+                q = tree.q.to(device=logits.device, dtype=torch.float32)
+                q_full = torch.cat([q.new_zeros(1, q.shape[-1]), q])  # (n, V)
             path, next_token = verify_tree_stochastic(parents, tokens, p, q_full, generator, repeats=tree.repeats)
         self.runner.commit(path)
         return path, int(next_token), out.features[:, path]
