@@ -40,12 +40,10 @@ A folder made with another plan is refused unless `overwrite=True`.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
-import os
-import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -53,8 +51,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from eagle.artifacts import SPLITS, Artifact, read_json
-from eagle.data.features import file_sha256, shard_ranges
+from eagle.artifacts import SPLITS, Artifact
+from eagle.data import shards
+from eagle.data.shards import shard_ranges
 from eagle.decoding.kv_cache import new_cache
 from eagle.sampling import SamplingPolicy, check_generator, seeded_generator
 from eagle.target import TargetIdentity, head_logits, target_forward
@@ -63,8 +62,6 @@ log = logging.getLogger(__name__)
 
 FORMAT = "eagle-distill/1"
 DISTILL_META = "metadata.json"
-SHARD_META = "shard.json"
-DATA_FILE = "data.arrow"
 REDO = "; delete that shard folder and rerun the distillation with the same settings to redo it"
 
 
@@ -201,55 +198,27 @@ def _batch_rows(target: nn.Module, prompts: Sequence[Sequence[int]], new_tokens:
 def write_shard(target: nn.Module, prompts: Sequence[Sequence[int]], shard_dir: Path, *, new_tokens: int,
                 policy: SamplingPolicy, generator: torch.Generator | None, batch_size: int,
                 on_batch: Callable[[int], None] | None = None) -> dict:
-    """Sample and write one shard atomically: into `<shard_dir>.tmp`, then a rename.
+    """Sample and write one shard atomically (`eagle.data.shards.write_shard`).
 
     `on_batch(n)` is called after each batch of n rows is on disk (progress bar; the tests'
     simulated crash). Returns the shard's info (also written to `shard.json`).
     """
-    import pyarrow as pa
-
-    tmp = shard_dir.with_name(shard_dir.name + ".tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)  # a partial shard from an interrupted run
-    tmp.mkdir(parents=True)
-    schema = row_schema().arrow_schema
-    rows = tokens = 0
-    with pa.OSFile(str(tmp / DATA_FILE), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
+    def batches() -> Iterator[shards.Batch]:
         for a in range(0, len(prompts), batch_size):
             batch = prompts[a: a + batch_size]
             done = _batch_rows(target, batch, new_tokens, policy, generator)
-            record = {
+            columns = {
                 "input_ids": [np.asarray(ids, np.int32) for ids, _ in done],
                 "prompt_len": [len(p) for p in batch],
                 "target_argmax": [np.asarray(am, np.int32) for _, am in done],
             }
-            writer.write_batch(pa.RecordBatch.from_pydict(record, schema=schema))
-            sink.flush()
-            rows += len(batch)
-            tokens += sum(len(ids) for ids, _ in done)
-            if on_batch is not None:
-                on_batch(len(batch))
-    info = {
-        "name": shard_dir.name,
-        "rows": rows,
-        "tokens": tokens,
-        "bytes": (tmp / DATA_FILE).stat().st_size,
-        "sha256": file_sha256(tmp / DATA_FILE),
-        "prompts_fingerprint": prompts_fingerprint(prompts),
-    }
-    (tmp / SHARD_META).write_text(json.dumps(info, indent=2) + "\n")
-    os.replace(tmp, shard_dir)  # atomic on POSIX: the shard is either absent or complete
-    return info
+            yield columns, {"tokens": sum(len(ids) for ids, _ in done)}
+
+    return shards.write_shard(shard_dir, row_schema().arrow_schema, batches(), _fingerprint(prompts), on_batch)
 
 
-def _complete_shard(shard_dir: Path, prompts: Sequence[Sequence[int]]) -> dict | None:
-    """The info of a finished shard of exactly these prompts, or None (absent, partial, other prompts)."""
-    info = read_json(shard_dir / SHARD_META) if shard_dir.exists() else None
-    data = shard_dir / DATA_FILE
-    if (info is not None and info.get("prompts_fingerprint") == prompts_fingerprint(prompts)
-            and data.exists() and data.stat().st_size == info.get("bytes")):
-        return info
-    return None
+def _fingerprint(prompts: Sequence[Sequence[int]]) -> dict[str, str]:
+    return {"prompts_fingerprint": prompts_fingerprint(prompts)}
 
 
 def shard_name(k: int) -> str:
@@ -313,37 +282,26 @@ def generate_distilled(target: nn.Module, tokenizer, prompts: dict[str, list[lis
         "splits": {s: {"prompts": len(prompts[s]), "fingerprint": prompts_fingerprint(prompts[s])} for s in SPLITS},
     }
     art = Artifact(out_dir, DISTILL_META, plan, "distilled data")
-    if art.state() == "stale":
-        diff = art.differences()
-        if not overwrite:
-            raise DistillError(f"{out_dir} holds distilled data made with other settings (differs in {diff}); "
-                               "pass overwrite=true or choose another out_dir")
-        log.warning("overwriting the distilled data in %s (settings differ in %s)", out_dir, diff)
-        shutil.rmtree(out_dir)
+    shards.start(art, overwrite, DistillError)
     started = time.time()
     art.write(status="incomplete", format=FORMAT)
 
-    shards = [(split, k, a, b) for split in SPLITS for k, (a, b) in enumerate(shard_ranges(len(prompts[split]), shard_size))]
+    every = [(split, k, a, b) for split in SPLITS for k, (a, b) in enumerate(shard_ranges(len(prompts[split]), shard_size))]
     infos: dict[str, list[dict]] = {s: [] for s in SPLITS}
     skipped = 0
-    with tqdm(total=sum(b - a for _, _, a, b in shards), desc="distill", unit="sample", disable=not progress) as bar:
-        for split, k, a, b in shards:
-            rows = prompts[split][a:b]
-            shard_dir = out_dir / split / shard_name(k)
-            info = _complete_shard(shard_dir, rows)
-            if info is not None:
+    with tqdm(total=sum(b - a for _, _, a, b in every), desc="distill", unit="sample", disable=not progress) as bar:
+        for split, k, a, b in every:
+            rows, shard_dir = prompts[split][a:b], out_dir / split / shard_name(k)
+            generator = None if policy.greedy else seeded_generator(shard_seed(seed, split, k), device)
+            write = partial(write_shard, target, rows, shard_dir, new_tokens=new_tokens, policy=policy,
+                            generator=generator, batch_size=batch_size, on_batch=bar.update)
+            info, kept = shards.reuse_or_write(shard_dir, _fingerprint(rows), write)
+            if kept:
                 skipped += 1
                 bar.update(b - a)  # written by an earlier run
-            else:
-                if shard_dir.exists():  # damaged, or left by other prompts: redo it
-                    log.warning("recomputing %s (incomplete or from other prompts)", shard_dir)
-                    shutil.rmtree(shard_dir)
-                generator = None if policy.greedy else seeded_generator(shard_seed(seed, split, k), device)
-                info = write_shard(target, rows, shard_dir, new_tokens=new_tokens, policy=policy,
-                                   generator=generator, batch_size=batch_size, on_batch=bar.update)
             infos[split].append(info)
     if skipped:
-        log.info("distill: %d of %d shards were complete already (kept)", skipped, len(shards))
+        log.info("distill: %d of %d shards were complete already (kept)", skipped, len(every))
 
     splits = {s: {"rows": sum(i["rows"] for i in infos[s]), "tokens": sum(i["tokens"] for i in infos[s]),
                   "bytes": sum(i["bytes"] for i in infos[s]), "shards": infos[s]} for s in SPLITS}
@@ -356,7 +314,7 @@ def generate_distilled(target: nn.Module, tokenizer, prompts: dict[str, list[lis
              "next token after each position of input_ids (int32, same length)",
         eos="generation does not stop at EOS: fixed-length rows",
         counts={"rows": sum(v["rows"] for v in splits.values()), "tokens": sum(v["tokens"] for v in splits.values()),
-                "shards": len(shards), "shards_reused": skipped},
+                "shards": len(every), "shards_reused": skipped},
         splits=splits,
         seconds_this_run=round(time.time() - started, 2),
     )
@@ -367,40 +325,8 @@ def generate_distilled(target: nn.Module, tokenizer, prompts: dict[str, list[lis
 
 def read_distill_metadata(out_dir: str | Path) -> dict:
     """The metadata of a complete distilled-data folder; `DistillError` otherwise."""
-    out_dir = Path(out_dir)
-    path = out_dir / DISTILL_META
-    if not path.exists():
-        raise DistillError(f"no distilled data in {out_dir} ({DISTILL_META} missing): run "
-                           "`python -m data_gen.distill` first")
-    meta = read_json(path)
-    if meta is None:
-        raise DistillError(f"{path} is not valid JSON: corrupt distilled data")
-    if meta.get("format") != FORMAT:
-        raise DistillError(f"{out_dir}: unknown distilled data format {meta.get('format')!r} (want {FORMAT})")
-    if meta.get("status") != "complete":
-        raise DistillError(f"distilled data in {out_dir} is incomplete (status {meta.get('status')!r}: an "
-                           "interrupted run): rerun it with the same settings to finish it")
-    return meta
-
-
-def _open_shard(shard_dir: Path, info: dict):
-    import datasets
-
-    data = shard_dir / DATA_FILE
-    if not data.exists():
-        raise DistillError(f"shard {shard_dir} is missing ({DATA_FILE} not found){REDO}")
-    size = data.stat().st_size
-    if size != info["bytes"]:
-        raise DistillError(f"shard {shard_dir} is corrupt or partial: {size} bytes, metadata says {info['bytes']}{REDO}")
-    if file_sha256(data) != info["sha256"]:
-        raise DistillError(f"shard {shard_dir} is corrupt: sha256 differs from the metadata{REDO}")
-    try:
-        ds = datasets.Dataset.from_file(str(data))
-    except Exception as err:  # noqa: BLE001 - pyarrow raises several types for bad files
-        raise DistillError(f"shard {shard_dir} cannot be read ({type(err).__name__}): corrupt{REDO}") from err
-    if len(ds) != info["rows"]:
-        raise DistillError(f"shard {shard_dir} holds {len(ds)} rows, metadata says {info['rows']}{REDO}")
-    return ds
+    return shards.read_complete(Path(out_dir), DISTILL_META, FORMAT, DistillError, "distilled data",
+                                "python -m data_gen.distill")
 
 
 def load_distilled(out_dir: str | Path) -> tuple[dict, dict[str, Any]]:
@@ -413,7 +339,7 @@ def load_distilled(out_dir: str | Path) -> tuple[dict, dict[str, Any]]:
     out = {}
     for split in SPLITS:
         infos = meta.get("splits", {}).get(split, {}).get("shards", [])
-        parts = [_open_shard(out_dir / split / info["name"], info) for info in infos]
+        parts = [shards.open_shard(out_dir / split / info["name"], info, DistillError, REDO) for info in infos]
         if parts:
             out[split] = datasets.concatenate_datasets(parts) if len(parts) > 1 else parts[0]
         else:

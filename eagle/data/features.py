@@ -35,12 +35,10 @@ between them and write one dump, equal to the one a single process writes.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
-import os
-import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -48,15 +46,15 @@ import numpy as np
 import torch
 from torch import nn
 
-from eagle.artifacts import SPLITS, Artifact, read_json
+from eagle.artifacts import SPLITS, Artifact
+from eagle.data import shards
+from eagle.data.shards import shard_ranges
 from eagle.target import TargetIdentity, target_forward
 
 log = logging.getLogger(__name__)
 
 FORMAT = "eagle-features/2"  # 2: the plan is the sidecar's "params" (eagle.artifacts)
 METADATA = "metadata.json"
-SHARD_META = "shard.json"
-DATA_FILE = "data.arrow"
 # storage dtype -> (torch dtype of the tensor, numpy dtype of its bytes)
 STORAGE = {
     "bfloat16": (torch.bfloat16, np.int16),  # bf16 bit patterns, viewed as int16
@@ -64,7 +62,6 @@ STORAGE = {
     "float32": (torch.float32, np.float32),
 }
 STORAGE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
-VERIFY = ("checksum", "size", "none")
 REDO = "; delete that shard folder and rerun `python -m data_gen` with the same settings to redo it"
 
 
@@ -119,14 +116,6 @@ def row_schema():
 # ---------------------------------------------------------------------------- hashing
 
 
-def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
 def samples_fingerprint(samples: Sequence[dict]) -> str:
     """sha256 over ids, tokens and masks: equal fingerprints, same samples in the same order."""
     h = hashlib.sha256()
@@ -138,13 +127,6 @@ def samples_fingerprint(samples: Sequence[dict]) -> str:
 
 
 # ----------------------------------------------------------------------------- writing
-
-
-def shard_ranges(n: int, shard_size: int) -> list[tuple[int, int]]:
-    """Sample index ranges of the shards: sample i is in shard i // shard_size."""
-    if shard_size < 1:
-        raise ValueError(f"shard_size must be >= 1, got {shard_size}")
-    return [(a, min(a + shard_size, n)) for a in range(0, n, shard_size)]
 
 
 def pad_batch(samples: Sequence[dict], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -171,61 +153,34 @@ def batch_features(model: nn.Module, samples: Sequence[dict], pad_id: int) -> li
 
 def write_shard(model: nn.Module, samples: Sequence[dict], shard_dir: Path, *, batch_size: int,
                 dtype: str, pad_id: int, on_batch: Callable[[int], None] | None = None) -> dict:
-    """Compute and write one shard atomically: into `<shard_dir>.tmp`, then a rename.
+    """Compute and write one shard atomically (`eagle.data.shards.write_shard`).
 
     Batches are formed after sorting the shard's samples by length (less padding); rows are
     written in that order, which depends only on the samples. `on_batch(n)` is called after
     each batch of n rows is on disk (progress bar, and the tests' simulated crash).
     Returns the shard's info (also written to `shard.json`).
     """
-    import pyarrow as pa
-
-    tmp = shard_dir.with_name(shard_dir.name + ".tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)  # a partial shard from an interrupted run
-    tmp.mkdir(parents=True)
-    schema = row_schema().arrow_schema
     order = sorted(range(len(samples)), key=lambda i: (-samples[i]["input_ids"].size, i))
-    rows = tokens = loss_tokens = 0
-    with pa.OSFile(str(tmp / DATA_FILE), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
+
+    def batches() -> Iterator[shards.Batch]:
         for a in range(0, len(order), batch_size):
             batch = [samples[i] for i in order[a: a + batch_size]]
             feats = batch_features(model, batch, pad_id)
-            record = {
+            columns = {
                 "id": [s["id"] for s in batch],
                 "input_ids": [np.asarray(s["input_ids"], np.int32) for s in batch],
                 "loss_mask": [np.asarray(s["loss_mask"], np.int8) for s in batch],
                 "length": [int(s["input_ids"].size) for s in batch],
                 "features": [encode_features(f, dtype) for f in feats],
             }
-            writer.write_batch(pa.RecordBatch.from_pydict(record, schema=schema))
-            sink.flush()
-            rows += len(batch)
-            tokens += sum(record["length"])
-            loss_tokens += int(sum(int(s["loss_mask"].sum()) for s in batch))
-            if on_batch is not None:
-                on_batch(len(batch))
-    info = {
-        "name": shard_dir.name,
-        "rows": rows,
-        "tokens": tokens,
-        "loss_tokens": loss_tokens,
-        "bytes": (tmp / DATA_FILE).stat().st_size,
-        "sha256": file_sha256(tmp / DATA_FILE),
-        "samples_fingerprint": samples_fingerprint(samples),
-    }
-    (tmp / SHARD_META).write_text(json.dumps(info, indent=2) + "\n")
-    os.replace(tmp, shard_dir)  # atomic on POSIX: the shard is either absent or complete
-    return info
+            yield columns, {"tokens": sum(columns["length"]),
+                            "loss_tokens": int(sum(int(s["loss_mask"].sum()) for s in batch))}
+
+    return shards.write_shard(shard_dir, row_schema().arrow_schema, batches(), _fingerprint(samples), on_batch)
 
 
-def _complete_shard(shard_dir: Path, samples: Sequence[dict]) -> dict | None:
-    """The info of a finished shard of exactly these samples, or None (absent, partial, other samples)."""
-    info = read_json(shard_dir / SHARD_META) if shard_dir.exists() else None
-    if (info is not None and info.get("samples_fingerprint") == samples_fingerprint(samples)
-            and (shard_dir / DATA_FILE).exists() and (shard_dir / DATA_FILE).stat().st_size == info.get("bytes")):
-        return info
-    return None
+def _fingerprint(samples: Sequence[dict]) -> dict[str, str]:
+    return {"samples_fingerprint": samples_fingerprint(samples)}
 
 
 def dump_features(model: nn.Module, tokenizer, samples: dict[str, list[dict]], out_dir: str | Path, *,
@@ -278,43 +233,28 @@ def dump_features(model: nn.Module, tokenizer, samples: dict[str, list[dict]], o
                    for s in SPLITS},
     }
     dump = Artifact(out_dir, METADATA, plan, "feature dump")
-    if dump.state() == "stale":
-        diff = dump.differences()
-        if not overwrite:
-            raise FeatureDumpError(f"{out_dir} holds a feature dump made with another plan (differs in "
-                                   f"{diff}); pass overwrite=true or choose another out_dir")
-        if world_size > 1:
-            raise FeatureDumpError(f"{out_dir} holds a feature dump made with another plan (differs in {diff}); "
-                                   "overwrite=true is refused with several processes: delete it, or run one")
-        log.warning("overwriting the feature dump in %s (plan differs in %s)", out_dir, diff)
-        shutil.rmtree(out_dir)
+    shards.start(dump, overwrite, FeatureDumpError, several_processes=world_size > 1)
     # a complete dump goes through the loop too: intact shards are skipped, missing ones redone
     started = time.time()
     dump.write(status="incomplete", format=FORMAT)
 
     # every shard of the dump, in one global order; this process's are every world_size-th
-    shards = [(split, k, a, b) for split in SPLITS
-              for k, (a, b) in enumerate(shard_ranges(len(samples.get(split, [])), shard_size))]
-    mine = [shard for i, shard in enumerate(shards) if i % world_size == rank]
+    every = [(split, k, a, b) for split in SPLITS
+             for k, (a, b) in enumerate(shard_ranges(len(samples.get(split, [])), shard_size))]
+    mine = [shard for i, shard in enumerate(every) if i % world_size == rank]
     infos: dict[tuple[str, int], dict] = {}
     with tqdm(total=sum(b - a for _, _, a, b in mine), desc=f"features (rank {rank} of {world_size})"
               if world_size > 1 else "features", unit="sample", disable=not progress) as bar:
         for split, k, a, b in mine:
-            rows = samples[split][a:b]
-            shard_dir = out_dir / split / f"shard_{k:05d}"
-            info = _complete_shard(shard_dir, rows)
-            if info is not None:
+            rows, shard_dir = samples[split][a:b], out_dir / split / f"shard_{k:05d}"
+            write = partial(write_shard, model, rows, shard_dir, batch_size=batch_size, dtype=dtype, pad_id=pad_id,
+                            on_batch=bar.update)
+            infos[split, k], kept = shards.reuse_or_write(shard_dir, _fingerprint(rows), write)
+            if kept:
                 bar.update(b - a)  # done by an earlier run
-            else:
-                if shard_dir.exists():  # not ours, or damaged: redo it
-                    log.warning("recomputing %s (incomplete or from other samples)", shard_dir)
-                    shutil.rmtree(shard_dir)
-                info = write_shard(model, rows, shard_dir, batch_size=batch_size, dtype=dtype,
-                                   pad_id=pad_id, on_batch=bar.update)
-            infos[split, k] = info
-    for split, k, a, b in shards:  # the other processes' shards: finished yet?
+    for split, k, a, b in every:  # the other processes' shards: finished yet?
         if (split, k) not in infos:
-            info = _complete_shard(out_dir / split / f"shard_{k:05d}", samples[split][a:b])
+            info = shards.complete_shard(out_dir / split / f"shard_{k:05d}", _fingerprint(samples[split][a:b]))
             if info is None:
                 log.warning("rank %d of %d: its %d shards are done; the dump is complete once every rank "
                             "has finished (%s is not yet)", rank, world_size, len(mine), out_dir / split / f"shard_{k:05d}")
@@ -364,19 +304,8 @@ def dump_features(model: nn.Module, tokenizer, samples: dict[str, list[dict]], o
 
 
 def read_metadata(dump_dir: str | Path) -> dict:
-    dump_dir = Path(dump_dir)
-    path = dump_dir / METADATA
-    if not path.exists():
-        raise FeatureDumpError(f"no feature dump in {dump_dir} ({METADATA} missing): run `python -m data_gen` first")
-    meta = read_json(path)
-    if meta is None:
-        raise FeatureDumpError(f"{path} is not valid JSON: corrupt feature dump")
-    if meta.get("format") != FORMAT:
-        raise FeatureDumpError(f"{dump_dir}: unknown feature dump format {meta.get('format')!r} (want {FORMAT})")
-    if meta.get("status") != "complete":
-        raise FeatureDumpError(f"feature dump {dump_dir} is incomplete (an interrupted run): rerun "
-                               "`python -m data_gen` with the same settings to finish it")
-    return meta
+    return shards.read_complete(Path(dump_dir), METADATA, FORMAT, FeatureDumpError, "feature dump",
+                                "python -m data_gen")
 
 
 def made_for(meta: dict) -> TargetIdentity:
@@ -385,20 +314,8 @@ def made_for(meta: dict) -> TargetIdentity:
 
 
 def verify_shard(shard_dir: Path, info: dict, verify: str = "checksum") -> None:
-    """Check one shard against its metadata: presence, size, (sha256), row count."""
-    if verify not in VERIFY:
-        raise ValueError(f"verify must be one of {VERIFY}, got {verify!r}")
-    data = shard_dir / DATA_FILE
-    if not data.exists():
-        raise FeatureDumpError(f"shard {shard_dir} is missing ({DATA_FILE} not found){REDO}")
-    if verify == "none":
-        return
-    size = data.stat().st_size
-    if size != info["bytes"]:
-        raise FeatureDumpError(f"shard {shard_dir} is corrupt or partial: {size} bytes, metadata says "
-                               f"{info['bytes']}{REDO}")
-    if verify == "checksum" and file_sha256(data) != info["sha256"]:
-        raise FeatureDumpError(f"shard {shard_dir} is corrupt: sha256 differs from the metadata{REDO}")
+    """Check one shard against its metadata: presence, size, (sha256)."""
+    shards.verify_shard(shard_dir, info, FeatureDumpError, REDO, verify)
 
 
 class FeatureShards(torch.utils.data.Dataset):
@@ -408,30 +325,15 @@ class FeatureShards(torch.utils.data.Dataset):
     """
 
     def __init__(self, dump_dir: str | Path, split: str, meta: dict | None = None, verify: str = "checksum"):
-        import datasets
-
         self.dump_dir = Path(dump_dir)
         self.meta = meta if meta is not None else read_metadata(dump_dir)
         self.dtype = self.meta["features"]["dtype"]
         self.hidden_size = int(self.meta["features"]["hidden_size"])
         if split not in self.meta["splits"]:
             raise FeatureDumpError(f"feature dump {dump_dir} has no {split!r} split")
-        infos = self.meta["splits"][split]["shards"]
-        parts = []
-        for info in infos:
-            shard_dir = self.dump_dir / split / info["name"]
-            verify_shard(shard_dir, info, verify)
-            try:
-                ds = datasets.Dataset.from_file(str(shard_dir / DATA_FILE))
-            except Exception as err:  # noqa: BLE001 - pyarrow raises several types for bad files
-                raise FeatureDumpError(f"shard {shard_dir} cannot be read ({type(err).__name__}: "
-                                       f"{str(err).splitlines()[0] if str(err) else ''}): corrupt") from err
-            if len(ds) != info["rows"]:
-                raise FeatureDumpError(f"shard {shard_dir} holds {len(ds)} rows, metadata says "
-                                       f"{info['rows']}{REDO}")
-            parts.append(ds)
-        self.shards = parts
-        self.offsets = np.cumsum([0] + [len(p) for p in parts])
+        self.shards = [shards.open_shard(self.dump_dir / split / info["name"], info, FeatureDumpError, REDO, verify)
+                       for info in self.meta["splits"][split]["shards"]]
+        self.offsets = np.cumsum([0] + [len(p) for p in self.shards])
 
     def __len__(self) -> int:
         return int(self.offsets[-1])
