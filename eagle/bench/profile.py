@@ -7,6 +7,10 @@ timers, decodes, and reports each part per round and per drafter pass. What the 
 cover inside drafting or verification is the Python bookkeeping between the calls. On a GPU
 each timer synchronises first, so kernels are charged to the part that launched them.
 
+Under sampling the target's p is computed row by row as the verifier reads it
+(`eagle.sampling.RowProbs`), inside the acceptance: "acceptance" includes it, and "target:
+logits processing" reads 0.
+
 The timers cost about a microsecond per call; a round makes a few dozen calls.
 """
 
