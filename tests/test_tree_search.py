@@ -13,6 +13,7 @@ from eagle.bench.tree_search import (
     candidates,
     choose_for_machine,
     drafter_passes,
+    isotonic,
     position_paths,
     simulate,
     write_tree,
@@ -167,3 +168,19 @@ def test_round_cost_model_by_hand():
     assert ranked[0]["predicted_speedup"] == pytest.approx(5.0 * 10 / 31)
     with pytest.raises(ValueError, match="three trees"):
         RoundCost.fit([(t, 1.0, 1.0) for t in trees[:2]])
+
+
+def test_verification_costs_never_fall_with_more_tokens():
+    """Noisy rounds that read a wider verification as cheaper are pooled (isotonic regression):
+    the model is non-decreasing, keeps monotone measurements as they are, and pools a violating
+    pair into its weighted mean (two trees of one size weigh twice)."""
+    assert isotonic([1.0, 2.0, 3.0], [1, 1, 1]) == [1.0, 2.0, 3.0]
+    assert isotonic([5.3, 6.1, 5.6, 7.5, 9.7, 9.3, 13.2], [1] * 7) == pytest.approx(
+        [5.3, 5.85, 5.85, 7.5, 9.5, 9.5, 13.2])
+    assert isotonic([3.0, 2.0, 1.0], [1, 1, 1]) == pytest.approx([2.0, 2.0, 2.0])
+    assert isotonic([4.0, 1.0], [1, 2]) == pytest.approx([2.0, 2.0])
+    trees = [TreeTemplate.chain(1), TreeTemplate.chain(3), TreeTemplate.chain(3, name="again"), TreeTemplate.chain(5)]
+    verify = [10.0, 16.0, 14.0, 12.0]  # 2 tokens: 10; 4 tokens: 16 and 14 (mean 15, weight 2); 6 tokens: 12
+    cost = RoundCost.fit([(t, 1.0, v) for t, v in zip(trees, verify)])
+    assert cost.verify_ms == ((2, 10.0), (4, pytest.approx(14.0)), (6, pytest.approx(14.0)))
+    assert all(cost.verify(n) <= cost.verify(n + 1) for n in range(1, 12))

@@ -170,7 +170,11 @@ class RoundCost:
 
     Verification: milliseconds by the number of tokens verified (root + tree), interpolated
     linearly between the measured sizes (a CPU's matmuls are not linear in the tokens, so no
-    single slope fits). Drafting: `a + b * passes + c * rows` (`drafter_passes`), least squares.
+    single slope fits). Verifying more tokens never costs less, but a few short decodes on a
+    shared machine can read so (LOG.md: 41 tokens 9.3 ms, 26 tokens 9.7 ms): the measured costs
+    are made non-decreasing by pooling adjacent violators (isotonic regression), so noise never
+    ranks a wider tree as cheaper. Drafting: `a + b * passes + c * rows` (`drafter_passes`),
+    least squares.
     """
 
     verify_ms: tuple[tuple[int, float], ...]  # (tokens, ms), sorted by tokens
@@ -186,7 +190,9 @@ class RoundCost:
         by_tokens: dict[int, list[float]] = {}
         for tree, _, verify in measured:
             by_tokens.setdefault(tree.num_nodes + 1, []).append(verify)
-        verify_ms = tuple(sorted((n, sum(v) / len(v)) for n, v in by_tokens.items()))
+        sizes = sorted(by_tokens)
+        pooled = isotonic([sum(by_tokens[n]) / len(by_tokens[n]) for n in sizes], [len(by_tokens[n]) for n in sizes])
+        verify_ms = tuple(zip(sizes, pooled))
         x = np.array([[1.0, *drafter_passes(t)] for t, _, _ in measured])  # (k, 3)
         y = np.array([d for _, d, _ in measured])
         coef = np.linalg.lstsq(x, y, rcond=None)[0]
@@ -214,6 +220,18 @@ class RoundCost:
     def to_dict(self) -> dict:
         return {"verify_ms": [list(p) for p in self.verify_ms], "draft_ms": dict(zip("abc", self.draft_coef)),
                 "draft_formula": "a + b * passes + c * rows"}
+
+
+def isotonic(values: Sequence[float], weights: Sequence[float]) -> list[float]:
+    """The non-decreasing sequence closest to `values` in weighted least squares (pool adjacent
+    violators: a run that decreases is replaced by its weighted mean, until none does)."""
+    blocks: list[list[float]] = []  # [mean, weight, count]
+    for v, w in zip(values, weights, strict=True):
+        blocks.append([float(v), float(w), 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (m1, w1, n1), (m2, w2, n2) = blocks.pop(-2), blocks.pop()
+            blocks.append([(m1 * w1 + m2 * w2) / (w1 + w2), w1 + w2, n1 + n2])
+    return [m for m, _, n in blocks for _ in range(n)]
 
 
 def choose_for_machine(found: Sequence[Candidate], cost: RoundCost, vanilla_ms: float) -> list[dict]:
