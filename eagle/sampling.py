@@ -88,8 +88,8 @@ class SamplingPolicy:
 class RowProbs:
     """`policy.probs` of each row of `logits` (N, V), computed the first time the row is read.
 
-    Sampled verification reads p only at the nodes it visits: the accepted path and the node
-    where it stops, about tau of a tree's N rows. Computing all N costs a softmax per row, and
+    Sampled verification reads p only at the nodes of the accepted path (its children's
+    outcomes, or the bonus token at a leaf), about tau of a tree's N rows. Computing all N costs a softmax per row, and
     under top-p a sort of the whole vocabulary per row. Indexing takes one integer row.
     """
 
