@@ -48,14 +48,17 @@ artifacts: install
 # multiply-adds as 7 of the target's 12 layers); the benchmark runs it beside EAGLE-1's default tree
 # and whole vocabulary. Delete runs/tree_search/demo to choose again (another machine). 10 prompts
 # per temperature keep the demo within 25 minutes on 2 cores; `python decode.py mode=benchmark` runs 20.
+# The search ranks trees by greedy tau; machine_t1.yaml is the candidate that decoded fastest at T=1
+# (tree_search.sampled_temperature), benchmarked beside it: a wide greedy pick can lose when sampling.
 # vanilla:static is compiled vanilla decoding (static caches, torch.compile: 1.3-1.7x eager vanilla
 # on these CPUs, LOG.md), the fastest plain decoding: the table's "speedup vs static" column is
 # against it, beside the machine's EAGLE compiled the same way (~1 minute of compiling in all).
 DEMO_VOCAB := 1024
 MACHINE_TREE := $(RUNS)/tree_search/demo/machine.yaml
-DEMO_METHODS := vanilla,vanilla:static,eagle,eagle@$(MACHINE_TREE)%$(DEMO_VOCAB),eagle@$(MACHINE_TREE)%$(DEMO_VOCAB):static,draft,prompt_lookup,hf_generate,hf_assisted,hf_prompt_lookup
+MACHINE_TREE_T1 := $(RUNS)/tree_search/demo/machine_t1.yaml
+DEMO_METHODS := vanilla,vanilla:static,eagle,eagle@$(MACHINE_TREE)%$(DEMO_VOCAB),eagle@$(MACHINE_TREE)%$(DEMO_VOCAB):static,eagle@$(MACHINE_TREE_T1)%$(DEMO_VOCAB),draft,prompt_lookup,hf_generate,hf_assisted,hf_prompt_lookup
 demo: artifacts
-	$(call stage,the tree for this machine (tree search + cost model),test -e $(MACHINE_TREE),$(PY) decode.py mode=tree_search eagle.draft_vocab=$(DEMO_VOCAB) tree_search.num_prompts=2 tree_search.compare=false tree_search.out_dir=$(RUNS)/tree_search/demo)
+	$(call stage,the tree for this machine (tree search + cost model),test -e $(MACHINE_TREE) -a -e $(MACHINE_TREE_T1),$(PY) decode.py mode=tree_search eagle.draft_vocab=$(DEMO_VOCAB) tree_search.num_prompts=2 tree_search.compare=false tree_search.sampled_temperature=1.0 tree_search.out_dir=$(RUNS)/tree_search/demo)
 	$(PY) decode.py mode=benchmark benchmark.num_prompts=10 compile=true static_max_len=512 'benchmark.methods=[$(DEMO_METHODS)]'
 
 # Medusa-1 heads on the demo's features, then vanilla / EAGLE / Medusa (exact) / Medusa with

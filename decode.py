@@ -241,6 +241,17 @@ def tree_search(cfg: DictConfig) -> Path:
     (out / "machine.json").write_text(json.dumps({"chosen": chosen.tree.name, "vanilla_ms": vanilla_ms,
                                                   "cost_model": cost.to_dict(), "ranking": ranking}, indent=2))
     print(f"[tree search] the tree for this machine: {chosen.tree.summary()} -> {out / 'machine.yaml'}")
+    if ts.sampled_temperature:
+        sample_prompts = [encode_prompt(tokenizer, p) for name in bcfg.eval_sets
+                          for p in load_eval_set(name, ts.sampled_prompts)]
+        sampled = rank_sampled(cfg, methods, dtype, sample_prompts, found, out, float(ts.sampled_temperature))
+        best = next(c for c in found if c.tree.name == sampled["ranking"][0]["tree"])
+        name = f"machine_t{sampled['temperature']:g}.yaml"
+        write_tree(best, out / name, source=f"{best.tree.name}, the fastest decoded at T={sampled['temperature']:g}")
+        meta = json.loads((out / "machine.json").read_text())
+        (out / "machine.json").write_text(json.dumps({**meta, "sampled": {**sampled, "chosen": best.tree.name}},
+                                                     indent=2))
+        print(f"[tree search] at T={sampled['temperature']:g}: {best.tree.summary()} -> {out / name}")
     if not ts.compare:
         return out
     names = ["vanilla", "eagle"] + [f"eagle@{c.tree.name}" for c in found]
@@ -285,6 +296,37 @@ def measure_round_cost(cfg: DictConfig, methods: Methods, dtype: str, prompts: l
     for tree in tqdm(trees, desc="cost model: rounds per tree", unit="tree"):
         measured.append((tree, *per_round(methods.build(f"eagle@{tree.name}", dtype, tree_dirs=(str(out),)))))
     return RoundCost.fit(measured), vanilla_ms
+
+
+def rank_sampled(cfg: DictConfig, methods: Methods, dtype: str, prompts: list[list[int]], found: list, out: Path,
+                 temperature: float) -> dict:
+    """The candidates decoded at `temperature`, fastest first: the greedy search cannot see how
+    siblings share a sampled round's residual, so this ranking is measured, not predicted.
+    Each tree (and vanilla) decodes every prompt for `max_new_tokens`, interleaved prompt by
+    prompt so that the machine's drift reaches every tree alike; ms per token of the rounds
+    (prefill excluded). Sampled tau varies from prompt to prompt: more prompts, a steadier rank."""
+    policy = SamplingPolicy(temperature=temperature)
+    ids = prompts
+    runs = {"vanilla": methods.build("vanilla", dtype)} | {
+        c.tree.name: methods.build(f"eagle@{c.tree.name}", dtype, tree_dirs=(str(out),)) for c in found}
+    seconds, committed, rounds = dict.fromkeys(runs, 0.0), dict.fromkeys(runs, 0), dict.fromkeys(runs, 0)
+    for method in runs.values():  # warm-up: allocations, first calls
+        method.generate(ids[0], 8, policy, seeded_generator(cfg.seed, cfg.device))
+    for i, p in enumerate(tqdm(ids, desc=f"candidates at T={temperature:g}", unit="prompt")):
+        for name, method in runs.items():
+            stats = method.generate(p, cfg.max_new_tokens, policy, seeded_generator(cfg.seed + i, cfg.device)).stats
+            seconds[name] += stats.draft_s + stats.verify_s
+            committed[name] += stats.committed
+            rounds[name] += stats.forwards
+    ms = {name: 1000 * seconds[name] / max(committed[name], 1) for name in runs}
+    ranking = sorted(({"tree": c.tree.name, "nodes": c.tree.num_nodes, "tau": committed[c.tree.name] / max(rounds[c.tree.name], 1),
+                       "ms_per_token": ms[c.tree.name], "speedup": ms["vanilla"] / ms[c.tree.name]} for c in found),
+                     key=lambda r: r["ms_per_token"])
+    for r in ranking:
+        print(f"[tree search] T={temperature:g} {r['tree']}: tau {r['tau']:.2f}, {r['ms_per_token']:.2f} ms/token, "
+              f"{r['speedup']:.2f}x vanilla")
+    return {"temperature": temperature, "prompts": len(ids), "tokens": int(cfg.max_new_tokens),
+            "vanilla_ms_per_token": ms["vanilla"], "ranking": ranking}
 
 
 def read_json(path: str, key: str) -> dict:

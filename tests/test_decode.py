@@ -145,7 +145,7 @@ def test_tree_search_writes_best_subtrees_and_compares_them(models, tmp_path):
     probe.write_text("kind: budget\nmax_depth: 3\nmax_rank_sum: 1\n")
     out = tmp_path / "search"
     decode(decode_cfg(models, tmp_path, "mode=tree_search", f"tree_search.probe={probe}",
-                      "tree_search.sizes=[2,4]", f"tree_search.out_dir={out}",
+                      "tree_search.sizes=[2,4]", f"tree_search.out_dir={out}", "tree_search.sampled_temperature=1.0",
                       f"benchmark.eval_sets=[{models / 'prompts.jsonl'}]", "benchmark.dtypes={eagle:float32}"))
     from eagle.tree import TreeTemplate
 
@@ -164,6 +164,15 @@ def test_tree_search_writes_best_subtrees_and_compares_them(models, tmp_path):
         out / f"{machine['chosen']}.yaml").paths
     assert [r["machine_choice"] for r in summary].count(True) == 1
     assert all(r["predicted_round_ms"] > 0 for r in summary)
+    # sampled: every candidate decoded at T=1, the fastest written as machine_t1.yaml
+    sampled = machine["sampled"]
+    assert sampled["temperature"] == 1.0 and sampled["vanilla_ms_per_token"] > 0
+    assert sorted(r["tree"] for r in sampled["ranking"]) == ["best2", "best4"]
+    assert [r["ms_per_token"] for r in sampled["ranking"]] == sorted(r["ms_per_token"] for r in sampled["ranking"])
+    assert all(r["tau"] >= 1.0 and r["speedup"] > 0 for r in sampled["ranking"])
+    assert sampled["chosen"] == sampled["ranking"][0]["tree"]
+    assert TreeTemplate.from_file(out / "machine_t1.yaml").paths == TreeTemplate.from_file(
+        out / f"{sampled['chosen']}.yaml").paths
 
 
 def test_generate_mode_streams(models, tmp_path, capsys):
