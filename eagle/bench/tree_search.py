@@ -24,7 +24,8 @@ by tokens verified, drafting by passes and rows), `choose_for_machine` ranks the
 by predicted tau x vanilla step / round time, and `decode.py mode=tree_search` writes the
 winner as `machine.yaml` and benchmarks the candidates to check the prediction. At temperature > 0
 siblings interact through the residual distribution: the greedy-optimal shape is a good
-guess there, not a proof.
+guess there, not a proof, and a wide greedy pick can lose; `tree_search.sampled_temperature`
+ranks the candidates by decoding them at that temperature instead (`machine_t<T>.yaml`).
 """
 
 from __future__ import annotations
