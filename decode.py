@@ -238,8 +238,7 @@ def tree_search(cfg: DictConfig) -> Path:
               f"speedup {r['predicted_speedup']:.2f}x (tau {r['predicted_tau']:.2f})")
     chosen = next(c for c in found if c.tree.name == ranking[0]["tree"])
     write_tree(chosen, out / "machine.yaml", source=f"{chosen.tree.name}, chosen by the cost model of this machine")
-    (out / "machine.json").write_text(json.dumps({"chosen": chosen.tree.name, "vanilla_ms": vanilla_ms,
-                                                  "cost_model": cost.to_dict(), "ranking": ranking}, indent=2))
+    machine = {"chosen": chosen.tree.name, "vanilla_ms": vanilla_ms, "cost_model": cost.to_dict(), "ranking": ranking}
     print(f"[tree search] the tree for this machine: {chosen.tree.summary()} -> {out / 'machine.yaml'}")
     if ts.sampled_temperature:
         sample_prompts = [encode_prompt(tokenizer, p) for name in bcfg.eval_sets
@@ -248,10 +247,9 @@ def tree_search(cfg: DictConfig) -> Path:
         best = next(c for c in found if c.tree.name == sampled["ranking"][0]["tree"])
         name = f"machine_t{sampled['temperature']:g}.yaml"
         write_tree(best, out / name, source=f"{best.tree.name}, the fastest decoded at T={sampled['temperature']:g}")
-        meta = json.loads((out / "machine.json").read_text())
-        (out / "machine.json").write_text(json.dumps({**meta, "sampled": {**sampled, "chosen": best.tree.name}},
-                                                     indent=2))
+        machine["sampled"] = {**sampled, "chosen": best.tree.name}
         print(f"[tree search] at T={sampled['temperature']:g}: {best.tree.summary()} -> {out / name}")
+    (out / "machine.json").write_text(json.dumps(machine, indent=2))
     if not ts.compare:
         return out
     names = ["vanilla", "eagle"] + [f"eagle@{c.tree.name}" for c in found]
@@ -306,13 +304,12 @@ def rank_sampled(cfg: DictConfig, methods: Methods, dtype: str, prompts: list[li
     prompt so that the machine's drift reaches every tree alike; ms per token of the rounds
     (prefill excluded). Sampled tau varies from prompt to prompt: more prompts, a steadier rank."""
     policy = SamplingPolicy(temperature=temperature)
-    ids = prompts
     runs = {"vanilla": methods.build("vanilla", dtype)} | {
         c.tree.name: methods.build(f"eagle@{c.tree.name}", dtype, tree_dirs=(str(out),)) for c in found}
     seconds, committed, rounds = dict.fromkeys(runs, 0.0), dict.fromkeys(runs, 0), dict.fromkeys(runs, 0)
     for method in runs.values():  # warm-up: allocations, first calls
-        method.generate(ids[0], 8, policy, seeded_generator(cfg.seed, cfg.device))
-    for i, p in enumerate(tqdm(ids, desc=f"candidates at T={temperature:g}", unit="prompt")):
+        method.generate(prompts[0], 8, policy, seeded_generator(cfg.seed, cfg.device))
+    for i, p in enumerate(tqdm(prompts, desc=f"candidates at T={temperature:g}", unit="prompt")):
         for name, method in runs.items():
             stats = method.generate(p, cfg.max_new_tokens, policy, seeded_generator(cfg.seed + i, cfg.device)).stats
             seconds[name] += stats.draft_s + stats.verify_s
@@ -325,7 +322,7 @@ def rank_sampled(cfg: DictConfig, methods: Methods, dtype: str, prompts: list[li
     for r in ranking:
         print(f"[tree search] T={temperature:g} {r['tree']}: tau {r['tau']:.2f}, {r['ms_per_token']:.2f} ms/token, "
               f"{r['speedup']:.2f}x vanilla")
-    return {"temperature": temperature, "prompts": len(ids), "tokens": int(cfg.max_new_tokens),
+    return {"temperature": temperature, "prompts": len(prompts), "tokens": int(cfg.max_new_tokens),
             "vanilla_ms_per_token": ms["vanilla"], "ranking": ranking}
 
 
