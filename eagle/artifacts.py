@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -37,9 +38,10 @@ def read_json(path: str | Path) -> dict | None:
 
 def write_json(path: str | Path, data: dict) -> None:
     """Write `data` as JSON through a temporary file and a rename (atomic on POSIX). The
-    temporary name is the process's own: several processes may write the same file."""
+    temporary name is the writer's own (a random suffix: processes on several machines may
+    share a pid and write the same file)."""
     path = Path(path)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}-{uuid.uuid4().hex[:12]}.tmp")
     tmp.write_text(json.dumps(data, indent=2) + "\n")
     os.replace(tmp, path)
 

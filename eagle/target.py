@@ -222,6 +222,12 @@ def check_logits(model: nn.Module, atol: float = 1e-4) -> None:
                           f"{err:.3g}: it transforms its logits in a way eagle.target.LogitTransform does not know")
 
 
+def context_length(model: nn.Module) -> int | None:
+    """The positions the model was built for (`max_position_embeddings`); None when its config
+    does not say."""
+    return getattr(model.config, "max_position_embeddings", None)
+
+
 def embeddings(model: nn.Module) -> nn.Embedding:
     """The target's input embedding table E (frozen, shared with the drafter)."""
     return model.get_input_embeddings()

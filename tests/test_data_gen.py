@@ -310,6 +310,62 @@ def test_resume_after_crash_mid_shard(tmp_path, dump, target_dir, monkeypatch):
         generate(compose_data_gen(target_dir, out, "max_len=16"))
 
 
+def test_shards_are_reused_only_under_their_own_plan(tmp_path, dump, target_dir):
+    """A shard's fingerprint holds the dump's whole plan: with metadata.json lost (a truncated
+    copy) a rerun with another storage dtype redoes every shard instead of relabelling the bf16
+    bits as float16; a resume in another compute precision is refused, not mixed in."""
+    out = tmp_path / "dump"
+    shutil.copytree(dump, out)
+    (out / METADATA).write_text('{"params": {"format": "eagle-fea')  # the sidecar, truncated
+    meta = generate(compose_data_gen(target_dir, out, "dtype=float16"))
+    old, new = json.loads((dump / METADATA).read_text()), meta
+    assert old["features"]["dtype"] == "bfloat16" and new["features"]["dtype"] == "float16"
+    old_sums = {s["sha256"] for split in old["splits"].values() for s in split["shards"]}
+    assert not old_sums & {s["sha256"] for split in new["splits"].values() for s in split["shards"]}
+    a, b = FeatureShards(dump, "train"), FeatureShards(out, "train")
+    for i in range(len(a)):  # the same features, stored in float16 (bf16's 3 digits decide the tolerance)
+        torch.testing.assert_close(b[i]["features"].float(), a[i]["features"].float(), rtol=2e-2, atol=2e-2)
+    with pytest.raises(FeatureDumpError, match=r"other settings \(differs in \['compute'\]\)"):
+        generate(compose_data_gen(target_dir, out, "dtype=float16", "target_dtype=bfloat16"))
+
+
+def test_the_dump_refuses_samples_past_the_targets_context_and_other_datasets(tmp_path, tokenizer):
+    short = save_tiny_target(tmp_path / "short", tokenizer, max_position_embeddings=16)
+    with pytest.raises(FeatureDumpError, match="past the target's context of 16 positions: lower max_len"):
+        generate(compose_data_gen(short, tmp_path / "dump"))
+    other = tmp_path / "distilled"  # another kind of dataset in out_dir: overwrite=true must not delete it
+    other.mkdir()
+    (other / METADATA).write_text(json.dumps({"params": {"format": "eagle-distill/1"}, "status": "complete"}))
+    with pytest.raises(FeatureDumpError, match=r"holds another kind of dataset \(eagle-distill\)"):
+        generate(compose_data_gen(short, other, "max_len=16", "overwrite=true"))
+    assert (other / METADATA).exists()
+
+
+def test_the_last_rank_to_finish_leaves_the_dump_complete(tmp_path, target_dir, monkeypatch):
+    """Rank 0 finds rank 1's shard missing; rank 1 then finishes and writes "complete" before
+    rank 0 writes "incomplete". Rank 0 looks again after its write, so the dump ends complete
+    (it used to read "incomplete" with every shard on disk)."""
+    from data_gen.conversations import python_corpus_samples
+
+    model, tokenizer = load_target(target_dir)
+    samples = python_corpus_samples(tokenizer=tokenizer, max_len=32, max_files=24, val_fraction=0.25,
+                                    max_samples=10, max_val_samples=3)
+    out, real, ran = tmp_path / "dump", features_module.shards.complete_shard, []
+    settings = dict(shard_size=4, batch_size=2, progress=False, world_size=2)
+
+    def rank1_finishes_meanwhile(shard_dir, fingerprint):
+        info = real(shard_dir, fingerprint)
+        if info is None and shard_dir == out / "train" / "shard_00001" and not ran:  # rank 1's, seen missing by rank 0
+            ran.append("running")
+            ran[0] = features_module.dump_features(model, tokenizer, samples, out, rank=1, **settings)["status"]
+        return info
+
+    monkeypatch.setattr(features_module.shards, "complete_shard", rank1_finishes_meanwhile)
+    meta = features_module.dump_features(model, tokenizer, samples, out, rank=0, **settings)
+    assert ran == ["complete"]
+    assert meta["status"] == "complete" and read_metadata(out)["status"] == "complete"
+
+
 def test_corrupt_or_mismatched_dumps_fail_clearly(tmp_path, dump, target_dir):
     model, tokenizer = load_target(target_dir)
     ident = identity(model, tokenizer, target_dir)

@@ -188,6 +188,13 @@ def test_other_settings_are_refused_unless_overwrite(tmp_path, complete, model, 
     assert new["train"] != rows(complete)["train"]  # another seed samples other continuations
 
 
+def test_continuations_past_the_targets_context_are_refused(tmp_path, tokenizer):
+    short = make_tiny_model("llama", max_position_embeddings=8)
+    with pytest.raises(DistillError, match="5 tokens \\+ new_tokens=5 pass the target's context of 8 positions"):
+        generate_distilled(short, tokenizer, PROMPTS, tmp_path / "out", **SETTINGS)
+    assert not (tmp_path / "out").exists()  # refused before anything is written
+
+
 def test_load_refuses_a_missing_incomplete_or_damaged_folder(tmp_path, complete):
     with pytest.raises(DistillError, match="metadata.json missing"):
         load_distilled(tmp_path / "nowhere")

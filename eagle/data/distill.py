@@ -56,7 +56,7 @@ from eagle.data import shards
 from eagle.data.shards import shard_ranges
 from eagle.decoding.kv_cache import new_cache
 from eagle.sampling import SamplingPolicy, check_generator, seeded_generator
-from eagle.target import TargetIdentity, head_logits, target_forward
+from eagle.target import TargetIdentity, context_length, head_logits, target_forward
 
 log = logging.getLogger(__name__)
 
@@ -196,7 +196,7 @@ def _batch_rows(target: nn.Module, prompts: Sequence[Sequence[int]], new_tokens:
 
 
 def write_shard(target: nn.Module, prompts: Sequence[Sequence[int]], shard_dir: Path, *, new_tokens: int,
-                policy: SamplingPolicy, generator: torch.Generator | None, batch_size: int,
+                policy: SamplingPolicy, generator: torch.Generator | None, batch_size: int, plan: str = "",
                 on_batch: Callable[[int], None] | None = None) -> dict:
     """Sample and write one shard atomically (`eagle.data.shards.write_shard`).
 
@@ -214,11 +214,12 @@ def write_shard(target: nn.Module, prompts: Sequence[Sequence[int]], shard_dir: 
             }
             yield columns, {"tokens": sum(len(ids) for ids, _ in done)}
 
-    return shards.write_shard(shard_dir, row_schema().arrow_schema, batches(), _fingerprint(prompts), on_batch)
+    return shards.write_shard(shard_dir, row_schema().arrow_schema, batches(), _fingerprint(prompts, plan), on_batch)
 
 
-def _fingerprint(prompts: Sequence[Sequence[int]]) -> dict[str, str]:
-    return {"prompts_fingerprint": prompts_fingerprint(prompts)}
+def _fingerprint(prompts: Sequence[Sequence[int]], plan: str) -> dict[str, str]:
+    """What a shard was made from: its prompts and the run's whole plan (`shards.plan_hash`)."""
+    return {"prompts_fingerprint": prompts_fingerprint(prompts), "plan": plan}
 
 
 def shard_name(k: int) -> str:
@@ -263,6 +264,10 @@ def generate_distilled(target: nn.Module, tokenizer, prompts: dict[str, list[lis
         empty = next((i for i, p in enumerate(rows) if not p), None)
         if empty is not None:
             raise ValueError(f"{split} prompt {empty} is empty")
+    context, longest = context_length(target), max((len(p) for rows in prompts.values() for p in rows), default=0)
+    if context is not None and longest + new_tokens > context:
+        raise DistillError(f"a prompt of {longest} tokens + new_tokens={new_tokens} pass the target's context of "
+                           f"{context} positions: shorten the prompts or lower new_tokens")
     out_dir = Path(out_dir)
     device = _device(target)
     identity = TargetIdentity.of(target, tokenizer, target_path, with_lm_head=True)
@@ -281,6 +286,7 @@ def generate_distilled(target: nn.Module, tokenizer, prompts: dict[str, list[lis
         "batch_size": int(batch_size),
         "splits": {s: {"prompts": len(prompts[s]), "fingerprint": prompts_fingerprint(prompts[s])} for s in SPLITS},
     }
+    plan_id = shards.plan_hash(plan)
     art = Artifact(out_dir, DISTILL_META, plan, "distilled data")
     shards.start(art, overwrite, DistillError)
     started = time.time()
@@ -294,8 +300,8 @@ def generate_distilled(target: nn.Module, tokenizer, prompts: dict[str, list[lis
             rows, shard_dir = prompts[split][a:b], out_dir / split / shard_name(k)
             generator = None if policy.greedy else seeded_generator(shard_seed(seed, split, k), device)
             write = partial(write_shard, target, rows, shard_dir, new_tokens=new_tokens, policy=policy,
-                            generator=generator, batch_size=batch_size, on_batch=bar.update)
-            info, kept = shards.reuse_or_write(shard_dir, _fingerprint(rows), write)
+                            generator=generator, batch_size=batch_size, plan=plan_id, on_batch=bar.update)
+            info, kept = shards.reuse_or_write(shard_dir, _fingerprint(rows, plan_id), write)
             if kept:
                 skipped += 1
                 bar.update(b - a)  # written by an earlier run

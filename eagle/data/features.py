@@ -49,7 +49,7 @@ from torch import nn
 from eagle.artifacts import SPLITS, Artifact
 from eagle.data import shards
 from eagle.data.shards import shard_ranges
-from eagle.target import TargetIdentity, target_forward
+from eagle.target import TargetIdentity, context_length, target_forward
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +152,7 @@ def batch_features(model: nn.Module, samples: Sequence[dict], pad_id: int) -> li
 
 
 def write_shard(model: nn.Module, samples: Sequence[dict], shard_dir: Path, *, batch_size: int,
-                dtype: str, pad_id: int, on_batch: Callable[[int], None] | None = None) -> dict:
+                dtype: str, pad_id: int, plan: str = "", on_batch: Callable[[int], None] | None = None) -> dict:
     """Compute and write one shard atomically (`eagle.data.shards.write_shard`).
 
     Batches are formed after sorting the shard's samples by length (less padding); rows are
@@ -176,11 +176,12 @@ def write_shard(model: nn.Module, samples: Sequence[dict], shard_dir: Path, *, b
             yield columns, {"tokens": sum(columns["length"]),
                             "loss_tokens": int(sum(int(s["loss_mask"].sum()) for s in batch))}
 
-    return shards.write_shard(shard_dir, row_schema().arrow_schema, batches(), _fingerprint(samples), on_batch)
+    return shards.write_shard(shard_dir, row_schema().arrow_schema, batches(), _fingerprint(samples, plan), on_batch)
 
 
-def _fingerprint(samples: Sequence[dict]) -> dict[str, str]:
-    return {"samples_fingerprint": samples_fingerprint(samples)}
+def _fingerprint(samples: Sequence[dict], plan: str) -> dict[str, str]:
+    """What a shard was made from: its samples and the dump's whole plan (`shards.plan_hash`)."""
+    return {"samples_fingerprint": samples_fingerprint(samples), "plan": plan}
 
 
 def dump_features(model: nn.Module, tokenizer, samples: dict[str, list[dict]], out_dir: str | Path, *,
@@ -215,8 +216,15 @@ def dump_features(model: nn.Module, tokenizer, samples: dict[str, list[dict]], o
 
     if not 0 <= rank < world_size:
         raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     dtype = storage_dtype(dtype)
     out_dir = Path(out_dir)
+    context = context_length(model)
+    longest = max((s["input_ids"].size for rows in samples.values() for s in rows), default=0)
+    if context is not None and longest > context:
+        raise FeatureDumpError(f"a sample has {longest} tokens, past the target's context of {context} positions: "
+                               f"lower max_len to {context} or less")
     identity = TargetIdentity.of(model, tokenizer, target_path, with_lm_head=True)
     hidden = identity.hidden_size
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -229,9 +237,13 @@ def dump_features(model: nn.Module, tokenizer, samples: dict[str, list[dict]], o
         "max_len": max_len,
         "shard_size": shard_size,
         "dtype": dtype,
+        # the precision the features are computed in: a resumed dump must not mix two
+        "compute": {"dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+                    "device_type": next(model.parameters()).device.type},
         "splits": {s: {"samples": len(samples.get(s, [])), "fingerprint": samples_fingerprint(samples.get(s, []))}
                    for s in SPLITS},
     }
+    plan_id = shards.plan_hash(plan)
     dump = Artifact(out_dir, METADATA, plan, "feature dump")
     shards.start(dump, overwrite, FeatureDumpError, several_processes=world_size > 1)
     # a complete dump goes through the loop too: intact shards are skipped, missing ones redone
@@ -248,18 +260,28 @@ def dump_features(model: nn.Module, tokenizer, samples: dict[str, list[dict]], o
         for split, k, a, b in mine:
             rows, shard_dir = samples[split][a:b], out_dir / split / f"shard_{k:05d}"
             write = partial(write_shard, model, rows, shard_dir, batch_size=batch_size, dtype=dtype, pad_id=pad_id,
-                            on_batch=bar.update)
-            infos[split, k], kept = shards.reuse_or_write(shard_dir, _fingerprint(rows), write)
+                            plan=plan_id, on_batch=bar.update)
+            infos[split, k], kept = shards.reuse_or_write(shard_dir, _fingerprint(rows, plan_id), write)
             if kept:
                 bar.update(b - a)  # done by an earlier run
-    for split, k, a, b in every:  # the other processes' shards: finished yet?
-        if (split, k) not in infos:
-            info = shards.complete_shard(out_dir / split / f"shard_{k:05d}", _fingerprint(samples[split][a:b]))
-            if info is None:
-                log.warning("rank %d of %d: its %d shards are done; the dump is complete once every rank "
-                            "has finished (%s is not yet)", rank, world_size, len(mine), out_dir / split / f"shard_{k:05d}")
-                return dump.write(status="incomplete", format=FORMAT)
-            infos[split, k] = info
+    def others() -> str | None:  # the other processes' shards: finished yet? (the first missing one)
+        for split, k, a, b in every:
+            if (split, k) not in infos:
+                shard = out_dir / split / f"shard_{k:05d}"
+                info = shards.complete_shard(shard, _fingerprint(samples[split][a:b], plan_id))
+                if info is None:
+                    return str(shard)
+                infos[split, k] = info
+        return None
+
+    if (missing := others()) is not None:
+        incomplete = dump.write(status="incomplete", format=FORMAT)
+        # look again after writing "incomplete": the rank that finished meanwhile may have
+        # written "complete" before this write, which would otherwise stand over it
+        if (missing := others()) is not None:
+            log.warning("rank %d of %d: its %d shards are done; the dump is complete once every rank "
+                        "has finished (%s is not yet)", rank, world_size, len(mine), missing)
+            return incomplete
 
     split_info: dict[str, Any] = {}
     for split in SPLITS:

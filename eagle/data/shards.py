@@ -51,15 +51,28 @@ def shard_ranges(n: int, shard_size: int) -> list[tuple[int, int]]:
     return [(a, min(a + shard_size, n)) for a in range(0, n, shard_size)]
 
 
+def plan_hash(plan: dict) -> str:
+    """A short hash of a dataset's whole plan. It goes into every shard's fingerprint, so a
+    shard is reused only under the plan it was made with, also where the folder's metadata is
+    lost (a crash, a deleted file) or a process was started with other settings."""
+    return hashlib.sha256(json.dumps(plan, sort_keys=True).encode()).hexdigest()[:16]
+
+
 # ----------------------------------------------------------------------------- writing
 
 
 def start(art: Artifact, overwrite: bool, error: type[Exception], several_processes: bool = False) -> None:
     """Open a dataset folder for writing: one made with the same plan is resumed; one made with
     another plan is `error` unless `overwrite` (refused with several processes: one would delete
-    the others' shards), then deleted."""
+    the others' shards), then deleted. A folder holding another kind of dataset (its format's
+    name differs) is never deleted."""
     if art.state() != "stale":
         return
+    kind = str(art.params.get("format", "")).split("/")[0]
+    found = str((art.meta() or {}).get("params", {}).get("format", "")).split("/")[0]
+    if found != kind:
+        raise error(f"{art.folder} holds another kind of dataset ({found or 'unknown'}), not a {art.what} ({kind}); "
+                    "choose another out_dir (overwrite=true never deletes another kind)")
     diff = art.differences()
     stale = f"the {art.what} in {art.folder} was made with other settings (differs in {diff})"
     if not overwrite:
