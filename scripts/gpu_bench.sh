@@ -59,6 +59,10 @@ CAP_PROJECT=${CAP_PROJECT:-10}
 TOTAL=${TOTAL:-590}  # the whole script's budget: no stage runs past it (the device tool stops at 600 s)
 
 mkdir -p "$OUT" "$RUNS"
+# A rerun on a warm machine finds the last run's files: trained models are reused by their stages
+# (they say so in the log), but no result of an earlier run may be reported as this one's.
+rm -rf "$RUNS/bench" "$RUNS/timing"
+rm -f "$OUT"/{results.json,results.md,timing.json,pipeline.log,speedup.png,speedup_vs_static.png,tau.png,acceptance.png}
 LOG="$OUT/pipeline.log"
 START=$(date +%s)
 export PYTHONUNBUFFERED=1 HYDRA_FULL_ERROR=1 PROJECT_ROOT=$PWD

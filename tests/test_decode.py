@@ -164,6 +164,9 @@ def test_tree_search_writes_best_subtrees_and_compares_them(models, tmp_path):
         out / f"{machine['chosen']}.yaml").paths
     assert [r["machine_choice"] for r in summary].count(True) == 1
     assert all(r["predicted_round_ms"] > 0 for r in summary)
+    for r in summary:  # measured like the prediction, the rounds only (the prefill left out)
+        m, v = compare[f"eagle@{r['tree']}"], compare["vanilla"]
+        assert r["rounds_speedup"] == pytest.approx(v["ms_per_round"] * m["tau"] / m["ms_per_round"])
     # sampled: every candidate decoded at T=1, the fastest written as machine_t1.yaml
     sampled = machine["sampled"]
     assert sampled["temperature"] == 1.0 and sampled["vanilla_ms_per_token"] > 0
@@ -377,6 +380,8 @@ def test_profile_splits_the_round(models, tmp_path):
     assert sum(b["parts_ms"].values()) == pytest.approx(b["round_ms"])
     assert all(ms >= 0 for ms in b["parts_ms"].values())
     assert report["speedup"] > 0 and report["vanilla"]["step_ms"] > 0
+    # the speedup is the untimed decode's (the timers' synchronisations would bias it on a GPU)
+    assert report["speedup"] == pytest.approx(report["vanilla"]["step_ms"] * b["tau"] / b["untimed_round_ms"])
     assert report["fastest_vanilla"] == "float32" and report["speedup_vs_fastest"] == pytest.approx(report["speedup"])
     assert "target layers" in (out / "profile.md").read_text()
     assert SamplingPolicy.probs is probs and engine.verify_tree_greedy is greedy
@@ -498,3 +503,21 @@ def test_dtypes_as_label_strings_reach_labels_hydra_cannot_spell_as_keys(models,
     assert dtype_overrides({"eagle": "float32"}) == {"eagle": "float32"} and dtype_overrides(None) == {}
     with pytest.raises(ValueError, match="LABEL=DTYPE"):
         dtype_overrides(["eagle"])
+
+
+def test_the_median_speedup_pairs_each_prompt_with_itself():
+    """Vanilla at 10/20/30 tokens/s and a method at 60/25/32 on the same three prompts: the
+    per-prompt speedups are 6, 1.25 and 1.07, whose median is 1.25; a ratio of the two medians
+    (32 / 20 = 1.6x) pairs different prompts."""
+    from eagle.bench.benchmark import MethodResult, _speedups
+
+    def result(name, rates):
+        return MethodResult(method=name, dtype="float32", lossless=True, tau=1.0, tokens_per_s=sum(rates) / 3,
+                            tokens_per_s_median=sorted(rates)[1],
+                            per_prompt={"tokens": [r * 2 for r in rates], "seconds": [2.0, 2.0, 2.0]})
+
+    results = {"vanilla": result("vanilla", [10, 20, 30]), "eagle": result("eagle", [60, 25, 32])}
+    _speedups(results)
+    assert results["eagle"].speedup_median == pytest.approx(1.25)
+    assert results["eagle"].speedup == pytest.approx(117 / 60)
+    assert results["vanilla"].speedup_median == 1.0

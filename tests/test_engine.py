@@ -10,6 +10,7 @@ import torch
 
 from eagle.decoding import ContextOverflowError, DynamicRunner, SpeculativeDecoder, make_runner
 from eagle.proposers import DraftLM, PromptLookupProposer, TemplateProposer
+from eagle.sampling import SamplingPolicy
 from helpers.decoding import prompts, tree
 from helpers.models import make_tiny_model
 from helpers.stats import chi2_pvalue
@@ -92,9 +93,11 @@ def test_tau_and_stats_are_consistent():
     res = decoder.generate([5, 6, 7], 25)
     s = res.stats
     assert len(res.tokens) == 25 == s.new_tokens
-    assert s.tau == pytest.approx(sum(r.committed for r in s.rounds) / len(s.rounds))
-    assert s.tau > 5  # oracle chain of 5: every round commits 6 (the last one may be cut)
-    assert sum(s.accepted_histogram()) == len(s.rounds)
+    # the target drafting for itself on a chain of 5: the prefill gives token 1, then every round
+    # accepts all 5 and adds the bonus token: 4 rounds of 6
+    assert [(r.accepted, r.committed) for r in s.rounds] == [(5, 6)] * 4
+    assert s.tau == 6.0 and s.forwards == 4
+    assert s.accepted_histogram() == [0, 0, 0, 0, 0, 4]
     assert s.draft_s > 0 and s.verify_s > 0
 
 
@@ -199,3 +202,78 @@ def test_a_generator_on_another_device_is_refused_before_decoding():
     decoder = SpeculativeDecoder(target, policy=SamplingPolicy(temperature=1.0))
     with pytest.raises(ValueError, match="generator is on cpu but the model on meta: create it there"):
         decoder.generate([1, 5, 7], 4, generator=seeded_generator(0, "cpu"))
+
+
+def test_inputs_the_engine_cannot_decode_are_refused_clearly():
+    """A batch is not one prompt; a draft model of another vocabulary (its ids would mean other
+    tokens, or none) is refused before its first tree is verified; a drafter whose logits are
+    NaN (a float16 overflow) would still decode exactly, accepting nothing: it is named."""
+    from eagle.decoding.engine import DraftTree, Proposer, check_tree
+
+    target = make_tiny_model("llama")
+    vocab = target.config.vocab_size
+    with pytest.raises(ValueError, match=r"one sequence: give \(T,\) or \(1, T\) token ids, not \(2, 3\)"):
+        SpeculativeDecoder(target).generate(torch.tensor([[5, 6, 7], [8, 9, 10]]), 3)
+    for other in (vocab - 6, vocab + 4):  # smaller: ids that fit but mean other tokens; larger: ids past V
+        draft = make_tiny_model("llama", vocab_size=other)
+        decoder = SpeculativeDecoder(target, TemplateProposer(DraftLM(draft), tree("chain5")))
+        with pytest.raises(ValueError, match=f"draft LM has a vocabulary of {other} tokens, the target {vocab}"):
+            decoder.generate([1, 5, 7], 4)
+
+    class Outside(Proposer):
+        name = "outside"
+
+        def propose(self, state):
+            return DraftTree(tokens=torch.tensor([vocab]), parents=(-1, 0))
+
+    with pytest.raises(ValueError, match=f"outside drafted token ids outside the target's vocabulary of {vocab}"):
+        SpeculativeDecoder(target, Outside()).generate([1, 5, 7], 4)
+    with pytest.raises(ValueError, match="proposal distributions over 7 tokens"):
+        check_tree(DraftTree(tokens=torch.tensor([3]), parents=(-1, 0), q=torch.zeros(1, 7)), vocab, "p")
+
+    nan_drafter = make_tiny_model("llama")
+    with torch.no_grad():
+        nan_drafter.lm_head.weight.fill_(float("nan"))
+    decoder = SpeculativeDecoder(target, TemplateProposer(DraftLM(nan_drafter), tree("chain5")))
+    with pytest.raises(ValueError, match="the draft model's logits are NaN"):
+        decoder.generate([1, 5, 7], 4)
+
+
+def test_a_compiled_static_runner_keeps_its_largest_cache():
+    """Under compile a static cache's size is part of the graph: after a long request a shorter
+    one reuses the big cache (no new graph inside a timed region), where an eager runner sizes
+    each sequence to fit (less attention over empty slots). The prefill runs eagerly, so this
+    compiles nothing."""
+    from eagle.decoding import StaticRunner
+    from eagle.decoding.runners import STATIC_BUCKET
+
+    target = make_tiny_model("llama")
+    ids = torch.tensor([prompts(1, 96)[0][:8]])
+    compiled, eager = StaticRunner(target, compile_mode="default"), StaticRunner(target)
+    for runner in (compiled, eager):
+        runner.prefill(ids, STATIC_BUCKET + 10)
+        assert runner.capacity == 2 * STATIC_BUCKET
+        runner.prefill(ids, 20)
+    assert compiled.capacity == 2 * STATIC_BUCKET and eager.capacity == STATIC_BUCKET
+    fixed = StaticRunner(target, max_len=300, compile_mode="default")
+    fixed.prefill(ids, 20)
+    assert fixed.capacity == 300
+
+
+def test_warm_up_decodes_the_longest_prompt_for_the_whole_budget():
+    """The warm-up request is the largest of the timed ones: a shorter one (16 tokens of the
+    first prompt, as before) sized a static cache below the timed requests', whose new size
+    then compiled inside the timed region."""
+    from eagle.bench.benchmark import warm_up
+
+    calls = []
+
+    class Recorder:
+        def generate(self, ids, max_new_tokens, policy, generator=None):
+            calls.append((len(ids), max_new_tokens))
+
+    warm_up(Recorder(), [[1] * 5, [1] * 40, [1] * 12], 128, SamplingPolicy())
+    assert calls == [(40, 128)]
+    calls.clear()
+    warm_up(Recorder(), [[1] * 5, [1] * 40, [1] * 12], 64, SamplingPolicy(), count=2)
+    assert calls == [(40, 64), (12, 64)]

@@ -3,7 +3,7 @@
 Speedup = a method's tokens/s divided by vanilla decoding's tokens/s measured in the same
 run (same target, same prompts, same machine state), after a warm-up. Methods take turns
 prompt by prompt, so load drift on a shared machine hits them alike. We report the
-aggregate (total tokens / total time) and the median over prompts. tau = tokens committed
+aggregate (total tokens / total time) and the median over prompts of the per-prompt speedups. tau = tokens committed
 per target forward after the prefill, bonus token included (`eagle.decoding.stats.tau`).
 When the run also has `vanilla:static` (static cache, compiled when the run compiles),
 `speedup_vs_static` is the same ratio against it: the fastest plain decoding is the baseline
@@ -146,6 +146,16 @@ def summarise(method: Method, dtype: str, results: list[DecodeResult]) -> Method
     )
 
 
+def warm_up(method: Method, prompts: Sequence[list[int]], max_new_tokens: int, policy: SamplingPolicy,
+            generator: torch.Generator | None = None, count: int = 1) -> None:
+    """Decode the `count` longest prompts for the full `max_new_tokens`, untimed: buffers reach
+    the size of the largest timed request, and under compile the graphs the timed decodes need
+    are built first (a static cache's size is part of its graph, and a compiled `StaticRunner`
+    keeps its largest cache: LOG.md, a shorter warm-up compiled inside the timed region)."""
+    for ids in sorted(prompts, key=len, reverse=True)[:count]:
+        method.generate(ids, max_new_tokens, policy, generator)
+
+
 def build_all(build: Callable[[str], tuple[Method, str]], names: Sequence[str]) -> dict[str, tuple[Method, str]]:
     """Every method of the run, built up front; the ones that cannot be built are named together."""
     methods, errors = {}, []
@@ -191,9 +201,8 @@ def run_benchmark(eval_sets: dict[str, list[Prompt]], tokenizer, build: Callable
             outputs: dict[str, list[list[int]]] = {}
             for name in cfg.methods:
                 bar.set_postfix_str(f"{set_name} T={temperature} {name} warm-up")
-                warm = seeded_generator(cfg.seed, device)
-                for ids in encoded[: cfg.warmup]:
-                    methods[name][0].generate(ids, min(cfg.max_new_tokens, 16), policy, warm)
+                warm_up(methods[name][0], encoded, cfg.max_new_tokens, policy, seeded_generator(cfg.seed, device),
+                        count=cfg.warmup)
             # Methods take turns prompt by prompt (in a rotating order), so a drift in the load
             # of a shared machine falls on every method alike rather than on whichever ran
             # during it. Each method keeps its own generator: its samples do not depend on the
@@ -237,14 +246,21 @@ def run_benchmark(eval_sets: dict[str, list[Prompt]], tokenizer, build: Callable
 
 
 def _speedups(results: dict[str, MethodResult]) -> None:
-    """Speedups against vanilla (and vanilla:static) of the same run."""
+    """Speedups against vanilla (and vanilla:static) of the same run: the aggregate one (total
+    tokens / total time, each), and the median over prompts of the per-prompt speedups (a prompt
+    against itself: a ratio of two medians could pair different prompts)."""
+    def rates(r: MethodResult) -> list[float]:
+        p = r.per_prompt
+        return [t / s if s else 0.0 for t, s in zip(p.get("tokens", []), p.get("seconds", []))]
+
     for base_name, key in (("vanilla", "speedup"), ("vanilla:static", "speedup_vs_static")):
         base = results.get(base_name)
         if base is None or not base.tokens_per_s:
             continue
         for r in results.values():
             setattr(r, key, r.tokens_per_s / base.tokens_per_s)
-            setattr(r, key + "_median", r.tokens_per_s_median / base.tokens_per_s_median)
+            pairs = [a / b for a, b in zip(rates(r), rates(base)) if b]
+            setattr(r, key + "_median", statistics.median(pairs) if pairs else float("nan"))
 
 
 def _reference_texts(results: dict[str, MethodResult], outputs: dict[str, list[list[int]]], prompts: list[list[int]],

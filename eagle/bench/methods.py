@@ -170,6 +170,7 @@ class HFMethod(Method):
         super().__init__(name, info, target, eos_token_id)
         self.generate_kwargs = generate_kwargs
         self._calls: list[list[float]] = []  # per forward: [start position, tokens in, t begin, t end]
+        self._cuda = False  # the target is on a GPU (set per generate)
 
     def _before(self, module, args, kwargs):
         ids = kwargs.get("input_ids", args[0] if args else None)
@@ -178,6 +179,8 @@ class HFMethod(Method):
         self._calls.append([start, ids.shape[-1], time.perf_counter(), 0.0])
 
     def _after(self, module, args, output):
+        if self._cuda:  # the forward's kernels end here, not at their launch: its wait is verification
+            torch.cuda.synchronize()
         self._calls[-1][3] = time.perf_counter()
 
     def generate(self, prompt, max_new_tokens, policy, generator=None, on_commit=None) -> DecodeResult:
@@ -188,7 +191,7 @@ class HFMethod(Method):
         if generator is not None and not policy.greedy:  # HF samples from the global RNG: seed it from ours
             torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=generator, device=generator.device)))
         eos = self.eos_token_id if self.eos_token_id is not None else []
-        self._calls = []
+        self._calls, self._cuda = [], device.type == "cuda"
         hooks = [self.target.register_forward_pre_hook(self._before, with_kwargs=True),
                  self.target.register_forward_hook(self._after)]
         start = time.perf_counter()

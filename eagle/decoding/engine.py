@@ -37,6 +37,7 @@ from eagle.acceptance import (
 from eagle.decoding.runners import ContextOverflowError, DynamicRunner, TargetRunner
 from eagle.decoding.stats import DecodeResult, DecodeStats, RoundStats
 from eagle.sampling import RowProbs, SamplingPolicy, check_generator
+from eagle.target import context_length
 
 __all__ = ["ContextOverflowError", "DecodeResult", "DecodeState", "DecodeStats", "DraftTree", "Proposer",
            "SpeculativeDecoder", "VanillaProposer"]
@@ -137,7 +138,7 @@ class SpeculativeDecoder:
             eos_token_id = getattr(target.generation_config, "eos_token_id", None)
         eos = [] if eos_token_id is None else ([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id))
         self.eos = set(eos)
-        self.max_context = getattr(target.config, "max_position_embeddings", None)
+        self.max_context = context_length(target)
 
     def check_fits(self, prompt_len: int, max_new_tokens: int, tree_size: int) -> None:
         if prompt_len == 0:
@@ -156,7 +157,10 @@ class SpeculativeDecoder:
 
         `on_commit` receives each committed block of tokens (streaming output).
         """
-        ids = torch.as_tensor(input_ids, dtype=torch.long).reshape(-1).tolist()
+        ids = torch.as_tensor(input_ids, dtype=torch.long)
+        if ids.dim() > 2 or (ids.dim() == 2 and ids.shape[0] != 1):
+            raise ValueError(f"generate decodes one sequence: give (T,) or (1, T) token ids, not {tuple(ids.shape)}")
+        ids = ids.reshape(-1).tolist()
         tree_size = max(self.proposer.max_nodes, self.runner.tree_size)
         self.check_fits(len(ids), max_new_tokens, tree_size)
         device = next(self.target.parameters()).device
@@ -183,6 +187,8 @@ class SpeculativeDecoder:
         while True:
             t0 = time.perf_counter()
             tree = self.proposer.propose(state)
+            if not stats.rounds:
+                check_tree(tree, state.vocab_size, self.proposer.name)
             _sync(device)  # GPU work is asynchronous: charge drafting kernels to drafting
             t1 = time.perf_counter()
             path, next_token, features = self._verify(state, tree, generator)
@@ -247,6 +253,18 @@ class SpeculativeDecoder:
             path, next_token = verify_tree_stochastic(parents, tokens, p, q_full, generator, repeats=tree.repeats)
         self.runner.commit(path)
         return path, int(next_token), out.features[:, path]
+
+
+def check_tree(tree: DraftTree, vocab_size: int, proposer: str) -> None:
+    """Raise ValueError when a draft tree does not fit the target's vocabulary of `vocab_size`
+    (a draft model of another vocabulary): checked on a sequence's first round, where it would
+    otherwise end in an index error deep in the verification."""
+    if tree.size and not 0 <= int(tree.tokens.min()) <= int(tree.tokens.max()) < vocab_size:
+        raise ValueError(f"{proposer} drafted token ids outside the target's vocabulary of {vocab_size}: "
+                         "is the draft model made for another tokenizer?")
+    if tree.q is not None and tree.q.shape[-1] != vocab_size:
+        raise ValueError(f"{proposer} gave proposal distributions over {tree.q.shape[-1]} tokens, the target has "
+                         f"{vocab_size}: is the draft model made for another tokenizer?")
 
 
 def _sync(device: torch.device) -> None:

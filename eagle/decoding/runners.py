@@ -121,7 +121,9 @@ class StaticRunner(TargetRunner):
         target: a Hugging Face causal LM (eval mode).
         tree_size: draft nodes per verification; smaller trees are padded to it (vanilla: 0).
         max_len: fixed slots per layer; None sizes the buffer per sequence, rounded up to a
-            multiple of `STATIC_BUCKET` (each new size is a new graph under compile).
+            multiple of `STATIC_BUCKET` (under compile each new size is a new graph, so there
+            the buffer only grows: a warm-up on the longest request builds the graph the
+            others reuse).
         compile_mode: None (eager), "default", or "reduce-overhead" (CUDA graphs); see
             `eagle.decoding.compile.compile_static`. The prefill always runs eagerly.
     """
@@ -136,6 +138,7 @@ class StaticRunner(TargetRunner):
         self.max_len = max_len
         self.cache: StaticKVCache | None = None
         self.window = sliding_window(target.config)
+        self.compiled = compile_mode is not None
         self._forward = compile_static(self._scores, compile_mode)
         # slots moved per commit: the longest path (padded); vanilla decoding never moves anything
         self.moves = self.width if tree_size else 0
@@ -152,6 +155,8 @@ class StaticRunner(TargetRunner):
 
     def _allocate(self, need: int) -> None:
         size = self.max_len or -(-need // STATIC_BUCKET) * STATIC_BUCKET
+        if self.compiled and not self.max_len and self.cache is not None and self.cache.max_len >= need:
+            size = self.cache.max_len  # compiled, each size is one more graph: keep the largest built
         if need > size:
             raise ContextOverflowError(f"the request needs {need} cache slots (prompt + new tokens + tree) but "
                                        f"the static cache holds {size}; raise its max_len")

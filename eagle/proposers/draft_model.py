@@ -9,7 +9,7 @@ from torch import Tensor, nn
 
 from eagle.decoding.draft_cache import DraftCache, draft_cache
 from eagle.decoding.engine import DecodeState
-from eagle.target import target_forward
+from eagle.target import lm_head, target_forward
 
 
 class DraftLM:
@@ -28,6 +28,10 @@ class DraftLM:
         return next(self.model.parameters()).dtype
 
     def reset(self, state: DecodeState) -> None:
+        vocab = lm_head(self.model).weight.shape[0]
+        if vocab != state.vocab_size:  # its ids would mean other tokens to the target, or none
+            raise ValueError(f"the draft LM has a vocabulary of {vocab} tokens, the target {state.vocab_size}: "
+                             "a draft LM must share the target's tokenizer")
         self.cache.begin(state.max_len)
 
     def end_round(self) -> None:

@@ -131,6 +131,8 @@ class TemplateProposer(Proposer):
     def propose(self, state: DecodeState) -> DraftTree:
         tpl, model, policy = self.template, self.model, state.policy
         logits, hidden = model.catch_up(state)  # the root's (V,) and (H,) or None
+        if bool(logits.isnan().any()):  # the draws would still be exact, but never accepted: say why
+            raise ValueError(f"{self.name}: the draft model's logits are NaN (a float16 drafter overflowing?)")
         device = logits.device
         self._on(device)
         logits = logits[None]  # (1, V): one row per parent of the level being drawn
