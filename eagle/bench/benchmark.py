@@ -3,8 +3,9 @@
 Speedup = a method's tokens/s divided by vanilla decoding's tokens/s measured in the same
 run (same target, same prompts, same machine state), after a warm-up. Methods take turns
 prompt by prompt, so load drift on a shared machine hits them alike. We report the
-aggregate (total tokens / total time) and the median over prompts of the per-prompt speedups. tau = tokens committed
-per target forward after the prefill, bonus token included (`eagle.decoding.stats.tau`).
+aggregate (total tokens / total time) and the median of the per-prompt speedups. tau =
+tokens committed per target forward after the prefill, bonus token included
+(`eagle.decoding.stats.tau`).
 When the run also has `vanilla:static` (static cache, compiled when the run compiles),
 `speedup_vs_static` is the same ratio against it: the fastest plain decoding is the baseline
 a user compares with.

@@ -196,7 +196,7 @@ def _batch_rows(target: nn.Module, prompts: Sequence[Sequence[int]], new_tokens:
 
 
 def write_shard(target: nn.Module, prompts: Sequence[Sequence[int]], shard_dir: Path, *, new_tokens: int,
-                policy: SamplingPolicy, generator: torch.Generator | None, batch_size: int, plan: str = "",
+                policy: SamplingPolicy, generator: torch.Generator | None, batch_size: int, plan: str,
                 on_batch: Callable[[int], None] | None = None) -> dict:
     """Sample and write one shard atomically (`eagle.data.shards.write_shard`).
 

@@ -152,7 +152,7 @@ def batch_features(model: nn.Module, samples: Sequence[dict], pad_id: int) -> li
 
 
 def write_shard(model: nn.Module, samples: Sequence[dict], shard_dir: Path, *, batch_size: int,
-                dtype: str, pad_id: int, plan: str = "", on_batch: Callable[[int], None] | None = None) -> dict:
+                dtype: str, pad_id: int, plan: str, on_batch: Callable[[int], None] | None = None) -> dict:
     """Compute and write one shard atomically (`eagle.data.shards.write_shard`).
 
     Batches are formed after sorting the shard's samples by length (less padding); rows are

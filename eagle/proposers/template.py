@@ -114,11 +114,14 @@ class TemplateProposer(Proposer):
                 parent_nodes=torch.tensor([self.parents[v] for v in nodes], dtype=torch.long)))
         self.max_width = max(lv.width for lv in self.levels[1:])  # the most children of one node
         self._device = torch.device("cpu")
+        self._root_nan = torch.tensor(False)  # the last round's root logits had a NaN
 
     def reset(self, state: DecodeState) -> None:
         self.model.reset(state)
 
     def accept(self, state: DecodeState, tree: DraftTree, path: list[int]) -> None:
+        if bool(self._root_nan):  # the round was still exact, but such drafts are never accepted: say why
+            raise ValueError(f"{self.name}: the draft model's logits are NaN (a float16 drafter overflowing?)")
         self.model.end_round()
 
     def _on(self, device: torch.device) -> None:
@@ -131,8 +134,7 @@ class TemplateProposer(Proposer):
     def propose(self, state: DecodeState) -> DraftTree:
         tpl, model, policy = self.template, self.model, state.policy
         logits, hidden = model.catch_up(state)  # the root's (V,) and (H,) or None
-        if bool(logits.isnan().any()):  # the draws would still be exact, but never accepted: say why
-            raise ValueError(f"{self.name}: the draft model's logits are NaN (a float16 drafter overflowing?)")
+        self._root_nan = logits.isnan().any()  # read in `accept`, once the round's work is done (no extra sync)
         device = logits.device
         self._on(device)
         logits = logits[None]  # (1, V): one row per parent of the level being drawn
