@@ -197,6 +197,25 @@ def test_what_a_format_cannot_hold_is_refused(tmp_path, target, drafter):
     assert not exported_state(out)["fc.bias"].any()  # SGLang's fc always has one: zeros
 
 
+def test_the_targets_logit_transform_and_what_an_engine_cannot_build(tmp_path):
+    """The engines take the drafter's logit post-processing from its config: Gemma-2's soft-cap
+    is written (SGLang applies it; for vLLM and EAGLE's code, which do not, the export warns).
+    vLLM's and SGLang's Llama MLP runs silu only, and EAGLE's attention takes head_dim =
+    hidden / heads: drafters they would fail to load are refused at export."""
+    gemma = make_tiny_model("gemma2", tie_word_embeddings=False)
+    drafter = EagleDrafter.random(gemma, FakeTokenizer(96), path="runs/tiny")
+    sglang = json.loads((export_drafter(drafter, tmp_path / "sg", "sglang") / "config.json").read_text())
+    assert sglang["final_logit_softcapping"] == 3.0 and "logit_scale" not in sglang
+    with pytest.warns(UserWarning, match="soft-caps its logits at 3.0; the vllm EAGLE model does not"):
+        export_drafter(no_bias_drafter(gemma), tmp_path / "v", "vllm")
+    gelu = make_tiny_model("llama", hidden_act="gelu_pytorch_tanh")
+    with pytest.raises(ExportError, match="supports only silu; this drafter's layer uses 'gelu_pytorch_tanh'"):
+        export_drafter(no_bias_drafter(gelu), tmp_path / "g", "vllm")
+    wide_heads = make_tiny_model("llama", head_dim=16)
+    with pytest.raises(ExportError, match="head_dim = hidden_size / heads = 8, this drafter's is 16"):
+        export_drafter(EagleDrafter.random(wide_heads), tmp_path / "e", "eagle")
+
+
 def test_llama3_rope_scaling_is_kept_except_for_eagles_config_class(tmp_path, target):
     rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
             "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
@@ -215,16 +234,21 @@ def no_bias_fc(drafter):
     return drafter
 
 
+@pytest.mark.parametrize("family", ["llama", "gemma2"])
 @pytest.mark.parametrize("fmt", sorted(EXPECTED))
-def test_export_means_what_the_engines_compute(tmp_path, target, drafter, fmt):
+def test_export_means_what_the_engines_compute(tmp_path, fmt, family):
     """Rebuild the exported drafter the way the engines do: a Llama decoder layer from the
-    exported config.json without its input norm, fed fc(cat([E(x), f])) (fc's bias when the
-    file has one), and compare it with our drafter."""
+    exported config.json without its input norm, fed fc(cat([E(x), f])) with E(x) the raw row
+    of the target's table (fc's bias when the file has one), and compare it with our drafter.
+    Gemma's embedding module scales its rows by sqrt(hidden), which the engines leave out: the
+    export folds the factor into fc."""
     from transformers import LlamaConfig
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
     from eagle.decoding.masks import causal_mask
 
+    target = make_tiny_model(family, tie_word_embeddings=False)
+    drafter = perturbed(EagleDrafter.random(target, FakeTokenizer(96), path="runs/tiny", seed=2))
     source = no_bias_drafter(target) if fmt == "vllm" else drafter
     out = export_drafter(source, tmp_path / fmt, fmt)
     cfg = LlamaConfig.from_pretrained(out)
@@ -240,8 +264,13 @@ def test_export_means_what_the_engines_compute(tmp_path, target, drafter, fmt):
     g = torch.Generator().manual_seed(0)
     feats, ids = torch.randn(1, 6, 32, generator=g), torch.randint(0, 96, (1, 6), generator=g)
     with torch.no_grad():
-        x = fc(torch.cat([target.model.embed_tokens(ids), feats], -1))  # the engines: cat((inputs_embeds, hidden))
+        raw = torch.nn.functional.embedding(ids, target.get_input_embeddings().weight)  # the engines' lookup
+        x = fc(torch.cat([raw, feats], -1))  # the engines: cat((inputs_embeds, hidden))
         pos = torch.arange(6)[None]
         ref = layer(x, attention_mask=causal_mask(0, 6, torch.float32), position_ids=pos,
                     position_embeddings=rotary(x, pos))
         torch.testing.assert_close(source(feats, ids), ref, atol=1e-5, rtol=1e-5)
+    if family != "llama":  # and back: the import takes the factor out again
+        back = import_eagle(out, target, FakeTokenizer(96))
+        with torch.no_grad():
+            torch.testing.assert_close(back(feats, ids), source(feats, ids), atol=1e-5, rtol=1e-5)

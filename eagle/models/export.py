@@ -14,6 +14,14 @@ differ in the rest:
 | `vllm` (EagleLlamaForCausalLM) | LlamaForCausalLM (vLLM prefixes "Eagle") | none: built without, `fc.bias` dropped | model.safetensors | never `lm_head`/`norm`/`input_layernorm` tensors; `"bias": true` would mean attention biases |
 | `sglang` (LlamaForCausalLMEagle) | LlamaForCausalLMEagle (matched exactly) | always: write zeros without one | model.safetensors | the same `"bias"` trap |
 
+All three look up the raw rows of the target's embedding table, where our drafter reads them
+through the target's module: Gemma's scales them by sqrt(hidden), so the export folds that
+factor into fc's embedding columns (and the import takes it out). The target's logit
+transform goes into the config (`logit_scale`, read by vLLM; `final_logit_softcapping`, read by
+SGLang; the others warn that their draft distributions will differ). vLLM's and SGLang's MLP
+runs silu only, and EAGLE's attention takes head_dim = hidden / heads: the export refuses
+drafters they could not load.
+
 vLLM's "speculators" format has no EAGLE-1 variant in current vLLM (only EAGLE-3 and later
 are registered), so it is not written. A drafter trained with an fc bias cannot be served by
 vLLM's loader: train with `model.fc_bias=false` for it (`export_drafter` refuses otherwise).
@@ -46,7 +54,7 @@ from eagle.models.checkpoint import (
     write_atomic,
 )
 from eagle.models.drafter import DrafterConfig, EagleDrafter
-from eagle.target import TargetIdentity
+from eagle.target import TargetIdentity, embeddings
 
 FORMATS = ("eagle", "vllm", "sglang")
 ARCHITECTURES = {"eagle": "LlamaForCausalLM", "vllm": "LlamaForCausalLM", "sglang": "LlamaForCausalLMEagle"}
@@ -55,6 +63,27 @@ EAGLE_ROPE_TYPES = ("linear", "dynamic")  # what SafeAILab/EAGLE's config class 
 
 class ExportError(ValueError):
     """A drafter that cannot be written in the format asked for; the message says why and what to do."""
+
+
+def embed_scale(embed: nn.Module) -> float:
+    """The factor a target's embedding module multiplies its rows by: sqrt(hidden) for Gemma
+    (transformers' `*ScaledWordEmbedding`), 1 elsewhere. Our drafter reads E(x) through the
+    module, scaled; the engines look up the raw rows of the target's table (vLLM's Gemma, for
+    one, scales outside the module), so the export folds the factor into fc's embedding
+    columns and the import takes it out."""
+    scale = getattr(embed, "scalar_embed_scale", None)
+    if scale is None:
+        scale = getattr(embed, "embed_scale", 1.0)
+    return float(scale)
+
+
+def _fold_embed_scale(w: torch.Tensor, scale: float, columns: slice) -> torch.Tensor:
+    """(H, 2H) fc weight with `columns` (the embedding half) multiplied by `scale`, in float32."""
+    if scale == 1.0:
+        return w
+    w = w.float().clone()
+    w[:, columns] *= scale
+    return w
 
 
 def _swap_halves(w: torch.Tensor) -> torch.Tensor:
@@ -109,6 +138,14 @@ def engine_config(drafter: EagleDrafter, fmt: str) -> dict:
     }
     if fmt == "eagle":
         config["bias"] = cfg.fc_bias  # EAGLE's key for the fc bias (absent means true)
+    transform = drafter.logit_transform  # the target's: the engines read it from the drafter's config
+    if transform.scale != 1.0:
+        config["logit_scale"] = transform.scale  # vLLM's EAGLE model multiplies by it
+    if transform.softcap is not None:
+        config["final_logit_softcapping"] = transform.softcap  # SGLang's logits processor caps with it
+        if fmt != "sglang":
+            warnings.warn(f"the target soft-caps its logits at {transform.softcap}; the {fmt} EAGLE model does not, "
+                          "so its draft distributions differ from ours (greedy drafts do not)", stacklevel=3)
     return config
 
 
@@ -122,8 +159,17 @@ def export_drafter(drafter: EagleDrafter, out_dir: str | os.PathLike, fmt: str =
     if drafter.config.inputs != "shifted":
         raise ExportError(f"this drafter reads inputs={drafter.config.inputs!r} (an ablation); the engines build "
                           "EAGLE-1's fc over [E(x_t); f_{t-1}] only")
+    cfg = drafter.config
+    if fmt in ("vllm", "sglang") and cfg.hidden_act != "silu":
+        raise ExportError(f"{fmt}'s EAGLE-1 model builds a Llama MLP, which supports only silu; this drafter's "
+                          f"layer uses {cfg.hidden_act!r} (its target's)")
+    if fmt == "eagle" and cfg.head_dim * cfg.num_attention_heads != cfg.hidden_size:
+        raise ExportError(f"EAGLE's code takes head_dim = hidden_size / heads = {cfg.hidden_size // cfg.num_attention_heads}, "
+                          f"this drafter's is {cfg.head_dim}: export it for vllm or sglang")
     state = module_weights(drafter)
-    state["fc.weight"] = _swap_halves(state["fc.weight"])  # ours [f; E] -> the engines' [E; f]
+    hidden, dtype = cfg.hidden_size, state["fc.weight"].dtype
+    fc = _fold_embed_scale(state["fc.weight"], embed_scale(drafter.embed_tokens), slice(hidden, None))
+    state["fc.weight"] = _swap_halves(fc).to(dtype)  # ours [f; E] -> the engines' [E; f]
     has_bias = "fc.bias" in state
     if fmt == "vllm" and has_bias:
         if state["fc.bias"].abs().max() > 0:
@@ -166,7 +212,9 @@ def import_eagle(dir: str | os.PathLike, model: nn.Module, tokenizer=None, path:
     state.pop("lm_head.weight", None)
     if "fc.weight" not in state:
         raise CheckpointError(f"{weights_path} is missing tensors ['fc.weight']")
-    state["fc.weight"] = _swap_halves(state["fc.weight"])  # the engines' [E; f] -> ours [f; E]
+    fc = state["fc.weight"]
+    scale = embed_scale(embeddings(model))  # the engines feed raw rows; ours come scaled (Gemma)
+    state["fc.weight"] = _fold_embed_scale(_swap_halves(fc), 1.0 / scale, slice(fc.shape[1] // 2, None)).to(fc.dtype)
     try:
         config = _drafter_config(data, model, tokenizer, path, fc_bias="fc.bias" in state or data.get("bias") is True)
     except KeyError as err:
