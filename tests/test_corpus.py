@@ -89,3 +89,22 @@ def test_max_files_subset_is_fixed(stdlib_corpus):
     assert len(a["validation"]) > 0
     all_paths = set(stdlib_corpus["train"]["path"]) | set(stdlib_corpus["validation"]["path"])
     assert set(a["train"]["path"]) <= all_paths
+
+
+def test_training_samplers_resume_where_the_optimizer_steps_left_off():
+    """Given (batches trained, batches per epoch, samples per batch), a sampler's next iteration
+    is the rest of the epoch an uninterrupted run would be in; without it, the epoch Lightning
+    sets, whole."""
+    from eagle.data.tokens import EpochShuffle, RandomOffsetSampler
+
+    makers = (lambda **kw: EpochShuffle(12, seed=5, **kw), lambda **kw: RandomOffsetSampler(1000, 12, seed=5, **kw))
+    for make in makers:
+        epochs = []
+        for e in range(3):
+            sampler = make()
+            sampler.set_epoch(e)
+            epochs.append(list(sampler))
+        assert len(epochs[1]) == 12 and epochs[0] != epochs[1]
+        assert list(make(progress=lambda: (6, 4, 3))) == epochs[1][6:]  # step 6 at 4 a epoch: epoch 1, batch 2
+        assert list(make(progress=lambda: (8, 4, 3))) == epochs[2]  # an epoch boundary: all of epoch 2
+        assert list(make(progress=lambda: None)) == epochs[0]

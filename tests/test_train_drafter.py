@@ -261,3 +261,46 @@ def test_end_to_end_target_features_drafter(tmp_path):
     assert after["val/feat_loss"] < 0.5 * before["val/feat_loss"]
     assert after["val/top1_d1"] > max(0.5, before["val/top1_d1"] + 0.3)
     assert after["val/top1_d3"] > 0.4  # still agrees when fed its own features
+
+
+def test_a_resumed_run_trains_on_the_samples_an_uninterrupted_one_would(tmp_path, target_dir, features_dir,
+                                                                         monkeypatch):
+    """16 samples in batches of 4: 4 steps an epoch. Stopped after step 6 (mid-epoch 1) and
+    resumed to step 10, the run sees the batches an uninterrupted 10-step run sees, step for
+    step (a DataLoader generator seeded once replayed epoch 0's first batches after the resume,
+    then epoch 1's order in epoch 2)."""
+    seen = []
+    step = EagleDrafterModule.training_step
+
+    def record(self, batch, i):
+        seen.append(tuple(batch["input_ids"].sum(-1).tolist()))
+        return step(self, batch, i)
+
+    monkeypatch.setattr(EagleDrafterModule, "training_step", record)
+    quick = ("trainer.val_check_interval=100", "model.val_depth=1")
+    train(drafter_cfg(tmp_path / "whole", target_dir, features_dir, "trainer.max_steps=10", *quick))
+    whole = seen[:]
+    seen.clear()
+    train(drafter_cfg(tmp_path / "cut", target_dir, features_dir, "trainer.max_steps=6", *quick))
+    assert len(seen) == 6
+    resumed = train(drafter_cfg(tmp_path / "cut", target_dir, features_dir, "trainer.max_steps=10", *quick))
+    assert resumed["resumed_from_step"] == 6
+    assert len(whole) == 10 and seen == whole
+    assert len(set(whole[:4])) == 4 and whole[4:8] != whole[:4]  # each epoch its own order
+
+    # a crash in step 8: the resume point is the checkpoint of step 6 (every 2 steps)
+    seen.clear()
+
+    def crash_in_step_8(self, batch, i):
+        if len(seen) == 7:
+            raise RuntimeError("simulated crash")
+        return record(self, batch, i)
+
+    every_2 = "callbacks.model_checkpoint.every_n_train_steps=2"
+    monkeypatch.setattr(EagleDrafterModule, "training_step", crash_in_step_8)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        train(drafter_cfg(tmp_path / "crash", target_dir, features_dir, "trainer.max_steps=10", every_2, *quick))
+    monkeypatch.setattr(EagleDrafterModule, "training_step", record)
+    seen.clear()
+    resumed = train(drafter_cfg(tmp_path / "crash", target_dir, features_dir, "trainer.max_steps=10", every_2, *quick))
+    assert resumed["resumed_from_step"] == 6 and seen == whole[6:]

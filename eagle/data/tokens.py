@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -76,21 +76,60 @@ class BlockDataset(Dataset):
         return torch.from_numpy(block.astype(np.int64))  # (T+1,)
 
 
-class RandomOffsetSampler(Sampler[int]):
-    """`num_samples` uniform random offsets per epoch, reseeded by `(seed, epoch)`."""
+Progress = Callable[[], "tuple[int, int, int] | None"]  # (batches trained, per epoch, samples per batch)
 
-    def __init__(self, n_offsets: int, num_samples: int, seed: int = 0):
-        self.n_offsets, self.num_samples, self.seed, self.epoch = n_offsets, num_samples, seed, 0
+
+class EpochSampler(Sampler[int]):
+    """A training order drawn anew each epoch from `(seed, epoch)` (`_epoch_order`).
+
+    With `progress` (() -> (batches trained so far, batches per epoch, samples per batch over
+    all processes), or None before training), each iteration starts where the optimizer steps
+    left off: in epoch `batches // per_epoch`, past its first `batches % per_epoch` batches. A
+    run resumed from any step (a crash, `trainer.max_time`) then trains on exactly the samples
+    an uninterrupted run would, whatever Lightning's own counters say (resumed from the
+    checkpoint `fit` saves after a `max_time` stop, Lightning counts the cut epoch as done), where
+    a DataLoader generator seeded once restarts from epoch 0's first batch. Without `progress`,
+    `set_epoch` picks the epoch and every iteration is a whole one. Under several processes
+    Lightning's distributed wrapper deals this one order out to the ranks.
+    """
+
+    def __init__(self, length: int, seed: int = 0, progress: Progress | None = None):
+        self.length, self.seed, self.epoch, self.progress = length, seed, 0, progress
 
     def set_epoch(self, epoch: int) -> None:  # Lightning calls this at each epoch start
         self.epoch = epoch
 
     def __len__(self) -> int:
-        return self.num_samples
+        return self.length
 
     def __iter__(self) -> Iterator[int]:
-        rng = np.random.default_rng([self.seed, self.epoch])
-        yield from rng.integers(0, self.n_offsets, size=self.num_samples).tolist()
+        epoch, skip = self.epoch, 0
+        where = self.progress() if self.progress is not None else None
+        if where is not None:
+            batches, per_epoch, per_batch = where
+            epoch, skip = batches // per_epoch, (batches % per_epoch) * per_batch
+        yield from self._epoch_order(np.random.default_rng([self.seed, epoch]))[skip:].tolist()
+
+    def _epoch_order(self, rng: np.random.Generator) -> np.ndarray:
+        raise NotImplementedError
+
+
+class EpochShuffle(EpochSampler):
+    """Each epoch a shuffle of `range(n)` (samples of a dataset)."""
+
+    def _epoch_order(self, rng: np.random.Generator) -> np.ndarray:
+        return rng.permutation(self.length)
+
+
+class RandomOffsetSampler(EpochSampler):
+    """`num_samples` uniform random offsets into `n_offsets` per epoch (blocks of a token stream)."""
+
+    def __init__(self, n_offsets: int, num_samples: int, seed: int = 0, progress: Progress | None = None):
+        super().__init__(num_samples, seed, progress)
+        self.n_offsets = n_offsets
+
+    def _epoch_order(self, rng: np.random.Generator) -> np.ndarray:
+        return rng.integers(0, self.n_offsets, size=self.length)
 
 
 def fixed_block_offsets(n_tokens: int, block_size: int, max_blocks: int | None) -> np.ndarray:

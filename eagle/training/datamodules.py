@@ -13,7 +13,9 @@ None of them needs the model: the modules check that the data was made for their
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,7 @@ from eagle.data.batches import TokenSamples, collate
 from eagle.data.features import made_for, open_feature_dump
 from eagle.data.tokens import (
     BlockDataset,
+    EpochShuffle,
     RandomOffsetSampler,
     corpus_fingerprint,
     fixed_block_offsets,
@@ -53,6 +56,18 @@ def eval_sampler(datamodule: L.LightningDataModule, dataset) -> dict[str, Any]:
                          f"make the validation split larger")
     return {"sampler": UnrepeatedDistributedSampler(dataset, num_replicas=world, rank=trainer.global_rank,
                                                     shuffle=False)}
+
+
+def trained_batches(datamodule: L.LightningDataModule) -> tuple[int, int, int] | None:
+    """Where training stands, for `EpochShuffle`: (batches trained, batches per epoch, samples per
+    batch over all processes), from the optimizer steps taken (exact after a resume, where
+    Lightning's epoch counter may not be); None outside a fit."""
+    trainer = datamodule.trainer
+    per_epoch = getattr(trainer, "num_training_batches", None)
+    if trainer is None or not per_epoch or math.isinf(per_epoch):
+        return None
+    return (trainer.global_step * trainer.accumulate_grad_batches, int(per_epoch),
+            datamodule.batch_size * trainer.world_size)
 
 
 class TokenBlockDataModule(L.LightningDataModule):
@@ -124,7 +139,7 @@ class TokenBlockDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         train = BlockDataset(self.tokens["train"], self.block_size)
         num_samples = self.train_samples_per_epoch or max(1, len(train) // self.block_size)
-        sampler = RandomOffsetSampler(len(train), num_samples, seed=self.seed)
+        sampler = RandomOffsetSampler(len(train), num_samples, seed=self.seed, progress=partial(trained_batches, self))
         return DataLoader(train, batch_size=self.batch_size, sampler=sampler, num_workers=self.num_workers,
                           drop_last=True)
 
@@ -159,9 +174,10 @@ class SampleDataModule(L.LightningDataModule):
                 raise ValueError(f"{where} has no {split} samples")
 
     def train_dataloader(self) -> DataLoader:
-        g = torch.Generator().manual_seed(self.seed)
-        return DataLoader(self.splits["train"], batch_size=self.batch_size, shuffle=True, generator=g,
-                          collate_fn=collate, num_workers=self.num_workers)
+        train = self.splits["train"]
+        order = EpochShuffle(len(train), self.seed, progress=partial(trained_batches, self))
+        return DataLoader(train, batch_size=self.batch_size, sampler=order, collate_fn=collate,
+                          num_workers=self.num_workers)
 
     def val_dataloader(self) -> DataLoader:
         val = self.splits["validation"]
@@ -296,9 +312,10 @@ class DistilledDataModule(L.LightningDataModule):
         return dict(self.info)
 
     def train_dataloader(self) -> DataLoader:
-        g = torch.Generator().manual_seed(self.seed)
-        return DataLoader(list(self.rows["train"]), batch_size=self.batch_size, shuffle=True, generator=g,
-                          num_workers=self.num_workers, drop_last=len(self.rows["train"]) >= self.batch_size)
+        train = list(self.rows["train"])
+        order = EpochShuffle(len(train), self.seed, progress=partial(trained_batches, self))
+        return DataLoader(train, batch_size=self.batch_size, sampler=order, num_workers=self.num_workers,
+                          drop_last=len(train) >= self.batch_size)
 
     def val_dataloader(self) -> DataLoader:
         val = list(self.rows["validation"])
