@@ -177,3 +177,25 @@ def test_each_job_of_a_sweep_trains_in_its_own_folder(tmp_path, target_dir, feat
     weights = [load_file(sweep / str(job) / "drafter" / "model.safetensors") for job in (0, 1)]
     assert not torch.equal(weights[0]["fc.weight"], weights[1]["fc.weight"])
     assert not (tmp_path / "drafter_test").exists()  # the non-sweep run folder is untouched
+
+
+def test_sharded_validation_needs_as_many_batches_on_every_process():
+    """Under FSDP every forward gathers weights from every process: a process with one more
+    validation batch would gather alone and hang the run. 10 samples over 4 processes in
+    batches of 2 give 2 batches to some and 1 to others: refused with sizes that work. DDP
+    (no gathers in the forward) runs it; 8 samples split evenly."""
+    from types import SimpleNamespace
+
+    from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy
+
+    from eagle.training.datamodules import SampleDataModule, eval_sampler
+
+    def sampler(strategy, n):
+        dm = SampleDataModule(batch_size=2)
+        dm.trainer = SimpleNamespace(world_size=4, global_rank=0, strategy=strategy)
+        return eval_sampler(dm, list(range(n)))
+
+    with pytest.raises(ValueError, match="give some processes 2 batches and others 1; .* use 8 or 16 validation"):
+        sampler(FSDPStrategy(), 10)
+    assert len(sampler(DDPStrategy(), 10)["sampler"]) in (2, 3)
+    assert len(sampler(FSDPStrategy(), 8)["sampler"]) == 2

@@ -54,6 +54,13 @@ def eval_sampler(datamodule: L.LightningDataModule, dataset) -> dict[str, Any]:
     if n < world:  # a process without a batch would hang the others' collectives
         raise ValueError(f"{n} validation samples cannot be split over {world} processes: "
                          f"make the validation split larger")
+    if _sharded(trainer.strategy):  # every forward gathers weights from every process
+        fewest, most = (-(-k // datamodule.batch_size) for k in (n // world, -(-n // world)))
+        if fewest != most:  # one process would gather alone in its extra batch: a hang
+            raise ValueError(f"{n} validation samples over {world} processes in batches of {datamodule.batch_size} "
+                             f"give some processes {most} batches and others {fewest}; with sharded weights "
+                             f"every process must run as many: use {world * datamodule.batch_size * fewest} or "
+                             f"{world * datamodule.batch_size * most} validation samples")
     return {"sampler": UnrepeatedDistributedSampler(dataset, num_replicas=world, rank=trainer.global_rank,
                                                     shuffle=False)}
 
@@ -68,6 +75,13 @@ def trained_batches(datamodule: L.LightningDataModule) -> tuple[int, int, int] |
         return None
     return (trainer.global_step * trainer.accumulate_grad_batches, int(per_epoch),
             datamodule.batch_size * trainer.world_size)
+
+
+def _sharded(strategy) -> bool:
+    """Does every forward of this strategy gather weights from every process (FSDP, DeepSpeed)?"""
+    from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy, ModelParallelStrategy
+
+    return isinstance(strategy, (FSDPStrategy, DeepSpeedStrategy, ModelParallelStrategy))
 
 
 class TokenBlockDataModule(L.LightningDataModule):
