@@ -125,12 +125,14 @@ class Methods:
 
 
 def generate(cfg: DictConfig) -> None:
+    policy = SamplingPolicy(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)  # a typo fails before loading
+    if not isinstance(cfg.max_new_tokens, int) or cfg.max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {cfg.max_new_tokens!r}")
     methods = Methods(cfg)
     dtype = methods.dtype(cfg.method, {} if cfg.dtype == "auto" else {cfg.method: cfg.dtype})
     method = methods.build(cfg.method, dtype)
     _, tokenizer = methods.target(dtype)
     ids = encode_prompt(tokenizer, Prompt(id="cli", text=str(cfg.prompt), chat=bool(cfg.chat)))
-    policy = SamplingPolicy(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
     generator = seeded_generator(cfg.seed, cfg.device)
     torch.manual_seed(cfg.seed)
     shown: list[int] = []

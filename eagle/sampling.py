@@ -28,8 +28,12 @@ class SamplingPolicy:
     top_p: float = 1.0  # 1.0 disables
 
     def __post_init__(self) -> None:
+        for name in ("temperature", "top_p"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"{name} must be a number, got {value!r}")
         if not self.temperature >= 0:  # also rejects NaN
-            raise ValueError(f"temperature must be >= 0 (0 means greedy), got {self.temperature}")
+            raise ValueError(f"temperature must be a number >= 0 (0 means greedy), got {self.temperature}")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
             raise ValueError(f"top_k must be an integer >= 0 (0 disables), got {self.top_k!r}")
         if not 0 < self.top_p <= 1:

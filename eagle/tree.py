@@ -17,6 +17,7 @@ reachable through an explicit ``kind: none``, so a typo can never silently disab
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
@@ -26,6 +27,7 @@ import torch
 import yaml
 
 RankPath = tuple[int, ...]  # child ranks from the root, e.g. (0, 2)
+MAX_BUDGET_NODES = 20_000  # a probe tree larger than this takes minutes to build and cannot be verified
 
 
 class TreeError(ValueError):
@@ -244,6 +246,11 @@ class TreeTemplate:
         max_depth = _positive_int(max_depth, "max_depth")
         if isinstance(max_rank_sum, bool) or not isinstance(max_rank_sum, int) or max_rank_sum < 0:
             raise TreeError(f"max_rank_sum must be an integer >= 0, got {max_rank_sum!r}")
+        # paths of depth d with ranks summing to <= s: C(s + d, d); count before building them
+        nodes = sum(math.comb(max_rank_sum + d, d) for d in range(1, max_depth + 1))
+        if nodes > MAX_BUDGET_NODES:
+            raise TreeError(f"a budget tree of max_depth {max_depth} and max_rank_sum {max_rank_sum} has {nodes:,} "
+                            f"nodes (at most {MAX_BUDGET_NODES:,}): lower max_depth or max_rank_sum")
         paths: list[RankPath] = []
         frontier: list[RankPath] = [()]
         for _ in range(max_depth):
@@ -273,7 +280,7 @@ class TreeTemplate:
         if "kind" not in cfg:
             raise TreeError(f"tree config is missing key 'kind' (one of {sorted(kinds)})")
         kind = cfg["kind"]
-        if kind not in kinds:
+        if not isinstance(kind, str) or kind not in kinds:
             raise TreeError(f"unknown tree kind {kind!r} (expected one of {sorted(kinds)})")
         for key in kinds[kind]:
             if key not in cfg:
@@ -281,7 +288,7 @@ class TreeTemplate:
         stray = sorted(set(cfg) - {"kind", "name", *kinds[kind]})
         if stray:
             raise TreeError(f"unexpected key(s) {stray} in tree config of kind '{kind}'")
-        name = str(cfg.get("name", name))
+        name = str(cfg["name"]) if cfg.get("name") is not None else name
         if kind == "paths":
             return cls.from_paths(cfg["paths"], name)
         if kind == "chain":
@@ -302,6 +309,8 @@ class TreeTemplate:
             raise TreeError(f"tree file not found: {path}") from None
         except OSError as e:
             raise TreeError(f"cannot read tree file {path}: {e}") from e
+        except UnicodeDecodeError:
+            raise TreeError(f"tree file {path} is not UTF-8 text (a YAML tree config)") from None
         try:
             cfg = yaml.safe_load(text)
         except yaml.YAMLError as e:

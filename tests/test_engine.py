@@ -277,3 +277,24 @@ def test_warm_up_decodes_the_longest_prompt_for_the_whole_budget():
     calls.clear()
     warm_up(Recorder(), [[1] * 5, [1] * 40, [1] * 12], 64, SamplingPolicy(), count=2)
     assert calls == [(40, 64), (12, 64)]
+
+
+def test_requests_that_cannot_be_served_are_refused_before_decoding():
+    """No new tokens asked (it used to stream one and report zero); a tree wider than the draft
+    model's vocabulary (it failed in top-k after the prefill); a Hugging Face method with a prompt
+    past the context (it decoded garbage)."""
+    from eagle.bench.methods import METHODS, HFMethod
+    from eagle.tree import TreeTemplate
+
+    target = make_tiny_model("llama", max_position_embeddings=64)
+    for bad in (0, -3):
+        with pytest.raises(ValueError, match=f"max_new_tokens must be >= 1, got {bad}"):
+            SpeculativeDecoder(target).generate([1, 5, 7], bad)
+    roomy = make_tiny_model("llama")  # a context of 512: room for the 101 tree tokens
+    wide = TreeTemplate.from_paths([[r] for r in range(100)], "wide100")  # the vocabulary has 96 tokens
+    with pytest.raises(ValueError, match="'wide100' takes the top 100 of a node, more than the draft model's "
+                                         "vocabulary of 96 tokens"):
+        SpeculativeDecoder(roomy, TemplateProposer(DraftLM(roomy), wide)).generate([1, 5, 7], 4)
+    hf = HFMethod("hf_generate", METHODS["hf_generate"], target, eos_token_id=None)
+    with pytest.raises(ContextOverflowError, match="exceed the target's context of 64"):
+        hf.generate(list(range(3, 63)), 8, SamplingPolicy())

@@ -29,11 +29,12 @@ import torch
 from torch import nn
 
 from eagle.acceptance import TypicalAcceptance
-from eagle.decoding.engine import Proposer, SpeculativeDecoder
+from eagle.decoding.engine import Proposer, SpeculativeDecoder, check_fits
 from eagle.decoding.runners import RUNNERS, make_runner
 from eagle.decoding.stats import DecodeResult, DecodeStats, RoundStats
 from eagle.hardware import auto_dtype, resolve_dtype_name
 from eagle.sampling import SamplingPolicy
+from eagle.target import context_length
 from eagle.tree import resolve_tree
 
 
@@ -184,6 +185,7 @@ class HFMethod(Method):
         self._calls[-1][3] = time.perf_counter()
 
     def generate(self, prompt, max_new_tokens, policy, generator=None, on_commit=None) -> DecodeResult:
+        check_fits(len(prompt), max_new_tokens, 0, context_length(self.target))  # HF would decode past it, garbled
         device = next(self.target.parameters()).device
         ids = torch.tensor([prompt], device=device)
         sampling = {"do_sample": False} if policy.greedy else {
@@ -411,12 +413,17 @@ class MethodSpec:
             raise MethodError(f"unknown method {text!r}; choose one of {', '.join(METHODS)} "
                               f"(as NAME[@TREE][%K][:RUNNER])")
         info = METHODS[base]
-        if pct and (info.settings is not EagleSettings or not vocab.isdigit() or int(vocab) < 1):
+        if pct and info.settings is not EagleSettings:
             raise MethodError(f"method {text!r}: %K (a draft vocabulary of K tokens) is for eagle only, "
                               f"as eagle%1024")
-        if at and (not info.takes_tree or not tree):
+        if pct and (not vocab.isdigit() or int(vocab) < 1):
+            raise MethodError(f"method {text!r}: K must be a positive integer, as eagle%1024 "
+                              f"(in this order: NAME[@TREE][%K][:RUNNER])")
+        if at and not info.takes_tree:
             takes = ", ".join(k for k, v in METHODS.items() if v.takes_tree)
             raise MethodError(f"method {text!r}: only {takes} take a tree, as NAME@TREE")
+        if at and not tree:
+            raise MethodError(f"method {text!r}: no tree name after @ (as {base}@chain5)")
         if colon:
             if not info.engine:
                 raise MethodError(f"method {text!r}: {base} runs Hugging Face's generate, which takes no runner")

@@ -141,13 +141,7 @@ class SpeculativeDecoder:
         self.max_context = context_length(target)
 
     def check_fits(self, prompt_len: int, max_new_tokens: int, tree_size: int) -> None:
-        if prompt_len == 0:
-            raise ValueError("empty prompt: give at least one token")
-        need = prompt_len + max_new_tokens + tree_size + 1
-        if self.max_context is not None and need > self.max_context:
-            raise ContextOverflowError(
-                f"prompt ({prompt_len}) + max_new_tokens ({max_new_tokens}) + tree ({tree_size + 1}) = {need} "
-                f"tokens exceed the target's context of {self.max_context}")
+        check_fits(prompt_len, max_new_tokens, tree_size, self.max_context)
 
     @torch.inference_mode()
     def generate(self, input_ids: Tensor | Sequence[int], max_new_tokens: int,
@@ -253,6 +247,20 @@ class SpeculativeDecoder:
             path, next_token = verify_tree_stochastic(parents, tokens, p, q_full, generator, repeats=tree.repeats)
         self.runner.commit(path)
         return path, int(next_token), out.features[:, path]
+
+
+def check_fits(prompt_len: int, max_new_tokens: int, tree_size: int, context: int | None) -> None:
+    """Raise before decoding when a request cannot be served: an empty prompt, no new tokens, or
+    prompt + new tokens + the verified tree (root included) past the target's `context`."""
+    if prompt_len == 0:
+        raise ValueError("empty prompt: give at least one token")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens!r}")
+    need = prompt_len + max_new_tokens + tree_size + 1
+    if context is not None and need > context:
+        raise ContextOverflowError(
+            f"prompt ({prompt_len}) + max_new_tokens ({max_new_tokens}) + tree ({tree_size + 1}) = {need} "
+            f"tokens exceed the target's context of {context}")
 
 
 def check_tree(tree: DraftTree, vocab_size: int, proposer: str) -> None:

@@ -147,6 +147,9 @@ class TemplateProposer(Proposer):
         if vocab is not None and len(vocab) < self.max_width:
             raise ValueError(f"tree {tpl.name!r} takes the top {self.max_width} of a node, more than the "
                              f"{len(vocab)} tokens of the draft vocabulary")
+        if logits.shape[-1] < self.max_width:
+            raise ValueError(f"tree {tpl.name!r} takes the top {self.max_width} of a node, more than the draft "
+                             f"model's vocabulary of {logits.shape[-1]} tokens")
         q = None if policy.greedy else torch.zeros(n, logits.shape[-1], device=device)  # over the columns
         for depth in range(1, tpl.depth + 1):
             level = self.levels[depth]
