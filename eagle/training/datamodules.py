@@ -66,9 +66,10 @@ def eval_sampler(datamodule: L.LightningDataModule, dataset) -> dict[str, Any]:
 
 
 def trained_batches(datamodule: L.LightningDataModule) -> tuple[int, int, int] | None:
-    """Where training stands, for `EpochShuffle`: (batches trained, batches per epoch, samples per
-    batch over all processes), from the optimizer steps taken (exact after a resume, where
-    Lightning's epoch counter may not be); None outside a fit."""
+    """Where training stands, for the training samplers (`eagle.data.tokens.EpochSampler`):
+    (batches trained, batches per epoch, samples per batch over all processes), from the
+    optimizer steps taken (exact after a resume, where Lightning's epoch counter may not be);
+    None outside a fit."""
     trainer = datamodule.trainer
     per_epoch = getattr(trainer, "num_training_batches", None)
     if trainer is None or not per_epoch or math.isinf(per_epoch):
