@@ -443,20 +443,36 @@ def test_eagle_drafts_from_a_reduced_vocabulary(models, tmp_path, capsys):
 
 
 def test_faster_dtype_times_each_model_and_picks_the_faster():
-    """The dtype probe times the verification forward itself: a model made slower (a hook that
-    sleeps in its forward) loses, whichever name it carries, and the timings are reported."""
-    import time
-
+    """The dtype probe reads its clock around each model's verification forward (a fake clock
+    here, which each model's forward advances by that call's cost): the warm-ups are not
+    counted, the medians of the timed forwards are compared and reported, and the faster
+    model wins whichever name it carries. By default the real clock times them."""
     from eagle.bench.precision import faster_dtype
     from helpers.models import make_tiny_model
 
-    fast, slow = make_tiny_model("llama"), make_tiny_model("llama")
-    slow.model.register_forward_pre_hook(lambda *_: time.sleep(0.005))
+    now = [0.0]  # the fake clock, in seconds
+
+    def costs(*ms):  # a forward pre-hook: each forward advances the clock by the next cost (ms)
+        left = iter(ms)
+
+        def hook(*_):
+            now[0] += next(left) / 1000
+        return hook
+
     for names in (("float32", "bfloat16"), ("bfloat16", "float32")):
-        choice = faster_dtype({names[0]: slow, names[1]: fast}, width=5, prefix=8, reps=3, warmup=1)
+        slow, fast = make_tiny_model("llama"), make_tiny_model("llama")
+        # the prefill, one warm-up (the slowest forward of all), three timed forwards: medians
+        # 5 and 2, means 6 and 11, medians with the warm-up 7 and 16
+        slow.model.register_forward_pre_hook(costs(0, 90, 5, 9, 4))
+        fast.model.register_forward_pre_hook(costs(0, 90, 2, 1, 30))
+        choice = faster_dtype({names[0]: slow, names[1]: fast}, width=5, prefix=8, reps=3, warmup=1,
+                              clock=lambda: now[0])
         assert choice.dtype == names[1] and choice.width == 5
-        assert choice.ms[names[0]] > choice.ms[names[1]] + 4
-        assert names[1] in choice.describe()
+        assert choice.ms == {names[0]: pytest.approx(5.0), names[1]: pytest.approx(2.0)}
+        assert f"{names[1]} (verifying 5 tokens" in choice.describe()
+        assert f"{names[0]} 5.00 ms, {names[1]} 2.00 ms" in choice.describe()
+    real = faster_dtype({"float32": make_tiny_model("llama")}, width=2, prefix=2, reps=1, warmup=0)
+    assert real.dtype == "float32" and real.ms["float32"] > 0
     with pytest.raises(ValueError, match="at least one"):
         faster_dtype({}, width=5)
 

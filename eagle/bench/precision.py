@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -41,13 +41,15 @@ class DtypeChoice:
 
 @torch.inference_mode()
 def faster_dtype(models: Mapping[str, nn.Module], width: int, prefix: int = 128, reps: int = 10,
-                 warmup: int = 3, seed: int = 0) -> DtypeChoice:
+                 warmup: int = 3, seed: int = 0,
+                 clock: Callable[[], float] = time.perf_counter) -> DtypeChoice:
     """Time one verification forward of `width` tokens after `prefix` cached ones for each of
     `models` (dtype name -> the same target in that dtype); return the faster dtype.
 
     Args:
         models: at least one model; all must share a vocabulary and fit prefix + width tokens.
         reps, warmup: timed and untimed forwards per dtype, interleaved across dtypes.
+        clock: seconds, read before and after each timed forward (tests pass a fake one).
     """
     if not models:
         raise ValueError("faster_dtype needs at least one model")
@@ -67,12 +69,12 @@ def faster_dtype(models: Mapping[str, nn.Module], width: int, prefix: int = 128,
             cuda = devices[name].type == "cuda"
             if cuda:
                 torch.cuda.synchronize(devices[name])
-            t0 = time.perf_counter()
+            t0 = clock()
             target_forward(model, tokens[name], caches[name])
             if cuda:
                 torch.cuda.synchronize(devices[name])
             if rep >= warmup:
-                times[name].append(1000 * (time.perf_counter() - t0))
+                times[name].append(1000 * (clock() - t0))
             crop(caches[name], prefix)
     ms = {name: statistics.median(t) for name, t in times.items()}
     return DtypeChoice(dtype=min(ms, key=ms.get), width=width, ms=ms)
