@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 
 import pytest
 import torch
@@ -121,11 +120,12 @@ def test_tree_acceptance_from_a_report(tmp_path):
     with pytest.raises(ValueError, match="no 'medusa' runs"):
         tree_acceptance(report([1.0, 0.5, 0.1, 0.3]), method="medusa")
 
-    for name, by_node in (("old", [1.0, 0.5, 0.1, 0.3]), ("new", None)):  # newest lacks per-node data
+    # newest first: "new" lacks per-node data, so "old" is picked over the older "oldest"
+    runs = (("oldest", [1.0, 0.2, 0.2, 0.2]), ("old", [1.0, 0.5, 0.1, 0.3]), ("new", None))
+    for mtime, (name, by_node) in enumerate(runs, start=1_000_000):
         (tmp_path / name).mkdir()
         (tmp_path / name / "results.json").write_text(json.dumps(report(by_node)))
-        time.sleep(0.01)
-    os.utime(tmp_path / "new" / "results.json")
+        os.utime(tmp_path / name / "results.json", (mtime, mtime))
     assert latest_report(tmp_path) == tmp_path / "old" / "results.json"
     with pytest.raises(FileNotFoundError, match="decode.py mode=benchmark"):
         latest_report(tmp_path / "new")
