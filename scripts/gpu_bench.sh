@@ -42,7 +42,7 @@ TARGET_ARGS=${TARGET_ARGS:-experiment=target_gpu trainer.max_steps=600 trainer.m
 trainer.val_check_interval=300 callbacks.model_checkpoint.every_n_train_steps=300 $PARTIAL}
 DRAFT_LM_ARGS=${DRAFT_LM_ARGS:-experiment=draft_lm_gpu trainer.max_time=00:00:00:20 $PARTIAL}
 # 1,024 samples x 512 tokens = 0.5M tokens, 0.8 GB of bf16 features at H=768
-FEATURE_ARGS=${FEATURE_ARGS:-target_path=$RUNS/target_gpu/model name=target_gpu-python_stdlib device=$DEVICE \
+FEATURE_ARGS=${FEATURE_ARGS:-data_gen=python_corpus target_path=$RUNS/target_gpu/model name=target_gpu-python_stdlib device=$DEVICE \
 max_len=512 batch_size=32 source.max_samples=1024 source.max_val_samples=32}
 DRAFTER_ARGS=${DRAFTER_ARGS:-experiment=drafter_gpu trainer.max_time=00:00:00:45 $PARTIAL}
 # eager decoding of the 16-layer target is overhead-bound (~8 ms/token): it sets the budget here

@@ -30,7 +30,7 @@ def features_dir(tmp_path_factory, target_dir) -> Path:
 
     out = tmp_path_factory.mktemp("features") / "dump"
     generate(compose_config("data_gen", [
-        f"target_path={target_dir}", f"out_dir={out}", "target_dtype=float32", "device=cpu",
+        "data_gen=python_corpus", f"target_path={target_dir}", f"out_dir={out}", "target_dtype=float32", "device=cpu",
         "max_len=32", "shard_size=8", "batch_size=4", "progress=false", "source.max_files=24",
         "source.val_fraction=0.25", "source.max_samples=16", "source.max_val_samples=4",
     ]))

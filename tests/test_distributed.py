@@ -109,7 +109,7 @@ def test_the_export_takes_the_strategys_gathered_weights(tmp_path, target_dir, f
 
 
 def dump_overrides(target_dir: Path, out: Path) -> list[str]:
-    return [f"target_path={target_dir}", f"out_dir={out}", "target_dtype=float32", "device=cpu", "threads=1",
+    return ["data_gen=python_corpus", f"target_path={target_dir}", f"out_dir={out}", "target_dtype=float32", "device=cpu", "threads=1",
             "max_len=32", "shard_size=4", "batch_size=2", "progress=false", "source.max_files=24",
             "source.val_fraction=0.25", "source.max_samples=16", "source.max_val_samples=8"]
 

@@ -24,7 +24,7 @@ def tiny_run(tmp_path_factory) -> Path:
     runs = tmp_path_factory.mktemp("runs")
     target = save_tiny_target(runs / "target_tiny" / "model", small_tokenizer())
     generate(compose_config("data_gen", [
-        f"target_path={target}", f"out_dir={runs / 'data/features/target_tiny-python_stdlib'}",
+        "data_gen=python_corpus", f"target_path={target}", f"out_dir={runs / 'data/features/target_tiny-python_stdlib'}",
         "target_dtype=float32", "device=cpu", "max_len=32", "shard_size=8", "batch_size=4", "progress=false",
         "source.max_files=24", "source.val_fraction=0.25", "source.max_samples=16", "source.max_val_samples=4"]))
     for task, inputs, noise in (("drafter_tiny", "shifted", 0.1), ("ablations/eagle1", "shifted", 0.1),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import math
+import types
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from eagle.data.vocab import count_tokens, load_counts
 from eagle.models.checkpoint import load_drafter
 from eagle.target import TargetMismatchError, load_target
 from eagle.training import metrics
+from eagle.training.datamodules import FeatureDataModule
 from eagle.training.drafter import EagleDrafterModule
 from eagle.training.optim import adamw, lr_schedule
 from helpers.configs import compose_config, compose_train
@@ -49,12 +51,18 @@ def test_drafter_configs_compose():
         assert cfg.data.datamodule._target_ == "eagle.training.datamodules.FeatureDataModule"
     tiny = compose_train(["experiment=drafter_tiny", "paths.root_dir=/nowhere"])
     assert tiny.model.target_path == "/nowhere/runs/target_tiny/model"
-    # data_gen's default dump is what drafter_tiny reads
-    assert compose_config("data_gen", ["paths.root_dir=/nowhere"]).out_dir == tiny.data.datamodule.features_dir
+    # data_gen's default dump is what drafter_smollm2 reads, on the default target
+    smol = compose_train(["experiment=drafter_smollm2", "paths.root_dir=/nowhere"])
+    default_dump = compose_config("data_gen", ["paths.root_dir=/nowhere"])
+    assert default_dump.out_dir == smol.data.datamodule.features_dir
+    assert default_dump.target_path == smol.model.target_path == "/nowhere/runs/smollm2/model"
+    assert compose_config("data_gen", ["paths.root_dir=/nowhere", "data_gen=python_corpus",
+                                       "name=target_tiny-python_stdlib"]).out_dir == tiny.data.datamodule.features_dir
     gpu = compose_train(["experiment=drafter_gpu", "paths.root_dir=/nowhere"])
     assert gpu.model.target_path == "/nowhere/runs/target_gpu/model" and gpu.trainer.accelerator == "gpu"
     # the dump scripts/gpu_bench.sh writes
-    assert compose_config("data_gen", ["paths.root_dir=/nowhere", "name=target_gpu-python_stdlib"]).out_dir == \
+    assert compose_config("data_gen", ["paths.root_dir=/nowhere", "data_gen=python_corpus",
+                                       "name=target_gpu-python_stdlib"]).out_dir == \
         gpu.data.datamodule.features_dir
     online = compose_train(["experiment=drafter_test", "data=online", "data_gen@_global_=python_corpus"])
     assert online.data.datamodule._target_ == "eagle.training.datamodules.OnlineDataModule"
@@ -250,7 +258,7 @@ def test_end_to_end_target_features_drafter(tmp_path):
     train(compose_train(["experiment=target_test", f"paths.runs_dir={runs}"]))
     target = runs / "target_test" / "model"
     generate(compose_config("data_gen", [
-        f"paths.runs_dir={runs}", f"target_path={target}", "name=target_test-python_stdlib",
+        "data_gen=python_corpus", f"paths.runs_dir={runs}", f"target_path={target}", "name=target_test-python_stdlib",
         "max_len=64", "source.max_files=48", "source.val_fraction=0.25", "source.max_samples=256",
         "source.max_val_samples=16", "progress=false"]))
     common = ["experiment=drafter_test", f"model.target_path={target}", "model.optim.lr=3e-3",
@@ -304,3 +312,37 @@ def test_a_resumed_run_trains_on_the_samples_an_uninterrupted_one_would(tmp_path
     seen.clear()
     resumed = train(drafter_cfg(tmp_path / "crash", target_dir, features_dir, "trainer.max_steps=10", every_2, *quick))
     assert resumed["resumed_from_step"] == 6 and seen == whole[6:]
+
+
+def test_the_token_loss_over_a_reduced_vocabulary(tmp_path, target_dir, features_dir, capsys):
+    """loss_vocab=K: the training step's token loss is the soft cross-entropy over the K most
+    frequent tokens of the training split, both distributions renormalised over them; the
+    feature loss and validation (whole vocabulary) are what they are without it."""
+    from eagle.data.vocab import draft_vocabulary
+
+    k = 16
+    cfg = drafter_cfg(tmp_path, target_dir, features_dir, "debug=fdr", f"+model.loss_vocab={k}")
+    metrics_k = train(cfg)
+    assert f"token loss over the {k} most frequent" in capsys.readouterr().out
+    assert math.isfinite(metrics_k["val/tok_loss"])
+
+    module = EagleDrafterModule(str(target_dir), noise=0.0, loss_vocab=k)
+    datamodule = FeatureDataModule(features_dir, batch_size=4)
+    datamodule.setup("fit")
+    module._trainer = types.SimpleNamespace(datamodule=datamodule)  # setup() reads the data's token counts
+    module.setup("fit")
+    want_ids, _ = draft_vocabulary(datamodule.token_counts(module.drafter.config.vocab_size), k)
+    assert torch.equal(module.loss_ids, want_ids)
+    batch = collate([FeatureShards(features_dir, "train")[i] for i in range(4)])
+    train_out, val_out = module.model_step(batch, train=True), module.model_step(batch, train=False)
+    assert train_out["draft_logits"].shape[-1] == k and val_out["draft_logits"].shape[-1] == len(module.tokenizer)
+    # the restricted logits are the whole head's columns at the K ids
+    torch.testing.assert_close(train_out["target_logits"], val_out["target_logits"][..., want_ids])
+    torch.testing.assert_close(train_out["draft_logits"], val_out["draft_logits"][..., want_ids])
+    torch.testing.assert_close(train_out["feat_loss"], val_out["feat_loss"])
+    expected = metrics.token_loss(val_out["draft_logits"][..., want_ids], val_out["target_logits"][..., want_ids],
+                                  val_out["weight"])
+    torch.testing.assert_close(train_out["tok_loss"], expected)
+    assert not torch.allclose(train_out["tok_loss"], val_out["tok_loss"])  # it is another loss
+    with pytest.raises(ValueError, match="loss_vocab must be"):
+        EagleDrafterModule(str(target_dir), loss_vocab=0)

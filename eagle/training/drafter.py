@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from eagle.data.batches import shift_batch
-from eagle.data.vocab import save_counts
+from eagle.data.vocab import draft_vocabulary, save_counts
 from eagle.models.checkpoint import save_drafter
 from eagle.models.drafter import DrafterConfig, EagleDrafter
 from eagle.training import metrics
@@ -42,6 +43,11 @@ class EagleDrafterModule(FrozenTargetModule):
         smooth_l1_beta: SmoothL1's switch point from quadratic to linear.
         val_depth: validation agreement at depths 1..val_depth (each depth one drafter pass).
         val_topk: the k of the top-k agreements reported besides top-1.
+        loss_vocab: train the token loss over the K most frequent tokens of the training data
+            only (both distributions renormalised over them; FR-Spec's drafting vocabulary):
+            the V x H head is most of a training step on a small target (49,152 x 576 on the
+            embedded one), K rows cost K/V of it. None = EAGLE-1's loss over the whole
+            vocabulary. Validation always scores the whole vocabulary.
         seed: initialisation of the drafter.
         optim: AdamW and its schedule (`eagle.training.optim.OptimConfig`).
         target_weights, target_device_map: how much of the target is loaded, and where
@@ -68,9 +74,12 @@ class EagleDrafterModule(FrozenTargetModule):
         optim: Mapping[str, Any] | None = None,
         target_weights: str = "auto",
         target_device_map: str | dict | None = None,
+        loss_vocab: int | None = None,
     ) -> None:
         if val_depth < 1:
             raise ValueError(f"val_depth must be >= 1, got {val_depth}")
+        if loss_vocab is not None and loss_vocab < 1:
+            raise ValueError(f"loss_vocab must be a number of tokens >= 1 or null, got {loss_vocab}")
         super().__init__(target_path, target_dtype, optim or {"lr": 3e-5}, target_weights, target_device_map)
         self.save_hyperparameters()
         target, tokenizer = self.target, self.tokenizer
@@ -80,6 +89,32 @@ class EagleDrafterModule(FrozenTargetModule):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             self.drafter = EagleDrafter.on_target(config, target)
+        self.loss_ids: Tensor | None = None  # (K,) the token loss's rows (loss_vocab), chosen in setup()
+
+    def setup(self, stage: str) -> None:
+        super().setup(stage)
+        k = self.hparams.loss_vocab
+        if k is None or self.loss_ids is not None:
+            return
+        data = self.trainer.datamodule if self._trainer is not None else None
+        if not hasattr(data, "token_counts"):
+            raise ValueError("loss_vocab needs a data module that counts its tokens (token_counts)")
+        vocab = self.drafter.config.vocab_size
+        ids, coverage = draft_vocabulary(data.token_counts(vocab), min(k, vocab))
+        self.loss_ids = ids
+        print(f"[train] token loss over the {ids.numel():,} most frequent of {vocab:,} tokens "
+              f"(loss_vocab): {coverage:.1%} of the training data's predicted tokens")
+
+    def loss_head(self, features: Tensor) -> Tensor:
+        """The LM head over the token loss's rows: (..., H) -> (..., K), or `head` when the loss
+        takes the whole vocabulary."""
+        if self.loss_ids is None:
+            return self.head(features)
+        w = self.drafter.lm_head.weight
+        rows = w.index_select(0, self.loss_ids.to(w.device))  # (K, H): a copy of K/V of the frozen head
+        bias = getattr(self.drafter.lm_head, "bias", None)
+        bias = None if bias is None else bias.index_select(0, self.loss_ids.to(w.device))
+        return self.drafter.logit_transform(F.linear(features.to(w.dtype), rows, bias))
 
     def on_full_target(self, target: torch.nn.Module) -> None:
         self.drafter.share_target(target)
@@ -97,9 +132,10 @@ class EagleDrafterModule(FrozenTargetModule):
             # imperfect features (EAGLE's code scales a by 512/seq_len; we keep it constant)
             features_in = features_in + (torch.rand_like(features_in) * 2 - 1) * self.hparams.noise
         f_hat = self.drafter(features_in, v["input_ids"], prev_ids=v["prev_ids"])  # (B, T-1, H)
+        head = self.loss_head if train else self.head  # validation scores the whole vocabulary
         with torch.no_grad():
-            target_logits = self.head(v["target"])  # (B, T-1, V) p = softmax of this
-        draft_logits = self.head(f_hat)  # (B, T-1, V) q = softmax of this
+            target_logits = head(v["target"])  # (B, T-1, V or K) p = softmax of this
+        draft_logits = head(f_hat)  # (B, T-1, V or K) q = softmax of this
         w = v["weight"]
         feat_err = metrics.feature_error(f_hat, v["target"], beta=self.hparams.smooth_l1_beta)  # (B, T-1)
         tok_err = metrics.soft_cross_entropy(draft_logits, target_logits)  # (B, T-1)

@@ -62,11 +62,14 @@ def token_loss(draft_logits: Tensor, target_logits: Tensor, mask: Tensor) -> Ten
 
 
 def label_hits(logits: Tensor, labels: Tensor, k: int = 1) -> Tensor:
-    """(B, T) bool: the token `labels` (B, T) is among the top-k of `logits` (B, T, V);
-    ties resolve as `torch.topk` does."""
+    """(B, T) bool: the token `labels` (B, T) is among the top-k of `logits` (B, T, V): fewer
+    than k tokens score strictly higher (a tie with the k-th counts as a hit). One comparison
+    pass over V, not `torch.topk`, which costs several times more on a large vocabulary."""
     k = min(k, logits.shape[-1])
-    top = logits.topk(k, dim=-1).indices  # (B, T, k)
-    return (top == labels[..., None]).any(-1)
+    if k == 1:
+        return logits.argmax(-1) == labels
+    score = logits.gather(-1, labels[..., None])  # (B, T, 1)
+    return (logits > score).sum(-1) < k
 
 
 def topk_hits(draft_logits: Tensor, target_logits: Tensor, k: int = 1) -> Tensor:
