@@ -68,6 +68,10 @@ def test_benchmark_every_method_writes_report(models, tmp_path):
         eagle_static = run["methods"]["eagle:static"]
         assert eagle_static["speedup_vs_static"] > 0 and eagle_static["ms_per_round"] > 0
         assert eagle_static["draft_ms_per_round"] + eagle_static["verify_ms_per_round"] <= eagle_static["ms_per_round"]
+    assert report["status"] == "complete"
+    texts = report["runs"][0]["texts"]  # the greedy texts that were compared, kept in the report
+    assert set(texts) == set(EVERY) and all(len(t) == report["runs"][0]["num_prompts"] for t in texts.values())
+    assert texts["eagle"] == texts["vanilla"] and all(isinstance(t, str) for t in texts["vanilla"])
     greedy = report["runs"][0]["methods"]
     assert greedy["vanilla"]["reference"] is None  # the fp32 vanilla is the reference
     for name in EVERY:  # all fp32 here: every method must reproduce the reference text
@@ -548,3 +552,28 @@ def test_the_median_speedup_pairs_each_prompt_with_itself():
     assert results["eagle"].speedup_median == pytest.approx(1.25)
     assert results["eagle"].speedup == pytest.approx(117 / 60)
     assert results["vanilla"].speedup_median == 1.0
+
+
+def test_a_stopped_benchmark_keeps_the_runs_it_finished(models, tmp_path, monkeypatch):
+    """results.json is written after every (eval set, temperature): a run stopped in the second
+    keeps the first, marked incomplete."""
+    from decode import decode
+    from eagle.bench import benchmark
+
+    out, calls = tmp_path / "bench", []
+    real = benchmark.summarise
+
+    def stop_on_the_second_run(method, dtype, results):
+        calls.append(method)
+        if len(calls) > 1:
+            raise KeyboardInterrupt
+        return real(method, dtype, results)
+
+    monkeypatch.setattr(benchmark, "summarise", stop_on_the_second_run)
+    cfg = decode_cfg(models, tmp_path, "mode=benchmark", f"benchmark.eval_sets=[{models / 'prompts.jsonl'}]",
+                     f"benchmark.out_dir={out}", "benchmark.methods=[vanilla]")
+    with pytest.raises(KeyboardInterrupt):
+        decode(cfg)
+    report = json.loads((out / "results.json").read_text())
+    assert report["status"] == "incomplete" and [r["temperature"] for r in report["runs"]] == [0.0]
+    assert (out / "results.md").exists()

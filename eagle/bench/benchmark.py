@@ -233,17 +233,26 @@ def run_benchmark(eval_sets: dict[str, list[Prompt]], tokenizer, build: Callable
                 _compare_texts(results, outputs, texts)
             runs.append({"eval_set": set_name, "temperature": float(temperature), "target": target_name,
                          "num_prompts": len(prompts), "max_new_tokens": cfg.max_new_tokens,
-                         "methods": {k: asdict(v) for k, v in results.items()}})
+                         "methods": {k: asdict(v) for k, v in results.items()},
+                         # what was decoded (and, greedy, compared): every method's new text per prompt
+                         "texts": {k: [tokenizer.decode(t) for t in v] for k, v in outputs.items()}})
+            # each finished (eval set, temperature) is on disk at once: a stopped run keeps it
+            write_report(_report(runs, cfg, device, dtype_choices, complete=False), out_dir)
     bar.close()
-    report = {"runs": runs, "config": asdict(cfg) | {"methods": list(cfg.methods),
-                                                      "temperatures": list(cfg.temperatures)},
-              "machine": {"platform": platform.platform(), "processor": platform.processor(),
-                          "torch": torch.__version__, "threads": torch.get_num_threads(),
-                          "device": str(device),
-                          "dtype_measured": {str(w): asdict(c) for w, c in (dtype_choices or {}).items()}},
-              "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+    report = _report(runs, cfg, device, dtype_choices, complete=True)
     write_report(report, out_dir)
     return report
+
+
+def _report(runs: list[dict], cfg: BenchmarkConfig, device: torch.device, dtype_choices: Mapping | None,
+            complete: bool) -> dict:
+    """The results.json of the runs so far; `status` says whether every one is in."""
+    return {"status": "complete" if complete else "incomplete", "runs": runs,
+            "config": asdict(cfg) | {"methods": list(cfg.methods), "temperatures": list(cfg.temperatures)},
+            "machine": {"platform": platform.platform(), "processor": platform.processor(),
+                        "torch": torch.__version__, "threads": torch.get_num_threads(), "device": str(device),
+                        "dtype_measured": {str(w): asdict(c) for w, c in (dtype_choices or {}).items()}},
+            "date": time.strftime("%Y-%m-%d %H:%M:%S")}
 
 
 def _speedups(results: dict[str, MethodResult]) -> None:

@@ -257,10 +257,20 @@ def dump_features(model: nn.Module, tokenizer, samples: dict[str, list[dict]], o
     infos: dict[tuple[str, int], dict] = {}
     with tqdm(total=sum(b - a for _, _, a, b in mine), desc=f"features (rank {rank} of {world_size})"
               if world_size > 1 else "features", unit="sample", disable=not progress) as bar:
+        computed = {"tokens": 0, "since": time.time()}  # the bar's tokens/s: this run's forwards only
+
+        def advance(rows: list[dict], done: list[int], n: int) -> None:
+            """n more of `rows` are on disk (written in order): count their tokens."""
+            computed["tokens"] += sum(len(r["input_ids"]) for r in rows[done[0]: done[0] + n])
+            done[0] += n
+            bar.update(n)
+            rate = computed["tokens"] / max(time.time() - computed["since"], 1e-9)
+            bar.set_postfix_str(f"{rate:,.0f} tokens/s", refresh=False)
+
         for split, k, a, b in mine:
             rows, shard_dir = samples[split][a:b], out_dir / split / f"shard_{k:05d}"
             write = partial(write_shard, model, rows, shard_dir, batch_size=batch_size, dtype=dtype, pad_id=pad_id,
-                            plan=plan_id, on_batch=bar.update)
+                            plan=plan_id, on_batch=partial(advance, rows, [0]))
             infos[split, k], kept = shards.reuse_or_write(shard_dir, _fingerprint(rows, plan_id), write)
             if kept:
                 bar.update(b - a)  # done by an earlier run
