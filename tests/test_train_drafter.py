@@ -346,3 +346,25 @@ def test_the_token_loss_over_a_reduced_vocabulary(tmp_path, target_dir, features
     assert not torch.allclose(train_out["tok_loss"], val_out["tok_loss"])  # it is another loss
     with pytest.raises(ValueError, match="loss_vocab must be"):
         EagleDrafterModule(str(target_dir), loss_vocab=0)
+
+
+def test_a_run_that_ends_on_a_validation_is_not_validated_again(tmp_path, target_dir, features_dir, monkeypatch):
+    """fit() validated the final step: its metrics are the report's, no second pass over the
+    validation data (minutes on a real target); a run that ends between validations runs one."""
+    import lightning as L
+
+    calls = []
+    real = L.Trainer.validate
+
+    def counted(self, *args, **kwargs):
+        calls.append(self.global_step)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(L.Trainer, "validate", counted)
+    ended_on_one = train(drafter_cfg(tmp_path / "a", target_dir, features_dir, "trainer.max_steps=4",
+                                     "trainer.val_check_interval=2"))
+    assert calls == [] and math.isfinite(ended_on_one["val/loss"]) and ended_on_one["steps"] == 4
+    between = train(drafter_cfg(tmp_path / "b", target_dir, features_dir, "trainer.max_steps=3",
+                                "trainer.val_check_interval=2"))
+    assert calls == [3] and math.isfinite(between["val/loss"])
+    assert set(ended_on_one) == set(between)  # the same report either way

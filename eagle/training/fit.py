@@ -68,7 +68,10 @@ def fit_and_export(module: TrainableModule, datamodule: L.LightningDataModule, t
         if require_planned_steps:
             check_planned_steps(trainer, f"the {module.artifact}", last)
     train_loss = float(trainer.callback_metrics.get("train/loss", math.nan))  # before validate() resets it
-    val = {k: float(v) for k, v in sorted(trainer.validate(module, datamodule=datamodule, verbose=False)[0].items())}
+    if module.validated_at == trainer.global_step and not debug:  # fit() ended on a validation: its metrics
+        val = {k: float(v) for k, v in sorted(trainer.callback_metrics.items()) if k.startswith("val/")}
+    else:
+        val = {k: float(v) for k, v in sorted(trainer.validate(module, datamodule=datamodule, verbose=False)[0].items())}
     if check_baseline and not debug:
         module.check_baseline(val)
     steps, train_time = trainer.global_step, module.train_time_s()

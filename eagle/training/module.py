@@ -63,6 +63,7 @@ class TrainableModule(L.LightningModule):
         self.tokens_seen = 0  # training tokens (padding excluded) of this process, this invocation
         self._tokens_before = 0  # of every process, earlier invocations (from the checkpoint)
         self.resumed_from_step = 0
+        self.validated_at: int | None = None  # the step the last validation during fit() ran at
 
     # ----------------------------------------------------------------- optimisation
 
@@ -110,6 +111,12 @@ class TrainableModule(L.LightningModule):
 
     def on_validation_epoch_start(self) -> None:
         self._val = {}
+
+    def on_validation_end(self) -> None:
+        # fit_and_export reuses a validation of the final step instead of running it again
+        trainer = self.trainer
+        during_fit = trainer.state.fn == "fit" and not trainer.sanity_checking
+        self.validated_at = self.global_step if during_fit else None
 
     def val_add(self, key: str, value: Tensor | float) -> None:
         """Add to a validation sum (exact over the epoch, and over processes: `val_totals`)."""

@@ -79,8 +79,9 @@ class LineProgress(ProgressBar):
         if left is not None and remaining is not None and left > remaining and not self._warned and step > self._step0:
             self._warned = True
             print(f"[train] warning: at this rate the run needs about {_clock(left)} more, but trainer.max_time "
-                  f"leaves {_clock(remaining)}: it will stop before step {total} and fail (rerun to resume from "
-                  f"last.ckpt, or lower the load / raise trainer.max_time)", file=sys.stderr, flush=True)
+                  f"leaves {_clock(remaining)}: it will stop before step {total}, and fail unless "
+                  f"require_planned_steps=false (rerun to resume from last.ckpt, or lower the load / raise "
+                  f"trainer.max_time)", file=sys.stderr, flush=True)
 
 
 def progress_bar(kind: str = "auto", refresh_rate: int = 10, every_s: float = 30.0) -> ProgressBar:

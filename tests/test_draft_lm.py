@@ -1,0 +1,62 @@
+"""The distilled draft LM (eagle.training.draft_lm): the target's first layers, trained on its
+dumped features to match its next-token distribution, exported as a plain LM that the `draft`
+method decodes exactly."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from eagle.decoding import make_runner
+from eagle.proposers import DraftLM, TemplateProposer
+from eagle.target import load_target
+from eagle.training.draft_lm import DistilledDraftLMModule, truncated_copy
+from helpers.configs import compose_train
+from helpers.decoding import hf_greedy, run_greedy_cases, tree
+from helpers.models import make_tiny_model
+from train import train
+
+
+def test_a_cut_of_the_target_is_its_first_layers():
+    target = make_tiny_model("llama", num_hidden_layers=3)
+    ids = torch.tensor([[5, 9, 2, 7, 7, 1]])
+    with torch.no_grad():
+        states = target(ids, output_hidden_states=True).hidden_states  # embeddings, layer 1..3 (the last normed)
+        whole = truncated_copy(target, 3)
+        torch.testing.assert_close(whole(ids).logits, target(ids).logits)
+        one = truncated_copy(target, 1)
+        torch.testing.assert_close(one.model(ids).last_hidden_state, target.model.norm(states[1]))
+    assert one.config.num_hidden_layers == 1 and target.config.num_hidden_layers == 3
+    with pytest.raises(ValueError, match="choose 1..3"):
+        truncated_copy(target, 4)
+
+
+def draft_cfg(tmp_path, target_dir, features_dir, *overrides: str):
+    return compose_train(["experiment=draft_lm_smollm2", f"model.target_path={target_dir}", "model.layers=1",
+                          "model.loss_vocab=16", f"data.datamodule.features_dir={features_dir}",
+                          f"paths.runs_dir={tmp_path}", "logger=csv", "trainer.max_steps=6",
+                          "trainer.val_check_interval=6", "model.optim.warmup_steps=1", *overrides])
+
+
+def test_distilled_draft_lm_trains_exports_and_decodes_exactly(tmp_path, target_dir, features_dir, capsys):
+    metrics = train(draft_cfg(tmp_path, target_dir, features_dir))
+    assert "draft LM loss over the 16 most frequent" in capsys.readouterr().out
+    assert metrics["steps"] == 6 and math.isfinite(metrics["val/loss"])
+    assert 0.0 <= metrics["val/top1_no_layers"] <= 1.0 and metrics["val/top1"] > metrics["val/top1_no_layers"]
+    folder = tmp_path / "draft_lm_smollm2" / "model"
+    target, tokenizer = load_target(target_dir)
+    draft, _ = load_target(folder)  # a plain LM with the target's tokenizer
+    assert draft.config.num_hidden_layers == 1 and draft.config.vocab_size == target.config.vocab_size
+    # the frozen embeddings are the target's, unchanged by training
+    torch.testing.assert_close(draft.get_input_embeddings().weight, target.get_input_embeddings().weight)
+    proposer = TemplateProposer(DraftLM(draft, cache="dynamic"), tree("chain5"))
+    prompt = tokenizer("def f(x):")["input_ids"]
+    cases = [(prompt, 12, None, hf_greedy(target, prompt, 12, eos=None))]
+    run_greedy_cases(target, proposer, make_runner("dynamic", target, tree_size=proposer.max_nodes), cases, "draft LM")
+
+
+def test_the_draft_lm_refuses_a_bad_loss_vocab(target_dir):
+    with pytest.raises(ValueError, match="loss_vocab must be"):
+        DistilledDraftLMModule(str(target_dir), loss_vocab=0)
