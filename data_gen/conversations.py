@@ -252,8 +252,7 @@ def split_of_id(key: str, val_fraction: float) -> str:
 
 def sharegpt_samples(tokenizer, max_len: int, path: str | Path | None = None, val_fraction: float = 0.02,
                      max_samples: int | None = None, max_val_samples: int | None = None,
-                     min_assistant_tokens: int = 1, method: str = "auto",
-                     progress: bool = False) -> dict[str, list[dict]]:
+                     min_assistant_tokens: int = 1, method: str = "auto") -> dict[str, list[dict]]:
     """ShareGPT conversations rendered with the tokenizer's chat template.
 
     Args:
@@ -265,32 +264,29 @@ def sharegpt_samples(tokenizer, max_len: int, path: str | Path | None = None, va
             stops as soon as both are full.
         min_assistant_tokens: drop samples with fewer assistant tokens after truncation.
         method: see `render_conversation`.
-        progress: a tqdm bar over the conversations read.
     """
     path = shipped_sharegpt() if path is None else Path(path)
     out: dict[str, list[dict]] = {s: [] for s in SPLITS}
     caps = {"train": max_samples, "validation": max_val_samples}
     read = truncated = dropped = 0
-    conversations = iter_sharegpt(path)
-    if progress:
-        from tqdm.auto import tqdm
 
-        conversations = tqdm(conversations, desc=f"render {path.name}", unit="conv")
-    for conv in conversations:
-        if all(cap is not None and len(out[s]) >= cap for s, cap in caps.items()):
-            break
+    def full() -> bool:
+        return all(cap is not None and len(out[s]) >= cap for s, cap in caps.items())
+
+    for conv in () if full() else iter_sharegpt(path):
         read += 1
         split = split_of_id(conv["id"], val_fraction)
-        if caps[split] is not None and len(out[split]) >= caps[split]:
-            continue
-        ids, mask = render_conversation(tokenizer, conv["messages"], None, method)
-        if ids.size > max_len:
-            truncated += 1
-            ids, mask = ids[:max_len], mask[:max_len]
-        if int(mask.sum()) >= min_assistant_tokens and ids.size >= 2:
-            out[split].append({"id": conv["id"], "input_ids": ids, "loss_mask": mask})
-        else:
-            dropped += 1
+        if caps[split] is None or len(out[split]) < caps[split]:
+            ids, mask = render_conversation(tokenizer, conv["messages"], None, method)
+            if ids.size > max_len:
+                truncated += 1
+                ids, mask = ids[:max_len], mask[:max_len]
+            if int(mask.sum()) >= min_assistant_tokens and ids.size >= 2:
+                out[split].append({"id": conv["id"], "input_ids": ids, "loss_mask": mask})
+            else:
+                dropped += 1
+        if full():  # stop here: no record past the caps is parsed (nor can it fail)
+            break
     kept = len(out["train"]) + len(out["validation"])
     if truncated:  # EAGLE-1 trains on up to 2048 tokens: cutting more is a choice to see
         log.warning("sharegpt %s: %d of %d conversations were longer than max_len=%d tokens and were cut "

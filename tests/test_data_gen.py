@@ -462,12 +462,12 @@ def test_a_malformed_record_inside_a_sharegpt_file_is_an_error_naming_it(tmp_pat
 def test_sharegpt_reading_stops_once_the_caps_are_full(tmp_path, tokenizer):
     """The conversations after the caps are never parsed: a malformed record there is not reached."""
     records = [{"id": str(i), "conversations": [{"from": "human", "value": "Q"}, {"from": "gpt", "value": "A"}]}
-               for i in range(4)]
+               for i in range(3)]
     path = tmp_path / "conv.json"
     path.write_text(json.dumps(records)[:-1] + ', {"id": "broken", "conversations": [}]')
     out = sharegpt_samples(tokenizer, 64, path, val_fraction=0.0, max_samples=3, max_val_samples=0)
-    assert [s["id"] for s in out["train"]] == ["0", "1", "2"]
-    with pytest.raises(ConversationError, match="record 5"):
+    assert [s["id"] for s in out["train"]] == ["0", "1", "2"]  # the record right after the caps is not parsed
+    with pytest.raises(ConversationError, match="record 4"):
         sharegpt_samples(tokenizer, 64, path, val_fraction=0.0)
 
 

@@ -64,6 +64,11 @@ def test_benchmark_every_method_writes_report(models, tmp_path):
             assert m["lossless"] is (not name.startswith("medusa_typical")), name  # typical acceptance is lossy
             assert m["ms_per_round"] > 0 and m["accepted_hist"], name  # the same statistics for every method
         assert run["methods"]["vanilla"]["speedup"] == pytest.approx(1.0)
+        fastest = run["fastest_vanilla"]  # speedups against the fastest plain decoding of the run
+        assert fastest in ("vanilla", "vanilla:static", "hf_generate")
+        assert run["methods"][fastest]["speedup_vs_fastest"] == pytest.approx(1.0)
+        for plain in ("vanilla", "vanilla:static", "hf_generate"):
+            assert run["methods"][plain]["speedup_vs_fastest"] <= 1.0 + 1e-9
         assert run["methods"]["vanilla:static"]["speedup_vs_static"] == pytest.approx(1.0)
         eagle_static = run["methods"]["eagle:static"]
         assert eagle_static["speedup_vs_static"] > 0 and eagle_static["ms_per_round"] > 0

@@ -220,10 +220,12 @@ def tree_acceptance(report: Mapping[str, Any], method: str = "eagle") -> list[Tr
 
 
 def latest_report(bench_dir: str | Path, method: str = "eagle") -> Path:
-    """The newest results.json under `bench_dir` that has per-node acceptance for `method`."""
+    """The newest finished results.json under `bench_dir` that has per-node acceptance for
+    `method` (a benchmark that was stopped says `"status": "incomplete"` and is passed over)."""
     candidates = sorted(Path(bench_dir).glob("*/results.json"), key=lambda p: p.stat().st_mtime, reverse=True)
     for path in candidates:
-        runs = json.loads(path.read_text()).get("runs", [])
+        report = json.loads(path.read_text())
+        runs = report.get("runs", []) if report.get("status", "complete") == "complete" else []
         if any(run["methods"].get(method, {}).get("acceptance_by_node") for run in runs):
             return path
     raise FileNotFoundError(f"no benchmark under {bench_dir} with per-node acceptance for {method!r}: "

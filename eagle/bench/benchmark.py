@@ -18,7 +18,6 @@ speedup_vs_static.png when the run has vanilla:static.
 
 from __future__ import annotations
 
-import json
 import math
 import platform
 import resource
@@ -31,6 +30,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from eagle.artifacts import write_json
 from eagle.bench.evalsets import Prompt
 from eagle.bench.methods import Method, MethodError
 from eagle.decoding.stats import DecodeResult, accepted_histogram, tau
@@ -62,6 +62,7 @@ class MethodResult:
     speedup_median: float = float("nan")
     speedup_vs_static: float = float("nan")  # over vanilla:static, when the run has it
     speedup_vs_static_median: float = float("nan")
+    speedup_vs_fastest: float = float("nan")  # over the fastest plain decoding of the run (`fastest_vanilla`)
     new_tokens: int = 0
     seconds: float = 0.0
     draft_frac: float = 0.0
@@ -233,6 +234,7 @@ def run_benchmark(eval_sets: dict[str, list[Prompt]], tokenizer, build: Callable
                 _compare_texts(results, outputs, texts)
             runs.append({"eval_set": set_name, "temperature": float(temperature), "target": target_name,
                          "num_prompts": len(prompts), "max_new_tokens": cfg.max_new_tokens,
+                         "fastest_vanilla": fastest_vanilla(results),
                          "methods": {k: asdict(v) for k, v in results.items()},
                          # what was decoded (and, greedy, compared): every method's new text per prompt
                          "texts": {k: [tokenizer.decode(t) for t in v] for k, v in outputs.items()}})
@@ -271,6 +273,22 @@ def _speedups(results: dict[str, MethodResult]) -> None:
             setattr(r, key, r.tokens_per_s / base.tokens_per_s)
             pairs = [a / b for a, b in zip(rates(r), rates(base)) if b]
             setattr(r, key + "_median", statistics.median(pairs) if pairs else float("nan"))
+    fastest = fastest_vanilla(results)
+    if fastest is not None:
+        for r in results.values():
+            r.speedup_vs_fastest = r.tokens_per_s / results[fastest].tokens_per_s
+
+
+def is_plain_decoding(name: str) -> bool:
+    """Vanilla decoding in any runner or dtype (`vanilla`, `vanilla:static`, ...) or Hugging
+    Face's own `generate`: the baselines a speedup may be taken against."""
+    return name in ("vanilla", "hf_generate") or name.startswith(("vanilla:", "vanilla@"))
+
+
+def fastest_vanilla(results: Mapping[str, MethodResult]) -> str | None:
+    """The plain decoding with the most tokens/s in the run (None when there is none)."""
+    plain = [name for name, r in results.items() if is_plain_decoding(name) and r.tokens_per_s]
+    return max(plain, key=lambda name: results[name].tokens_per_s) if plain else None
 
 
 def _reference_texts(results: dict[str, MethodResult], outputs: dict[str, list[list[int]]], prompts: list[list[int]],
@@ -312,18 +330,20 @@ def markdown_table(report: dict) -> str:
         static = "vanilla:static" in run["methods"]  # the compiled/static baseline is in this run
         lines += [f"### {run['eval_set']}, temperature {run['temperature']:g} "
                   f"({run['num_prompts']} prompts, {run['max_new_tokens']} new tokens, target {run['target']})", "",
+                  f"speedup: over `vanilla`; vs fastest: over the fastest plain decoding of the run "
+                  f"(`{run.get('fastest_vanilla')}`)", "",
                   "| method | dtype | tau | tokens/s | ms/token | " + ("speedup vs static | " if static else "")
-                  + "speedup | median speedup | draft / verify / other | ms/round (draft + verify) | "
+                  + "speedup | median speedup | vs fastest | draft / verify / other | ms/round (draft + verify) | "
                   "lossless | same text as (greedy) |",
-                  "|---|---|---:|---:|---:|" + ("---:|" if static else "") + "---:|---:|---|---|---|---|"]
+                  "|---|---|---:|---:|---:|" + ("---:|" if static else "") + "---:|---:|---:|---|---|---|---|"]
         for m in run["methods"].values():
             split = (f"{m['draft_frac']:.0%} / {m['verify_frac']:.0%} / {m['other_frac']:.0%}"
                      if m["draft_frac"] or m["verify_frac"] else "-")
             per_round = (f"{m['ms_per_round']:.2f} ({m['draft_ms_per_round']:.2f} + {m['verify_ms_per_round']:.2f})"
                          if m["draft_frac"] or m["verify_frac"] else "-")
             ident = same_text(m)
-            speeds = (["speedup_vs_static"] if static else []) + ["speedup", "speedup_median"]
-            speed = " | ".join("-" if math.isnan(m[k]) else f"{m[k]:.2f}x" for k in speeds)
+            speeds = (["speedup_vs_static"] if static else []) + ["speedup", "speedup_median", "speedup_vs_fastest"]
+            speed = " | ".join("-" if math.isnan(m.get(k, math.nan)) else f"{m[k]:.2f}x" for k in speeds)
             lines.append(f"| {m['method']} | {m['dtype']} | {m['tau']:.2f} | {m['tokens_per_s']:.1f} | "
                          f"{m['ms_per_token']:.2f} | {speed} | {split} | {per_round} | "
                          f"{'yes' if m['lossless'] else 'NO (lossy)'} | {ident} |")
@@ -342,7 +362,7 @@ def same_text(m: dict) -> str:
 
 
 def write_report(report: dict, out_dir: Path) -> None:
-    (out_dir / "results.json").write_text(json.dumps(report, indent=2))
+    write_json(out_dir / "results.json", report)  # atomic: a run stopped mid-write keeps the last report
     (out_dir / "results.md").write_text(markdown_table(report))
     plot_report(report, out_dir)
 

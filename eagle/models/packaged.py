@@ -90,8 +90,9 @@ def convert_gguf(source: PackagedGGUF | str, out_dir: str | Path, progress: bool
     out_dir = Path(out_dir)
     folder = source.folder()
     gguf = folder / source.file
-    params = {"distribution": source.distribution, "version": source.version(), "file": source.file,
-              "sha256": sha256(gguf), "dtype": "float32"}
+    # the file's bytes decide the folder: a new package version that ships the same file reuses it
+    params = {"distribution": source.distribution, "file": source.file, "sha256": sha256(gguf), "dtype": "float32"}
+    version = source.version()
     artifact = Artifact(out_dir, SIDECAR, params, f"converted {source.name}")
     if artifact.reusable():
         return out_dir
@@ -116,7 +117,7 @@ def convert_gguf(source: PackagedGGUF | str, out_dir: str | Path, progress: bool
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
     n_params = sum(p.numel() for p in model.parameters())
-    artifact.write(kind="eagle_target", source=f"pip package {source.distribution}=={params['version']}",
+    artifact.write(kind="eagle_target", source=f"pip package {source.distribution}=={version}", version=version,
                    model=source.name, parameters=n_params, seconds=round(time.perf_counter() - start, 1))
     if progress:
         print(f"[target] {source.name}: {n_params / 1e6:.1f}M parameters from {gguf} "

@@ -33,7 +33,6 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from eagle.artifacts import Artifact
-from eagle.data.vocab import draft_vocabulary
 from eagle.target import LogitTransform, load_target, tokenizer_hash
 from eagle.training import metrics
 from eagle.training.lm import SIDECAR
@@ -48,10 +47,11 @@ def truncated_copy(target: torch.nn.Module, layers: int) -> torch.nn.Module:
     n = target.config.num_hidden_layers
     if not 1 <= layers <= n:
         raise ValueError(f"a draft LM of {layers} layers: choose 1..{n} (the target's layers)")
-    config = target.config.__class__.from_dict({**target.config.to_dict(), "num_hidden_layers": layers})
-    for key in ("layer_types",):  # per-layer lists (sliding windows) follow the layer count
-        if isinstance(getattr(config, key, None), list):
-            setattr(config, key, getattr(config, key)[:layers])
+    fields = target.config.to_dict()
+    for key, value in fields.items():  # per-layer lists (layer_types: sliding windows, ...) follow the count;
+        if isinstance(value, list) and len(value) == n and key.endswith("layer_types"):  # the config checks
+            fields[key] = value[:layers]
+    config = target.config.__class__.from_dict({**fields, "num_hidden_layers": layers})
     draft = AutoModelForCausalLM.from_config(config).to(torch.float32)
     kept = {k: v for k, v in target.state_dict().items()
             if ".layers." not in k or int(k.split(".layers.")[1].split(".")[0]) < layers}
@@ -90,7 +90,6 @@ class DistilledDraftLMModule(FrozenTargetModule):
         self.model.get_input_embeddings().requires_grad_(False)
         self.model.get_output_embeddings().requires_grad_(False)
         self.transform = LogitTransform.of(self.model.config)
-        self.loss_ids: Tensor | None = None  # (K,) chosen in setup() from the data's token counts
 
     @property
     def final_norm(self) -> torch.nn.Module:
@@ -103,27 +102,19 @@ class DistilledDraftLMModule(FrozenTargetModule):
 
     def setup(self, stage: str) -> None:
         super().setup(stage)
-        k = self.hparams.loss_vocab
-        if k is None or self.loss_ids is not None:
-            return
-        vocab = self.model.config.vocab_size
-        self.loss_ids, coverage = draft_vocabulary(self.trainer.datamodule.token_counts(vocab), min(k, vocab))
-        print(f"[train] draft LM loss over the {k:,} most frequent of {vocab:,} tokens: {coverage:.1%} of the "
-              f"training data's predicted tokens")
+        self.choose_loss_vocab(self.hparams.loss_vocab, self.model.config.vocab_size, "draft LM")
 
     def head(self, hidden: Tensor, restrict: bool) -> Tensor:
         """The (frozen, shared) LM head with the family's logit transform: (..., H) -> (..., V),
-        or (..., K) over `loss_ids` when `restrict`."""
-        w = self.model.get_output_embeddings().weight
-        if restrict and self.loss_ids is not None:
-            w = w.index_select(0, self.loss_ids.to(w.device))  # (K, H)
-        return self.transform(F.linear(hidden.to(w.dtype), w))
+        or (..., K) over the loss vocabulary when `restrict`."""
+        return self.transform(self.loss_rows(self.model.get_output_embeddings(), hidden, restrict))
 
     def model_step(self, batch: Mapping[str, Tensor], train: bool) -> dict[str, Tensor]:
         ids = batch["input_ids"]  # (B, T)
         weight = F.pad(batch["loss_mask"][:, 1:], (0, 1)).float()  # (B, T) m_{t+1}
         features = self.batch_features(batch).to(self.device)  # (B, T, H) f_t: the teacher
-        hidden = self.model.base_model(input_ids=ids, attention_mask=batch["attention_mask"]).last_hidden_state
+        hidden = self.model.base_model(input_ids=ids, attention_mask=batch["attention_mask"],
+                                       use_cache=False).last_hidden_state  # (B, T, H)
         restrict = train
         with torch.no_grad():
             p_logits = self.head(features, restrict)  # (B, T, V or K)

@@ -13,11 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from eagle.data.batches import shift_batch
-from eagle.data.vocab import draft_vocabulary, save_counts
+from eagle.data.vocab import save_counts
 from eagle.models.checkpoint import save_drafter
 from eagle.models.drafter import DrafterConfig, EagleDrafter
 from eagle.training import metrics
@@ -89,32 +88,17 @@ class EagleDrafterModule(FrozenTargetModule):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             self.drafter = EagleDrafter.on_target(config, target)
-        self.loss_ids: Tensor | None = None  # (K,) the token loss's rows (loss_vocab), chosen in setup()
 
     def setup(self, stage: str) -> None:
         super().setup(stage)
-        k = self.hparams.loss_vocab
-        if k is None or self.loss_ids is not None:
-            return
-        data = self.trainer.datamodule if self._trainer is not None else None
-        if not hasattr(data, "token_counts"):
-            raise ValueError("loss_vocab needs a data module that counts its tokens (token_counts)")
-        vocab = self.drafter.config.vocab_size
-        ids, coverage = draft_vocabulary(data.token_counts(vocab), min(k, vocab))
-        self.loss_ids = ids
-        print(f"[train] token loss over the {ids.numel():,} most frequent of {vocab:,} tokens "
-              f"(loss_vocab): {coverage:.1%} of the training data's predicted tokens")
+        self.choose_loss_vocab(self.hparams.loss_vocab, self.drafter.config.vocab_size, "token")
 
     def loss_head(self, features: Tensor) -> Tensor:
         """The LM head over the token loss's rows: (..., H) -> (..., K), or `head` when the loss
         takes the whole vocabulary."""
         if self.loss_ids is None:
             return self.head(features)
-        w = self.drafter.lm_head.weight
-        rows = w.index_select(0, self.loss_ids.to(w.device))  # (K, H): a copy of K/V of the frozen head
-        bias = getattr(self.drafter.lm_head, "bias", None)
-        bias = None if bias is None else bias.index_select(0, self.loss_ids.to(w.device))
-        return self.drafter.logit_transform(F.linear(features.to(w.dtype), rows, bias))
+        return self.drafter.logit_transform(self.loss_rows(self.drafter.lm_head, features, restrict=True))
 
     def on_full_target(self, target: torch.nn.Module) -> None:
         self.drafter.share_target(target)

@@ -125,9 +125,10 @@ def agreement_by_depth(step: Callable[[Tensor, Tensor, Tensor], Tensor], head: C
     `head` maps features to logits (the target's LM head). Sums and counts (not means) so
     that a validation epoch can add them up exactly."""
     out = {}
+    labels = target_logits.argmax(-1)  # (B, T) once: an argmax over V costs as much as a head on a CPU
     for d, f_hat in enumerate(unroll(step, features, input_ids, prev_ids, depth), start=1):
         logits = head(f_hat)  # (B, T, V)
         m = depth_mask(mask, d)
         for k in ks:
-            out[(d, k)] = masked_sum_count(topk_hits(logits, target_logits, k).float(), m)
+            out[(d, k)] = masked_sum_count(label_hits(logits, labels, k).float(), m)
     return out

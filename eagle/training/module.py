@@ -233,6 +233,41 @@ class FrozenTargetModule(TrainableModule):
                                  "data carry no features (online): use target_weights=auto or all")
             self.load_full_target()
 
+    # ----------------------------------------------------------------- a reduced loss vocabulary
+
+    loss_ids: Tensor | None = None  # (K,) the loss's vocabulary rows (`choose_loss_vocab`); None = all
+
+    def choose_loss_vocab(self, k: int | None, vocab_size: int, what: str) -> None:
+        """Take the loss over the K tokens the training data predicts most often (FR-Spec's
+        drafting vocabulary): the V x H head is most of a step on a small target. Chosen once,
+        from the data module's token counts (every process counts the same training split)."""
+        if k is None or self.loss_ids is not None:
+            return
+        from eagle.data.vocab import draft_vocabulary
+
+        data = self.trainer.datamodule if self._trainer is not None else None
+        if not hasattr(data, "token_counts"):
+            raise ValueError("a reduced loss vocabulary needs a data module that counts its tokens (token_counts)")
+        self.loss_ids, coverage = draft_vocabulary(data.token_counts(vocab_size), min(k, vocab_size))
+        self._loss_rows = None
+        print(f"[train] {what} loss over the {self.loss_ids.numel():,} most frequent of {vocab_size:,} tokens: "
+              f"{coverage:.1%} of the training data's predicted tokens")
+
+    def loss_rows(self, head: torch.nn.Module, hidden: Tensor, restrict: bool) -> Tensor:
+        """`head` (a frozen Linear) on `hidden`: (..., H) -> (..., V), or (..., K) over `loss_ids`
+        when `restrict` and a loss vocabulary was chosen, with a K x H copy of its rows made once
+        per device and dtype (the head is frozen)."""
+        w, bias = head.weight, getattr(head, "bias", None)
+        hidden = hidden.to(w.device, w.dtype)
+        if not restrict or self.loss_ids is None:
+            return torch.nn.functional.linear(hidden, w, bias)
+        cached = getattr(self, "_loss_rows", None)
+        if cached is None or cached[0].device != w.device or cached[0].dtype != w.dtype:
+            ids = self.loss_ids.to(w.device)
+            cached = (w.index_select(0, ids), None if bias is None else bias.index_select(0, ids))  # (K, H), (K,)
+            self._loss_rows = cached
+        return torch.nn.functional.linear(hidden, *cached)
+
     def load_full_target(self) -> None:
         """Replace the head-only target by the whole model (online features), on this process's
         device unless a device map spreads it; `on_full_target` lets subclasses re-point."""
