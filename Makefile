@@ -59,7 +59,7 @@ artifacts: install
 DEMO_CONVS := 1000
 DEMO_LEN := 512
 DEMO_VOCAB := 4096
-DEMO_PROMPTS := 6
+DEMO_PROMPTS := 5
 SMOL := $(RUNS)/smollm2/model
 SMOL_FEATURES := $(RUNS)/data/features/smollm2-sharegpt
 MACHINE_TREE := $(RUNS)/tree_search/demo_smollm2/machine.yaml
@@ -72,7 +72,7 @@ demo-artifacts: smollm2
 	$(call stage,EAGLE features of $(DEMO_CONVS) ShareGPT conversations,grep -qs '"status": "complete"' $(SMOL_FEATURES)/metadata.json,$(PY) -m data_gen max_len=$(DEMO_LEN) source.max_samples=$(DEMO_CONVS) source.max_val_samples=32)
 	$(call stage,EAGLE drafter,test -e $(RUNS)/drafter_smollm2/drafter/config.json,$(PY) train.py experiment=drafter_smollm2)
 	$(call stage,draft LM for classic speculative decoding (the target's first 2 layers distilled),test -e $(RUNS)/draft_lm_smollm2/model/eagle_target.json,$(PY) train.py experiment=draft_lm_smollm2)
-	$(call stage,the tree for this machine (tree search + cost model),test -e $(MACHINE_TREE),$(PY) decode.py mode=tree_search eagle.draft_vocab=$(DEMO_VOCAB) tree_search.num_prompts=2 tree_search.compare=false max_new_tokens=64 tree_search.out_dir=$(RUNS)/tree_search/demo_smollm2)
+	$(call stage,the tree for this machine (tree search + cost model),test -e $(MACHINE_TREE),$(PY) decode.py mode=tree_search eagle.draft_vocab=$(DEMO_VOCAB) tree_search.num_prompts=2 tree_search.compare=false max_new_tokens=48 tree_search.out_dir=$(RUNS)/tree_search/demo_smollm2)
 
 # vanilla:dynamic is vanilla decoding in bf16 (fast on CPUs with AMX, where EAGLE's dtype is measured too):
 # the table's "vs fastest" column is against the faster of the two (and HF generate)
