@@ -74,8 +74,9 @@ demo-artifacts: smollm2
 	$(call stage,draft LM for classic speculative decoding (the target's first 2 layers distilled),test -e $(RUNS)/draft_lm_smollm2/model/eagle_target.json,$(PY) train.py experiment=draft_lm_smollm2)
 	$(call stage,the tree for this machine (tree search + cost model),test -e $(MACHINE_TREE),$(PY) decode.py mode=tree_search eagle.draft_vocab=$(DEMO_VOCAB) tree_search.num_prompts=2 tree_search.compare=false max_new_tokens=48 tree_search.out_dir=$(RUNS)/tree_search/demo_smollm2)
 
-# vanilla:dynamic is vanilla decoding in bf16 (fast on CPUs with AMX, where EAGLE's dtype is measured too):
-# the table's "vs fastest" column is against the faster of the two (and HF generate)
+# vanilla:dynamic is vanilla decoding in bf16, beside fp32 vanilla: on a CPU with AMX EAGLE's dtype is
+# measured and may be bf16, and which dtype decodes one token faster is machine-dependent (on the AMX
+# Xeon of LOG.md fp32 did); the table's "vs fastest" column is against the fastest plain decoding
 demo: demo-artifacts
 	$(PY) decode.py mode=benchmark benchmark.num_prompts=$(DEMO_PROMPTS) 'benchmark.methods=[$(DEMO_METHODS)]' \
 		'benchmark.dtypes=["vanilla:dynamic=bfloat16"]'
@@ -101,7 +102,7 @@ TINY := target=$(RUNS)/target_tiny/model eagle.drafter=$(RUNS)/drafter_tiny/draf
 # measured here (decode.py mode=tree_search writes machine.yaml), drafting from the drafter's
 # TINY_VOCAB most frequent tokens (FR-Spec, eagle.draft_vocab: the 8192 x 96 LM head is as many
 # multiply-adds as 7 of the target's 12 layers); the benchmark runs it beside EAGLE-1's default tree
-# and whole vocabulary. Delete runs/tree_search/demo to choose again (another machine). 10 prompts
+# and whole vocabulary. Delete runs/tree_search/demo_tiny to choose again (another machine). 10 prompts
 # per temperature keep the demo within 25 minutes on 2 cores; `python decode.py mode=benchmark` runs 20.
 # The search ranks trees by greedy tau; machine_t1.yaml is the candidate that decoded fastest at T=1
 # (tree_search.sampled_temperature), benchmarked beside it: a wide greedy pick can lose when sampling.
