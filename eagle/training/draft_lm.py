@@ -33,9 +33,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from eagle.artifacts import Artifact
+from eagle.models.packaged import SIDECAR
 from eagle.target import LogitTransform, load_target, tokenizer_hash
 from eagle.training import metrics
-from eagle.training.lm import SIDECAR
 from eagle.training.module import FrozenTargetModule, submodule_state
 
 

@@ -20,11 +20,9 @@ import torch.nn.functional as F
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
 from eagle.artifacts import Artifact
+from eagle.models.packaged import SIDECAR  # one sidecar name for every target folder
 from eagle.target import tokenizer_hash
 from eagle.training.module import TrainableModule, submodule_state
-
-SIDECAR = "eagle_target.json"  # beside a trained LM: what produced it (its presence marks the stage done)
-
 
 # ----------------------------------------------------------------------------- model
 
