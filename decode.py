@@ -12,6 +12,7 @@
     python decode.py mode=coverage                          # SpecInfer's SSMs: coverage per SSM and union
     python decode.py mode=profile                           # where EAGLE's round goes, part by part
     python decode.py mode=ablations                         # EAGLE-1's ablation drafters (make ablations)
+    python decode.py mode=floor                             # the target's step against the memory floor
 
 Methods are named NAME[@TREE][:RUNNER] (eagle/bench/methods.py): vanilla | eagle | draft |
 specinfer_merge | prompt_lookup | medusa | medusa_typical | hf_generate | hf_assisted | hf_prompt_lookup;
@@ -382,6 +383,33 @@ def timing(cfg: DictConfig) -> Path:
     return out_dir
 
 
+def floor(cfg: DictConfig) -> Path:
+    """The memory floor of `target`'s step on this machine and its forwards of n new tokens,
+    for each runner setting of `floor.settings` (eagle/bench/floor.py)."""
+    from eagle.bench import floor as fl
+
+    fcfg = cfg.floor
+    dtype = resolve_dtype_name(fcfg.dtype, cfg.device, wide=False)
+    target, _ = load_target(cfg.target, dtype=resolve_dtype(dtype), device=cfg.device, with_tokenizer=False)
+    bandwidth = fl.read_bandwidth(cfg.device, megabytes=fcfg.buffer_mb)
+    report = {"kind": "floor", "target": str(cfg.target), "dtype": dtype, "device": str(cfg.device),
+              "threads": torch.get_num_threads(), "context": fcfg.context, "repeats": fcfg.repeats,
+              "tokens": list(fcfg.tokens), "bandwidth_gb_s": bandwidth, "weight_bytes": fl.weight_bytes(target),
+              "torch": torch.__version__, "settings": {}}
+    report["floor_ms"] = report["weight_bytes"] / (bandwidth * 1e9) * 1e3
+    for setting in fcfg.settings:
+        kind, _, compiled = setting.partition("+")
+        if kind not in ("dynamic", "static") or compiled not in ("", "compile"):
+            raise ValueError(f"floor.settings: {setting!r} is not dynamic, static or static+compile")
+        if compiled and kind != "static":
+            raise ValueError("floor.settings: compile needs the static runner (static+compile)")
+        make = fl.runner_factory(target, kind, "default" if compiled else None, max_len=fcfg.max_len)
+        costs = fl.forward_costs(target, fcfg.tokens, fcfg.context, fcfg.repeats, make, seed=cfg.seed)
+        report["settings"][setting] = fl.floor_report(target, bandwidth, costs)
+        print(f"[floor] {setting}: " + ", ".join(f"{n} tokens {ms:.1f} ms" for n, ms in costs.items()))
+    return write_report(fcfg.out_dir, "floor", report, fl.markdown(report))
+
+
 def export(cfg: DictConfig) -> Path:
     """Write the drafter `eagle.drafter` (checked against `target`) in each of `export.formats`,
     one folder each; a format that cannot hold it is named with the reason, after the others."""
@@ -545,7 +573,7 @@ def decode(cfg: DictConfig):
     if cfg.mode == "generate":
         return generate(cfg)
     modes = {"benchmark": benchmark, "tree_search": tree_search, "timing": timing, "export": export,
-             "coverage": coverage, "profile": profile, "ablations": ablations}
+             "coverage": coverage, "profile": profile, "ablations": ablations, "floor": floor}
     if cfg.mode in modes:
         out_dir = modes[cfg.mode](cfg)
         print(out_dir.resolve())

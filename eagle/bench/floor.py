@@ -1,0 +1,149 @@
+"""The memory floor of a decoding step, and how far the target's forwards are from it.
+
+A decoding step reads every weight of the target once; whatever its kernels do, it cannot take
+less than (bytes of the weights) / (memory bandwidth). A forward of n new tokens reads the same
+bytes, so while the arithmetic stays small next to them (n x 2 x parameters FLOP), verifying a
+tree of n tokens should cost about one step. This module measures both sides on this machine:
+
+  bandwidth      `read_bandwidth`: the best of a few streaming reads (a sum) of a buffer several
+                 times larger than any cache, with the threads the decoding uses;
+  floor          the target's weight bytes / that bandwidth (`weight_bytes`);
+  forward costs  `forward_costs`: the target's verification of n = 1, 2, 4, ... new tokens after a
+                 fixed context, through the engine's own runner (a tree of n nodes, so the tree
+                 mask is paid as in a round), each the median of a few repeats, in milliseconds
+                 and in units of the floor and of the 1-token step.
+
+`decode.py mode=floor` runs it and writes floor.json and floor.md (and the same figures for each
+linear-kernel setting it is asked to compare: `eagle.decoding.kernels`).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import nn
+
+from eagle.decoding.runners import TargetRunner, make_runner
+
+FORWARD_TOKENS = (1, 2, 4, 8, 16, 26, 64)  # 26: EAGLE-1's default tree with its root
+
+
+def weight_bytes(model: nn.Module) -> int:
+    """Bytes one decoding step reads: every parameter once (tied weights counted once)."""
+    seen, total = set(), 0
+    for p in model.parameters():
+        if p.data_ptr() not in seen:
+            seen.add(p.data_ptr())
+            total += p.numel() * p.element_size()
+    return total
+
+
+def _best_seconds(fn: Callable[[], object], repeats: int, sync: Callable[[], None]) -> float:
+    fn()  # first touch: page faults and lazy initialisation are not bandwidth
+    sync()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        sync()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def _sync(device: torch.device) -> Callable[[], None]:
+    return (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+
+
+def read_bandwidth(device: str | torch.device = "cpu", megabytes: int = 1024, repeats: int = 5) -> float:
+    """Streaming read bandwidth in GB/s: the fastest of `repeats` sums of a float32 buffer of
+    `megabytes` (far beyond the caches, so every byte comes from memory), with torch's current
+    threads. A sum does one addition per 4 bytes read: it is bound by memory, not arithmetic."""
+    device = torch.device(device)
+    buffer = torch.ones(megabytes * 2**20 // 4, dtype=torch.float32, device=device)
+    seconds = _best_seconds(lambda: buffer.sum(), repeats, _sync(device))
+    return buffer.numel() * 4 / seconds / 1e9
+
+
+def binary_tree(n: int) -> tuple[int, ...]:
+    """Parents of an n-node tree whose node i hangs under node (i - 1) // 2: a tree (not a chain)
+    from n = 3 on, so the runner builds a tree mask as it does in a round."""
+    return tuple((i - 1) // 2 for i in range(n))
+
+
+RunnerFactory = Callable[[int], TargetRunner]  # tokens per forward -> a fresh runner for that width
+
+
+def runner_factory(target: nn.Module, kind: str = "dynamic", compile_mode: str | None = None,
+                   max_len: int = 512) -> RunnerFactory:
+    """Runners of the engine for `forward_costs`: a static one is sized for exactly n tokens per
+    forward (its fixed width, one compiled graph per n) with `max_len` slots."""
+    if kind == "dynamic":
+        return lambda n: make_runner("dynamic", target)
+    return lambda n: make_runner("static", target, tree_size=n - 1, max_len=max_len, compile_mode=compile_mode)
+
+
+@torch.inference_mode()
+def forward_costs(target: nn.Module, tokens: Sequence[int] = FORWARD_TOKENS, context: int = 200,
+                  repeats: int = 5, make: RunnerFactory | None = None, seed: int = 0) -> dict[int, float]:
+    """Milliseconds of the target's verification of n new tokens on top of `context` committed
+    ones, for each n in `tokens`: the median of `repeats` forwards after one untimed warm-up
+    (which compiles, on a compiled runner), through a runner of the engine from `make` (by
+    default the dynamic one). Each forward commits its root only, so the context grows by one
+    token per forward, as in decoding."""
+    make = make or runner_factory(target)
+    device = next(target.parameters()).device
+    sync = _sync(device)
+    g = torch.Generator().manual_seed(seed)
+    vocab = target.config.vocab_size
+    ids = torch.randint(3, vocab, (1, context), generator=g).to(device)
+    costs = {}
+    for n in tokens:
+        kept = make(n)
+        kept.prefill(ids, context + repeats + n + 1)
+        draft = torch.randint(3, vocab, (1, n), generator=g).to(device)
+        parents = binary_tree(n)
+        times = []
+        for i in range(repeats + 1):
+            sync()
+            start = time.perf_counter()
+            kept.verify(draft, parents)
+            sync()
+            if i:  # the first forward of a shape warms up (or compiles) its kernels
+                times.append(time.perf_counter() - start)
+            kept.commit([0])
+        costs[n] = statistics.median(times) * 1e3
+    return costs
+
+
+def floor_report(target: nn.Module, bandwidth_gb_s: float, costs: dict[int, float]) -> dict:
+    """The figures of one setting: weight bytes, the floor, and each forward in ms, in floors and
+    in 1-token steps."""
+    nbytes = weight_bytes(target)
+    floor_ms = nbytes / (bandwidth_gb_s * 1e9) * 1e3
+    step = costs.get(1)
+    rows = [{"tokens": n, "ms": ms, "floors": ms / floor_ms, "steps": ms / step if step else None}
+            for n, ms in costs.items()]
+    return {"weight_bytes": nbytes, "bandwidth_gb_s": bandwidth_gb_s, "floor_ms": floor_ms, "forwards": rows}
+
+
+def markdown(report: dict) -> str:
+    """floor.md: the machine's bandwidth and floor, then one table per kernel setting."""
+    lines = [f"### The memory floor of {report['target']} ({report['dtype']}, {report['threads']} threads, "
+             f"{report['device']})", "",
+             f"Weights: {report['weight_bytes'] / 1e6:.0f} MB, read once per step. Streaming read bandwidth: "
+             f"{report['bandwidth_gb_s']:.1f} GB/s. Floor of one step: **{report['floor_ms']:.1f} ms**. "
+             f"Forwards after {report['context']} tokens of context, median of {report['repeats']}.", ""]
+    settings = report["settings"]
+    head = "| new tokens | " + " | ".join(f"{name}: ms | floors | steps" for name in settings) + " |"
+    lines += [head, "|---:|" + "---:|---:|---:|" * len(settings)]
+    for i, n in enumerate(report["tokens"]):
+        cells = []
+        for setting in settings.values():
+            row = setting["forwards"][i]
+            steps = "-" if row["steps"] is None else f"{row['steps']:.2f}"
+            cells.append(f"{row['ms']:.1f} | {row['floors']:.2f} | {steps}")
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,108 @@
+"""The memory-floor benchmark (eagle/bench/floor.py, decode.py mode=floor): what it counts and
+what it times, on tiny models. Its figures are measurements: no test asserts a speed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from eagle.bench import floor as fl
+from eagle.decoding.runners import DynamicRunner, StaticRunner
+from eagle.tree import Tree
+from helpers.configs import compose_config
+from helpers.models import make_tiny_model
+
+
+def test_weight_bytes_count_a_tied_head_once():
+    tied = make_tiny_model("llama", tie_word_embeddings=True)
+    untied = make_tiny_model("llama", tie_word_embeddings=False)
+    assert tied.lm_head.weight.data_ptr() == tied.model.embed_tokens.weight.data_ptr()
+    head = tied.lm_head.weight.numel() * 4
+    assert fl.weight_bytes(untied) == sum(p.numel() * 4 for p in untied.parameters())
+    fp32 = fl.weight_bytes(tied)
+    assert fl.weight_bytes(untied) - fp32 == head
+    assert fl.weight_bytes(tied.to(torch.bfloat16)) * 2 == fp32
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 8, 26])
+def test_the_timed_forwards_verify_trees_of_n_nodes(n):
+    parents = fl.binary_tree(n)
+    tree = Tree.of(parents)
+    assert len(tree.parents) == n and tree.is_chain == (n <= 2)
+
+
+class Recording(DynamicRunner):
+    """A dynamic runner that records the size of every verification and commit."""
+
+    def __init__(self, target, log):
+        super().__init__(target)
+        self.log = log
+
+    def verify(self, tokens, parents):
+        self.log.append(("verify", tokens.shape[1], len(parents)))
+        return super().verify(tokens, parents)
+
+    def commit(self, path):
+        self.log.append(("commit", tuple(path)))
+        super().commit(path)
+
+
+def test_forward_costs_time_one_forward_of_n_tokens_per_repeat():
+    target = make_tiny_model("llama")
+    log, runners = [], []
+
+    def make(n):
+        runners.append(Recording(target, log))
+        return runners[-1]
+
+    costs = fl.forward_costs(target, tokens=(1, 4, 9), context=10, repeats=3, make=make)
+    assert list(costs) == [1, 4, 9] and all(ms > 0 for ms in costs.values())
+    verifies = [entry[1:] for entry in log if entry[0] == "verify"]
+    assert verifies == [(1, 1)] * 4 + [(4, 4)] * 4 + [(9, 9)] * 4  # a warm-up, then the repeats
+    assert all(entry == ("commit", (0,)) for entry in log if entry[0] == "commit")  # the root only
+    assert [r.length for r in runners] == [10 + 4] * 3  # each size on its own prefilled runner
+
+
+def test_a_static_runner_is_sized_for_each_forward():
+    target = make_tiny_model("llama")
+    make = fl.runner_factory(target, "static", max_len=64)
+    runner = make(8)
+    assert isinstance(runner, StaticRunner) and runner.width == 8 and runner.capacity == 0
+    assert fl.forward_costs(target, tokens=(8,), context=10, repeats=2, make=make)[8] > 0
+    assert isinstance(fl.runner_factory(target)(3), DynamicRunner)
+
+
+def test_the_report_counts_forwards_in_floors_and_steps():
+    target = make_tiny_model("llama")
+    nbytes = fl.weight_bytes(target)
+    report = fl.floor_report(target, bandwidth_gb_s=nbytes / 1e9 / 2e-3, costs={1: 4.0, 8: 6.0})  # floor: 2 ms
+    assert report["floor_ms"] == pytest.approx(2.0)
+    assert [(r["tokens"], r["floors"], r["steps"]) for r in report["forwards"]] == \
+        [(1, pytest.approx(2.0), pytest.approx(1.0)), (8, pytest.approx(3.0), pytest.approx(1.5))]
+
+
+def test_bandwidth_is_a_positive_rate():
+    assert fl.read_bandwidth(megabytes=8, repeats=2) > 0
+
+
+def test_floor_mode_writes_its_report(target_dir, tmp_path):
+    from decode import decode
+
+    out = tmp_path / "floor"
+    cfg = compose_config("decode", [f"target={target_dir}", "mode=floor", "floor.tokens=[1,3]", "floor.context=8",
+                                    "floor.repeats=2", "floor.buffer_mb=8", "floor.settings=[dynamic,static]",
+                                    f"floor.out_dir={out}"])
+    decode(cfg)
+    report = json.loads((out / "floor.json").read_text())
+    assert set(report["settings"]) == {"dynamic", "static"} and report["dtype"] == "float32"
+    assert report["floor_ms"] == pytest.approx(report["weight_bytes"] / report["bandwidth_gb_s"] / 1e6)
+    for setting in report["settings"].values():
+        assert [r["tokens"] for r in setting["forwards"]] == [1, 3]
+    assert "| 3 |" in (out / "floor.md").read_text()
+    for bad in ("dynamic+compile", "static+fast"):
+        with pytest.raises(ValueError, match="floor.settings"):
+            decode(compose_config("decode", [f"target={target_dir}", "mode=floor", "floor.tokens=[1]",
+                                             "floor.buffer_mb=8", f"floor.settings=[{bad}]",
+                                             f"floor.out_dir={tmp_path / 'bad'}"]))
