@@ -220,3 +220,52 @@ def test_train_resume_and_export(tmp_path, target_dir, features_dir):
     tokenizer.save_pretrained(other)
     with pytest.raises(TargetMismatchError, match="hidden_size 32 != 64"):
         load_medusa(run_dir / "medusa", *load_target(other))
+
+
+def test_heads_trained_over_a_reduced_vocabulary(tmp_path, target_dir, features_dir, capsys):
+    """loss_vocab=K: each head's training loss is the cross-entropy over the K most frequent
+    tokens of the training split (its projection's rows at those ids), labels outside them are
+    left out; validation scores the whole vocabulary, and the rows outside K keep the LM head."""
+    import types
+
+    from eagle.data.batches import collate
+    from eagle.data.features import FeatureShards
+    from eagle.data.vocab import draft_vocabulary
+    from eagle.training.datamodules import FeatureDataModule
+    from eagle.training.medusa import MedusaModule
+
+    k = 16
+    trained = train(medusa_cfg(tmp_path, target_dir, features_dir, "trainer.max_steps=3", f"model.loss_vocab={k}"))
+    assert f"Medusa loss over the {k} most frequent" in capsys.readouterr().out
+    assert math.isfinite(trained["val/loss_h1"])
+    model, tokenizer = load_target(target_dir)
+    heads = load_medusa(tmp_path / "medusa_test" / "medusa", model, tokenizer)
+    module = MedusaModule(str(target_dir), num_heads=3, loss_vocab=k)
+    datamodule = FeatureDataModule(features_dir, batch_size=4)
+    datamodule.setup("fit")
+    module._trainer = types.SimpleNamespace(datamodule=datamodule)  # setup() reads the data's token counts
+    module.setup("fit")
+    ids, _ = draft_vocabulary(datamodule.token_counts(len(tokenizer)), k)
+    assert torch.equal(module.loss_ids, ids)
+    assert heads.config.draft_vocab == ids.tolist()  # saved: the heads draft from those tokens only
+    outside = torch.ones(len(tokenizer), dtype=torch.bool)
+    outside[ids] = False
+    for head in heads.heads:  # trained rows moved, the others are still the LM head
+        torch.testing.assert_close(head.proj.weight[outside], model.lm_head.weight[outside].to(head.proj.weight.dtype))
+        assert not torch.allclose(head.proj.weight[ids], model.lm_head.weight[ids])
+
+    batch = collate([FeatureShards(features_dir, "train")[i] for i in range(4)])
+    train_out, val_out = module.model_step(batch, train=True), module.model_step(batch)
+    assert train_out["logits"][0].shape[-1] == k and val_out["logits"][0].shape[-1] == len(tokenizer)
+    assert torch.isneginf(val_out["logits"][0][..., outside]).all()  # validation scores what decoding drafts
+    for h in range(3):
+        torch.testing.assert_close(train_out["logits"][h], val_out["logits"][h][..., ids])
+        labels, w = shifted_labels(batch["input_ids"], batch["loss_mask"], shift=h + 2)
+        inside = torch.isin(labels, ids) & (w > 0)
+        assert torch.equal(train_out["weights"][h] > 0, inside)
+        position = {int(t): i for i, t in enumerate(ids)}
+        want = F.cross_entropy(val_out["logits"][h][..., ids][inside],
+                               torch.tensor([position[int(t)] for t in labels[inside]]))
+        torch.testing.assert_close(train_out["loss_h"][h], want)
+    with pytest.raises(ValueError, match="loss_vocab must be"):
+        MedusaModule(str(target_dir), loss_vocab=0)

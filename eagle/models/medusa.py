@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from eagle.target import TargetIdentity, check_shape, lm_head
@@ -41,6 +42,8 @@ class MedusaConfig:
         hidden_size, vocab_size: the target's H and V.
         num_layers: residual blocks per head (Medusa-1: 1).
         target: `eagle.target.TargetIdentity(...).to_dict()` of the target.
+        draft_vocab: the token ids the heads were trained over (a reduced loss vocabulary) and
+            draft from; None = the whole vocabulary.
     """
 
     num_heads: int
@@ -48,6 +51,7 @@ class MedusaConfig:
     vocab_size: int
     num_layers: int = 1
     target: dict = field(default_factory=dict)
+    draft_vocab: list[int] | None = None
 
     def __post_init__(self) -> None:
         for name in ("num_heads", "hidden_size", "vocab_size", "num_layers"):
@@ -55,6 +59,12 @@ class MedusaConfig:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"medusa config: {name} must be a positive integer, got {value!r}")
         check_shape("medusa config", self.target, hidden_size=self.hidden_size, vocab_size=self.vocab_size)
+        if self.draft_vocab is not None:
+            ids = [int(t) for t in self.draft_vocab]
+            if not ids or len(set(ids)) != len(ids) or min(ids) < 0 or max(ids) >= self.vocab_size:
+                raise ValueError(f"medusa config: draft_vocab must be 1..{self.vocab_size} distinct token ids in "
+                                 f"[0, {self.vocab_size})")
+            self.draft_vocab = ids
 
     @classmethod
     def from_target(cls, model: nn.Module, num_heads: int, num_layers: int = 1, tokenizer=None,
@@ -148,9 +158,43 @@ class MedusaHeads(nn.Module):
         return next(self.parameters()).device
 
     def forward(self, features: Tensor) -> Tensor:
-        """Logits of every head: (..., H) -> (K, ..., V); entry k-1 is head k's, x_{t+k+1}."""
+        """Logits of every head: (..., H) -> (K, ..., V); entry k-1 is head k's, x_{t+k+1}.
+        With a drafting vocabulary only its rows are computed, and every other token's logit is
+        -inf (the heads were never trained on them: their rows are still the LM head's)."""
         features = features.to(self.device, self.dtype)
-        return torch.stack([head(features) for head in self.heads])
+        if self.config.draft_vocab is None:
+            return torch.stack([head(features) for head in self.heads])
+        return self.to_vocab(self.drafted(features))
+
+    def drafted(self, features: Tensor) -> Tensor:
+        """Every head over its drafting vocabulary's rows only: (..., H) -> (K, ..., V_draft)."""
+        features = features.to(self.device, self.dtype)
+        ids = self.vocab_ids()
+        return torch.stack([F.linear(head.blocks(features), head.proj.weight.index_select(0, ids))
+                            for head in self.heads])
+
+    def to_vocab(self, drafted: Tensor) -> Tensor:
+        """Logits over the drafting vocabulary (K, ..., V_draft) as logits over every token
+        (K, ..., V), -inf off it; in `drafted`'s dtype (under autocast, the autocast one)."""
+        out = drafted.new_full((*drafted.shape[:-1], self.config.vocab_size), float("-inf"))
+        out[..., self.vocab_ids()] = drafted
+        return out
+
+    def vocab_ids(self) -> Tensor:
+        """The drafting vocabulary's ids (V_draft,) on the heads' device (a config without one: an error)."""
+        if self.config.draft_vocab is None:
+            raise MedusaError("these Medusa heads draft from the whole vocabulary (no draft_vocab)")
+        ids = getattr(self, "_vocab_ids", None)
+        if ids is None or ids.device != self.device or ids.numel() != len(self.config.draft_vocab):
+            ids = self._vocab_ids = torch.tensor(self.config.draft_vocab, dtype=torch.long, device=self.device)
+        return ids
+
+    def restrict_vocab(self, ids: Tensor | None) -> None:
+        """Draft from the tokens `ids` (V_draft,) only, or from every token again (None); saved with
+        the heads (their config's `draft_vocab`)."""
+        self.config.draft_vocab = None if ids is None else [int(t) for t in torch.as_tensor(ids).flatten()]
+        self.config.__post_init__()
+        self._vocab_ids = None
 
     @torch.no_grad()
     def init_from_lm_head(self, model: nn.Module) -> MedusaHeads:

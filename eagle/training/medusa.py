@@ -12,6 +12,14 @@ Medusa-1 trains on hard labels, the data's tokens, with the target frozen:
 
     loss = sum_k lambda_k * CE(head_k(f_t), x_{t+k+1})    (masked means)
 
+`loss_vocab=K` takes the training loss over the K tokens the data predicts most often, as the
+EAGLE drafter's token loss can (`FrozenTargetModule.choose_loss_vocab`): only those K rows of
+each head's V x H projection enter a step (a target's head is most of a step's arithmetic), the
+labels outside them are left out of the loss, and the other rows stay the LM head they were
+initialised from. The heads then draft from those K tokens only (their config's `draft_vocab`:
+every other logit is -inf), and validation scores them as decoding will, over the whole
+vocabulary: a label outside the K tokens is a miss.
+
 The data, the optimiser, resuming and export are shared with the EAGLE drafter
 (`eagle.training.module.FrozenTargetModule`, `eagle.training.datamodules`,
 `eagle.training.fit.fit_and_export`).
@@ -79,6 +87,7 @@ class MedusaModule(FrozenTargetModule):
         head_weight_decay: lambda_k = decay^(k-1) unless `head_weights` is given.
         head_weights: explicit lambda_1..lambda_K.
         val_topk: the k of the top-k accuracy reported besides top-1.
+        loss_vocab: train over the K most frequent tokens of the data (None: every token).
         seed: initialisation of the heads.
         optim: AdamW and its schedule (`eagle.training.optim.OptimConfig`).
         target_weights, target_device_map: how much of the target is loaded, and where
@@ -97,12 +106,15 @@ class MedusaModule(FrozenTargetModule):
         head_weight_decay: float = 0.8,
         head_weights: Sequence[float] | None = None,
         val_topk: int = 5,
+        loss_vocab: int | None = None,
         seed: int = 0,
         optim: Mapping[str, Any] | None = None,
         target_weights: str = "auto",
         target_device_map: str | dict | None = None,
     ) -> None:
         lambdas = loss_weights(num_heads, head_weight_decay, head_weights)  # fail before loading the target
+        if loss_vocab is not None and loss_vocab < 1:
+            raise ValueError(f"loss_vocab must be a number of tokens >= 1 or null, got {loss_vocab}")
         super().__init__(target_path, target_dtype, optim or {"lr": 1e-3, "schedule": "cosine"}, target_weights,
                          target_device_map)
         self.save_hyperparameters()
@@ -110,28 +122,56 @@ class MedusaModule(FrozenTargetModule):
         self.heads = MedusaHeads.for_target(self.target, num_heads, num_layers, self.tokenizer, str(target_path),
                                             seed=seed)
 
-    def model_step(self, batch: Mapping[str, Tensor]) -> dict[str, Any]:
-        """Per-head cross-entropies (masked means) and the weighted loss of a batch."""
+    def setup(self, stage: str) -> None:
+        super().setup(stage)
+        self.choose_loss_vocab(self.hparams.loss_vocab, self.heads.config.vocab_size, "Medusa")
+        if self.loss_ids is not None:  # the heads then draft from those tokens only (saved with them)
+            self.heads.restrict_vocab(self.loss_ids)
+        self._loss_index = None
+
+    def to_loss_vocab(self, labels: Tensor, weights: Tensor) -> tuple[Tensor, Tensor]:
+        """Labels (B, T) as indices into the loss vocabulary; the weight of a label outside it is 0."""
+        index = getattr(self, "_loss_index", None)
+        if index is None or index.device != labels.device:
+            index = torch.full((self.heads.config.vocab_size,), -1, dtype=torch.long, device=labels.device)
+            index[self.loss_ids.to(labels.device)] = torch.arange(self.loss_ids.numel(), device=labels.device)
+            self._loss_index = index
+        mapped = index[labels]  # (B, T), -1 outside
+        return mapped.clamp(min=0), weights * (mapped >= 0)
+
+    def model_step(self, batch: Mapping[str, Tensor], train: bool = False) -> dict[str, Any]:
+        """Per-head cross-entropies (masked means) and the weighted loss of a batch. With a loss
+        vocabulary the cross-entropies are over its tokens (labels outside it weigh 0); the
+        logits returned for the hits are over them in training, over every token in validation
+        (-inf off the drafting vocabulary, as decoding sees them)."""
         features = self.batch_features(batch)  # (B, T, H)
-        logits = self.heads(features)  # (K, B, T, V)
-        out: dict[str, Any] = {"logits": [], "labels": [], "weights": [], "ce_sum": [], "loss_h": []}
+        restrict = self.loss_ids is not None
+        logits = self.heads.drafted(features) if restrict else self.heads(features)  # (K, B, T, V_loss or V)
+        out: dict[str, Any] = {"logits": [], "labels": [], "weights": [], "ce_sum": [], "ce_count": [],
+                               "loss_h": []}
         loss = features.new_zeros(())
         for k in range(1, self.heads.num_heads + 1):
             labels, w = shifted_labels(batch["input_ids"], batch["loss_mask"], shift=k + 1)  # (B, T) x 2
-            ce = F.cross_entropy(logits[k - 1].float().flatten(0, 1), labels.flatten(),
-                                 reduction="none").view_as(w)  # (B, T)
-            loss_k = metrics.masked_mean(ce, w)
+            ce_labels, ce_w = self.to_loss_vocab(labels, w) if restrict else (labels, w)
+            ce = F.cross_entropy(logits[k - 1].float().flatten(0, 1), ce_labels.flatten(),
+                                 reduction="none").view_as(ce_w)  # (B, T)
+            loss_k = metrics.masked_mean(ce, ce_w)
             loss = loss + self.lambdas[k - 1] * loss_k
-            out["logits"].append(logits[k - 1].detach())
-            out["labels"].append(labels)
-            out["weights"].append(w)
-            out["ce_sum"].append((ce * w).sum().detach())
+            if restrict and not train:  # hits over every token, as decoding drafts
+                hit_logits, labels_k, w_k = self.heads.to_vocab(logits[k - 1 : k])[0], labels, w
+            else:
+                hit_logits, labels_k, w_k = logits[k - 1], ce_labels, ce_w
+            out["logits"].append(hit_logits.detach())
+            out["labels"].append(labels_k)
+            out["weights"].append(w_k)
+            out["ce_sum"].append((ce * ce_w).sum().detach())
+            out["ce_count"].append(ce_w.sum())
             out["loss_h"].append(loss_k.detach())
         out["loss"] = loss
         return out
 
     def training_step(self, batch: Mapping[str, Tensor], batch_idx: int) -> Tensor:
-        out = self.model_step(batch)
+        out = self.model_step(batch, train=True)
         self.count_tokens(batch["attention_mask"])
         b = batch["input_ids"].shape[0]
         self.log("train/loss", out["loss"], on_step=True, prog_bar=True, batch_size=b)
@@ -151,7 +191,7 @@ class MedusaModule(FrozenTargetModule):
         out = self.model_step(batch)
         for k in range(1, self.heads.num_heads + 1):
             self.val_add(f"ce_h{k}/sum", out["ce_sum"][k - 1])
-            self.val_add(f"ce_h{k}/count", out["weights"][k - 1].sum())
+            self.val_add(f"ce_h{k}/count", out["ce_count"][k - 1])
             self._add_hits(f"h{k}", out["logits"][k - 1], out["labels"][k - 1], out["weights"][k - 1])
         # head 0 = the target's own LM head on x_{t+1}: the ceiling the heads are read against
         labels, w = shifted_labels(batch["input_ids"], batch["loss_mask"], shift=1)
