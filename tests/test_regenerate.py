@@ -1,0 +1,116 @@
+"""Self-distilled chat data (eagle/data/regenerate.py, python -m data_gen.regenerate): the
+target's own replies, in a ShareGPT file the feature dump reads, resumable exactly."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from data_gen.conversations import iter_sharegpt, sharegpt_samples
+from eagle.data.regenerate import RegenerateError, regenerate
+from eagle.sampling import SamplingPolicy
+from eagle.target import load_target
+
+PROMPTS = ["def add(a, b):", "import os", "class Point:", "for i in range(3):", "print('hello')"]
+
+
+def sharegpt_file(path, n=5):
+    turns = [("human", None), ("gpt", "an answer written by someone else"), ("human", "and then?"), ("gpt", "more")]
+    records = [{"id": f"c{i}", "conversations": [{"from": who, "value": text or PROMPTS[i % len(PROMPTS)]}
+                                                 for who, text in turns]} for i in range(n)]
+    path.write_text(json.dumps(records))
+    return path
+
+
+def run(target_dir, source, out, **kw):
+    model, tokenizer = load_target(target_dir)
+    args = dict(max_new_tokens=6, policy=SamplingPolicy(), batch_size=2, progress=False)
+    return regenerate(model, tokenizer, iter_sharegpt(source), out, **{**args, **kw})
+
+
+def test_replies_are_the_targets_own_greedy_text(target_dir, tmp_path):
+    """Each reply is what `generate` writes for the rendered prompt alone (batch 1: no padding),
+    up to the target's end-of-turn token, and the file reads back as ShareGPT samples whose loss
+    covers the replies."""
+    source = sharegpt_file(tmp_path / "src.json")
+    model, tokenizer = load_target(target_dir)
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": PROMPTS[0]}], add_generation_prompt=True,
+                                           return_tensors="pt", return_dict=True)["input_ids"]
+    greedy = model.generate(prompt, max_new_tokens=6, do_sample=False)[0, prompt.shape[1]:].tolist()
+    # the 4th token the target writes is made its end-of-turn token: replies stop before it
+    model.generation_config.eos_token_id = greedy[3]
+    meta = regenerate(model, tokenizer, iter_sharegpt(source), tmp_path / "out.jsonl", max_new_tokens=6,
+                      policy=SamplingPolicy(), batch_size=1, progress=False)
+    lines = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in lines] == [f"c{i}" for i in range(5)]
+    first = lines[0]["conversations"]
+    assert [t["from"] for t in first] == ["human", "gpt"]  # max_turns=1: the first user turn only
+    stop_at = greedy.index(greedy[3])
+    assert first[1]["value"] == tokenizer.decode(greedy[:stop_at], skip_special_tokens=True).strip()
+    assert lines[0]["cut_replies"] == 0
+    assert meta["status"] == "complete" and meta["counts"]["conversations"] == 5
+    samples = sharegpt_samples(tokenizer, max_len=64, path=tmp_path / "out.jsonl", val_fraction=0.0)
+    assert len(samples["train"]) == 5 and all(s["loss_mask"].sum() > 0 for s in samples["train"])
+
+
+def test_several_turns_answer_the_targets_own_history(target_dir, tmp_path):
+    source = sharegpt_file(tmp_path / "src.json", n=3)
+    meta = run(target_dir, source, tmp_path / "out.jsonl", max_turns=2, batch_size=3)
+    record = json.loads((tmp_path / "out.jsonl").read_text().splitlines()[0])
+    speakers = [t["from"] for t in record["conversations"]]
+    assert speakers == ["human", "gpt", "human", "gpt"]
+    assert record["conversations"][2]["value"] == "and then?"
+    assert "someone else" not in json.dumps(record)  # every reply is the target's
+    assert meta["counts"]["replies"] == 6
+
+
+def test_an_interrupted_run_resumes_to_the_same_file(target_dir, tmp_path):
+    """Sampled at T=1 with batches of 2: a crash that left 1.5 batches on disk, then a rerun,
+    gives the uninterrupted file byte for byte."""
+    source = sharegpt_file(tmp_path / "src.json")
+    policy = SamplingPolicy(temperature=1.0)
+    whole = tmp_path / "whole.jsonl"
+    run(target_dir, source, whole, policy=policy)
+    lines = whole.read_text().splitlines(keepends=True)
+    crashed = tmp_path / "crashed.jsonl"
+    run(target_dir, source, crashed, policy=policy)
+    crashed.write_text("".join(lines[:3]) + lines[3][:10])  # batch 2 incomplete, its last line cut
+    meta = run(target_dir, source, crashed, policy=policy)
+    assert crashed.read_bytes() == whole.read_bytes()
+    assert meta["counts"]["conversations"] == 5
+    other = run(target_dir, source, tmp_path / "seed1.jsonl", policy=policy, seed=1)
+    assert (tmp_path / "seed1.jsonl").read_bytes() != whole.read_bytes() and other["status"] == "complete"
+
+
+def test_other_settings_and_foreign_files_are_refused(target_dir, tmp_path):
+    source = sharegpt_file(tmp_path / "src.json")
+    out = tmp_path / "out.jsonl"
+    run(target_dir, source, out)
+    with pytest.raises(RegenerateError, match="other settings"):
+        run(target_dir, source, out, max_new_tokens=7)
+    run(target_dir, source, out, max_new_tokens=7, overwrite=True)
+    assert json.loads(out.with_name("out.jsonl.json").read_text())["plan"]["max_new_tokens"] == 7
+    with pytest.raises(RegenerateError, match="not written by a regeneration"):
+        run(target_dir, source, source)  # never overwrites the user's own file
+    assert json.loads(source.read_text())[0]["id"] == "c0"
+    with pytest.raises(RegenerateError, match="must be >= 1"):
+        run(target_dir, source, tmp_path / "x.jsonl", batch_size=0)
+
+
+def test_long_prompts_are_skipped_and_counted(target_dir, tmp_path):
+    source = sharegpt_file(tmp_path / "src.json")
+    meta = run(target_dir, source, tmp_path / "out.jsonl", max_prompt_tokens=1)
+    assert meta["counts"]["long_prompts_skipped"] == 5 and meta["counts"]["conversations"] == 0
+
+
+def test_the_entry_point_writes_the_file(target_dir, tmp_path):
+    from data_gen.regenerate import generate
+    from helpers.configs import compose_config
+
+    source = sharegpt_file(tmp_path / "src.json")
+    meta = generate(compose_config("regenerate", [f"target_path={target_dir}", f"source.path={source}",
+                                                  f"out_path={tmp_path / 'r.jsonl'}", "max_new_tokens=4",
+                                                  "max_conversations=3", "device=cpu", "target_dtype=float32",
+                                                  "progress=false", "batch_size=2"]))
+    assert meta["counts"]["conversations"] == 3 and len((tmp_path / "r.jsonl").read_text().splitlines()) == 3
