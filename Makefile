@@ -4,16 +4,17 @@
 #   make test   the test suite (what CI runs)
 #   make demo-long  the longer preset (2-3 hours): 4x the data, 7x the steps, 20 prompts per temperature
 #   make demo-tiny  the same pipeline on the toy target (a 12-layer Llama trained here on the Python stdlib)
+#   make medusa     train Medusa-1 heads for SmolLM2 and benchmark them next to EAGLE
+#   make selfdistill  a drafter on SmolLM2's own replies to ShareGPT prompts, against the demo's
 # On the toy target (not yet re-measured on SmolLM2):
 #   make analysis   after make demo-tiny: notebooks/feature_error.ipynb on its run
 #   make ablations  EAGLE-1's ablations (inputs, noise, data), table + notebook
-#   make medusa     train Medusa-1 heads and benchmark them next to EAGLE
 #   make specinfer  SpecInfer's boost-tuned SSMs, merged, benchmarked
 PY := .venv/bin/python
 STAMP := .venv/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 RUNS := runs
 
-.PHONY: install artifacts smollm2 distill demo demo-artifacts demo-long demo-tiny medusa specinfer ablations analysis test test-slow lint clean-runs gpu-wheels gpu-bench gpu-bench-smoke
+.PHONY: install artifacts smollm2 distill selfdistill demo demo-artifacts demo-long demo-tiny medusa medusa-tiny specinfer ablations analysis test test-slow lint clean-runs gpu-wheels gpu-bench gpu-bench-smoke
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv .venv
@@ -27,11 +28,14 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# the suite's tests are single-threaded (tests/conftest.py): one worker per core, at most 8
+TEST_WORKERS ?= $(shell n=$$(nproc); [ $$n -gt 8 ] && n=8; echo $$n)
+
 test: install
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal
 
 test-slow: install
-	$(PY) -m pytest -m slow
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal -m slow
 
 lint: install
 	.venv/bin/ruff check .
@@ -117,9 +121,32 @@ demo-tiny: artifacts
 	$(call stage,the tree for this machine (tree search + cost model),test -e $(TINY_TREE) -a -e $(TINY_TREE_T1),$(PY) decode.py $(TINY) mode=tree_search eagle.draft_vocab=$(TINY_VOCAB) tree_search.num_prompts=2 tree_search.compare=false tree_search.sampled_temperature=1.0 tree_search.out_dir=$(RUNS)/tree_search/demo_tiny)
 	$(PY) decode.py $(TINY) mode=benchmark benchmark.num_prompts=10 compile=true static_max_len=512 'benchmark.methods=[$(TINY_METHODS)]'
 
-# Medusa-1 heads on the demo's features, then vanilla / EAGLE / Medusa (exact) / Medusa with
+# Medusa-1 heads on the demo's features (SmolLM2; medusa-tiny: the toy's), then vanilla / EAGLE / Medusa (exact) / Medusa with
 # typical acceptance (LOSSY, labelled so in the table) in one benchmark run.
-medusa: artifacts
+medusa: demo-artifacts
+	$(call stage,Medusa heads,test -e $(RUNS)/medusa_smollm2/medusa/config.json,$(PY) train.py experiment=medusa_smollm2)
+	$(PY) decode.py mode=benchmark benchmark.num_prompts=$(DEMO_PROMPTS) \
+		'benchmark.methods=[vanilla,eagle@$(MACHINE_TREE)%$(DEMO_VOCAB),medusa,medusa_typical]'
+
+# EAGLE's self-distilled data on SmolLM2: the target answers the first turns of SD_CONVS ShareGPT
+# conversations itself (greedy, at most SD_TOKENS tokens per reply), their features are dumped, and
+# a drafter with the demo's recipe trains on them; then both drafters in one benchmark (EAGLE on the
+# machine's tree with each drafter).
+SD_CONVS := 400
+SD_TOKENS := 256
+SD_FILE := $(RUNS)/data/regenerated/smollm2-sharegpt.jsonl
+SD_FEATURES := $(RUNS)/data/features/smollm2-sharegpt-selfdistilled
+SD_DRAFTER := $(RUNS)/drafter_smollm2_selfdistilled/drafter
+selfdistill: demo-artifacts
+	$(call stage,SmolLM2's own replies to $(SD_CONVS) ShareGPT prompts,grep -qs '"status": "complete"' $(SD_FILE).json,$(PY) -m data_gen.regenerate max_conversations=$(SD_CONVS) max_new_tokens=$(SD_TOKENS))
+	$(call stage,EAGLE features of the self-distilled conversations,grep -qs '"status": "complete"' $(SD_FEATURES)/metadata.json,$(PY) -m data_gen source.path=$(SD_FILE) name=smollm2-sharegpt-selfdistilled max_len=$(DEMO_LEN) source.max_val_samples=16)
+	$(call stage,EAGLE drafter on self-distilled data,test -e $(SD_DRAFTER)/config.json,$(PY) train.py experiment=drafter_smollm2 data.name=smollm2-sharegpt-selfdistilled task_name=drafter_smollm2_selfdistilled)
+	$(PY) decode.py mode=benchmark benchmark.num_prompts=$(DEMO_PROMPTS) \
+		'benchmark.methods=[vanilla,eagle@$(MACHINE_TREE)%$(DEMO_VOCAB)]' benchmark.out_dir=$(RUNS)/bench/selfdistill_sharegpt
+	$(PY) decode.py mode=benchmark benchmark.num_prompts=$(DEMO_PROMPTS) eagle.drafter=$(SD_DRAFTER) \
+		'benchmark.methods=[vanilla,eagle@$(MACHINE_TREE)%$(DEMO_VOCAB)]' benchmark.out_dir=$(RUNS)/bench/selfdistill_own
+
+medusa-tiny: artifacts
 	$(call stage,Medusa heads,test -e $(RUNS)/medusa_tiny/medusa/config.json,$(PY) train.py experiment=medusa_tiny)
 	$(PY) decode.py $(TINY) mode=benchmark benchmark.methods=[vanilla,eagle,medusa,medusa_typical]
 
