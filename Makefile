@@ -121,24 +121,27 @@ demo-tiny: artifacts
 	$(call stage,the tree for this machine (tree search + cost model),test -e $(TINY_TREE) -a -e $(TINY_TREE_T1),$(PY) decode.py $(TINY) mode=tree_search eagle.draft_vocab=$(TINY_VOCAB) tree_search.num_prompts=2 tree_search.compare=false tree_search.sampled_temperature=1.0 tree_search.out_dir=$(RUNS)/tree_search/demo_tiny)
 	$(PY) decode.py $(TINY) mode=benchmark benchmark.num_prompts=10 compile=true static_max_len=512 'benchmark.methods=[$(TINY_METHODS)]'
 
-# Medusa-1 heads on the demo's features (SmolLM2; medusa-tiny: the toy's), then vanilla / EAGLE / Medusa (exact) / Medusa with
+# Medusa-1 heads on the demo's features (SmolLM2; medusa-tiny: the toy's), then vanilla / EAGLE on the
+# machine's tree / Medusa exact on its own tree and on the machine's (EAGLE's) tree / Medusa with
 # typical acceptance (LOSSY, labelled so in the table) in one benchmark run.
 medusa: demo-artifacts
 	$(call stage,Medusa heads,test -e $(RUNS)/medusa_smollm2/medusa/config.json,$(PY) train.py experiment=medusa_smollm2)
 	$(PY) decode.py mode=benchmark benchmark.num_prompts=$(DEMO_PROMPTS) \
-		'benchmark.methods=[vanilla,eagle@$(MACHINE_TREE)%$(DEMO_VOCAB),medusa,medusa_typical]'
+		'benchmark.methods=[vanilla,eagle@$(MACHINE_TREE)%$(DEMO_VOCAB),medusa,medusa@$(MACHINE_TREE),medusa_typical]'
 
 # EAGLE's self-distilled data on SmolLM2: the target answers the first turns of SD_CONVS ShareGPT
 # conversations itself (greedy, at most SD_TOKENS tokens per reply), their features are dumped, and
-# a drafter with the demo's recipe trains on them; then both drafters in one benchmark (EAGLE on the
-# machine's tree with each drafter).
+# a drafter with the demo's recipe trains on them; then EAGLE on the machine's tree with each drafter,
+# each against vanilla on the same prompts (compare their tau: timings of two runs are not comparable).
 SD_CONVS := 400
 SD_TOKENS := 256
+# first prompts longer than SD_PROMPT tokens are skipped, so that prompt + reply stay within DEMO_LEN
+SD_PROMPT := 256
 SD_FILE := $(RUNS)/data/regenerated/smollm2-sharegpt.jsonl
 SD_FEATURES := $(RUNS)/data/features/smollm2-sharegpt-selfdistilled
 SD_DRAFTER := $(RUNS)/drafter_smollm2_selfdistilled/drafter
 selfdistill: demo-artifacts
-	$(call stage,SmolLM2's own replies to $(SD_CONVS) ShareGPT prompts,grep -qs '"status": "complete"' $(SD_FILE).json,$(PY) -m data_gen.regenerate max_conversations=$(SD_CONVS) max_new_tokens=$(SD_TOKENS))
+	$(call stage,SmolLM2's own replies to $(SD_CONVS) ShareGPT prompts,grep -qs '"status": "complete"' $(SD_FILE).json,$(PY) -m data_gen.regenerate max_conversations=$(SD_CONVS) max_new_tokens=$(SD_TOKENS) max_prompt_tokens=$(SD_PROMPT))
 	$(call stage,EAGLE features of the self-distilled conversations,grep -qs '"status": "complete"' $(SD_FEATURES)/metadata.json,$(PY) -m data_gen source.path=$(SD_FILE) name=smollm2-sharegpt-selfdistilled max_len=$(DEMO_LEN) source.max_val_samples=16)
 	$(call stage,EAGLE drafter on self-distilled data,test -e $(SD_DRAFTER)/config.json,$(PY) train.py experiment=drafter_smollm2 data.name=smollm2-sharegpt-selfdistilled task_name=drafter_smollm2_selfdistilled)
 	$(PY) decode.py mode=benchmark benchmark.num_prompts=$(DEMO_PROMPTS) \
