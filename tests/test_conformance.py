@@ -91,6 +91,14 @@ def _eagle_vocab(target, family, runner, trees: Trees):
     return eagle_proposer(drafter, trees.tree, cache=runner)
 
 
+def _medusa_vocab(target, family, runner, trees: Trees):
+    """Medusa heads drafting from every other token (trained with a reduced loss vocabulary, so
+    the rest have logit -inf): the target still emits the others, at their own probabilities."""
+    heads = MedusaHeads.random(target, trees.medusa.depth, seed=2)
+    heads.restrict_vocab(torch.arange(0, heads.config.vocab_size, 2))
+    return medusa(heads, trees.medusa)
+
+
 PROPOSERS = [
     Case("vanilla", lambda t, f, r, trees: None),
     Case("random", lambda t, f, r, trees: RandomProposer(trees.tree)),
@@ -109,6 +117,7 @@ PROPOSERS = [
     Case("eagle_padded", _eagle_padded, runners=("static",)),
     Case("eagle_vocab", _eagle_vocab),
     Case("medusa", lambda t, f, r, trees: medusa(MedusaHeads.random(t, trees.medusa.depth, seed=2), trees.medusa)),
+    Case("medusa_vocab", _medusa_vocab),
     Case("specinfer_merge", _merge, accepts=True),
 ]
 CASES = [(c, r) for c in PROPOSERS for r in c.runners]

@@ -17,8 +17,8 @@ EAGLE drafter's token loss can (`FrozenTargetModule.choose_loss_vocab`): only th
 each head's V x H projection enter a step (a target's head is most of a step's arithmetic), the
 labels outside them are left out of the loss, and the other rows stay the LM head they were
 initialised from. The heads then draft from those K tokens only (their config's `draft_vocab`:
-every other logit is -inf), and validation scores them as decoding will, over the whole
-vocabulary: a label outside the K tokens is a miss.
+every other logit is -inf). Validation reports the same cross-entropy over the K tokens, and
+top-k hits as decoding will see them, over the whole vocabulary: a label outside the K is a miss.
 
 The data, the optimiser, resuming and export are shared with the EAGLE drafter
 (`eagle.training.module.FrozenTargetModule`, `eagle.training.datamodules`,
