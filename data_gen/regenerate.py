@@ -43,7 +43,7 @@ def generate(cfg: DictConfig) -> dict:
     policy = SamplingPolicy(temperature=float(cfg.temperature), top_k=int(cfg.top_k or 0), top_p=float(cfg.top_p or 1.0))
     meta = regenerate(model, tokenizer, conversations, cfg.out_path, max_new_tokens=cfg.max_new_tokens, policy=policy,
                       batch_size=cfg.batch_size, max_turns=cfg.max_turns, max_prompt_tokens=cfg.max_prompt_tokens,
-                      seed=cfg.seed, source={"path": str(path), "max_conversations": cfg.max_conversations},
+                      seed=cfg.seed, source={"path": str(path)},
                       overwrite=cfg.overwrite, progress=cfg.progress, total=cfg.max_conversations)
     c = meta["counts"]
     print(f"regenerated: {c['conversations']} conversations, {c['replies']} replies ({c['cut_replies']} cut at "

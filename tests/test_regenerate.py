@@ -79,6 +79,15 @@ def test_an_interrupted_run_resumes_to_the_same_file(target_dir, tmp_path):
     meta = run(target_dir, source, crashed, policy=policy)
     assert crashed.read_bytes() == whole.read_bytes()
     assert meta["counts"]["conversations"] == 5
+    from itertools import islice
+
+    grown = tmp_path / "grown.jsonl"  # 3 conversations, then 5: the file is extended, not redone
+    model, tokenizer = load_target(target_dir)
+    args = dict(max_new_tokens=6, policy=policy, batch_size=2, progress=False)
+    regenerate(model, tokenizer, islice(iter_sharegpt(source), 3), grown, **args)
+    assert len(grown.read_text().splitlines()) == 3
+    regenerate(model, tokenizer, iter_sharegpt(source), grown, **args)
+    assert grown.read_bytes() == whole.read_bytes()
     other = run(target_dir, source, tmp_path / "seed1.jsonl", policy=policy, seed=1)
     assert (tmp_path / "seed1.jsonl").read_bytes() != whole.read_bytes() and other["status"] == "complete"
 

@@ -18,6 +18,7 @@ Resuming. Each finished batch is appended to the file and synced; `<file>.json` 
 plan (target, policy, sizes, source), whether the file is complete, and its counts. A rerun with
 the same plan keeps the whole batches already written (what a crash left of a batch is dropped
 and that batch sampled again) and goes on; a different plan is refused unless `overwrite=True`.
+How many conversations are asked for is not part of the plan: a rerun with more extends the file.
 """
 
 from __future__ import annotations
@@ -178,7 +179,8 @@ def regenerate(model: nn.Module, tokenizer, conversations: Iterable[dict], out_p
     items = usable()
     skipped = sum(1 for _ in islice(items, done))  # the batches a previous run wrote (the plan fixes their order)
     if skipped < done:
-        raise RegenerateError(f"{out_path} holds {done} conversations but the source has only {skipped}")
+        raise RegenerateError(f"{out_path} holds {done} conversations, more than the {skipped} asked for now "
+                              f"(or than the source holds)")
     meta_path.write_text(json.dumps({"plan": plan, "status": "incomplete"}, indent=2) + "\n")
     bar = tqdm(total=total, initial=done, desc="regenerating replies", unit="conv", disable=not progress)
     with out_path.open("a") as f:
