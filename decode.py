@@ -389,6 +389,12 @@ def floor(cfg: DictConfig) -> Path:
     from eagle.bench import floor as fl
 
     fcfg = cfg.floor
+    for setting in fcfg.settings:  # every setting checked before anything is loaded or timed
+        kind, _, compiled = setting.partition("+")
+        if kind not in ("dynamic", "static") or compiled not in ("", "compile"):
+            raise ValueError(f"floor.settings: {setting!r} is not dynamic, static or static+compile")
+        if compiled and kind != "static":
+            raise ValueError("floor.settings: compile needs the static runner (static+compile)")
     dtype = resolve_dtype_name(fcfg.dtype, cfg.device, wide=False)
     target, _ = load_target(cfg.target, dtype=resolve_dtype(dtype), device=cfg.device, with_tokenizer=False)
     bandwidth = fl.read_bandwidth(cfg.device, megabytes=fcfg.buffer_mb)
@@ -399,10 +405,6 @@ def floor(cfg: DictConfig) -> Path:
     report["floor_ms"] = report["weight_bytes"] / (bandwidth * 1e9) * 1e3
     for setting in fcfg.settings:
         kind, _, compiled = setting.partition("+")
-        if kind not in ("dynamic", "static") or compiled not in ("", "compile"):
-            raise ValueError(f"floor.settings: {setting!r} is not dynamic, static or static+compile")
-        if compiled and kind != "static":
-            raise ValueError("floor.settings: compile needs the static runner (static+compile)")
         make = fl.runner_factory(target, kind, "default" if compiled else None, max_len=fcfg.max_len)
         costs = fl.forward_costs(target, fcfg.tokens, fcfg.context, fcfg.repeats, make, seed=cfg.seed)
         report["settings"][setting] = fl.floor_report(target, bandwidth, costs)

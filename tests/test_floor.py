@@ -87,7 +87,7 @@ def test_bandwidth_is_a_positive_rate():
     assert fl.read_bandwidth(megabytes=8, repeats=2) > 0
 
 
-def test_floor_mode_writes_its_report(target_dir, tmp_path):
+def test_floor_mode_writes_its_report(target_dir, tmp_path, monkeypatch):
     from decode import decode
 
     out = tmp_path / "floor"
@@ -101,8 +101,14 @@ def test_floor_mode_writes_its_report(target_dir, tmp_path):
     for setting in report["settings"].values():
         assert [r["tokens"] for r in setting["forwards"]] == [1, 3]
     assert "| 3 |" in (out / "floor.md").read_text()
-    for bad in ("dynamic+compile", "static+fast"):
+    import decode as entry
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the target was loaded before the settings were checked")
+
+    monkeypatch.setattr(entry, "load_target", no_load)
+    for bad in ("dynamic+compile", "static+fast"):  # refused before anything is loaded or timed
         with pytest.raises(ValueError, match="floor.settings"):
             decode(compose_config("decode", [f"target={target_dir}", "mode=floor", "floor.tokens=[1]",
-                                             "floor.buffer_mb=8", f"floor.settings=[{bad}]",
+                                             "floor.buffer_mb=8", f"floor.settings=[dynamic,{bad}]",
                                              f"floor.out_dir={tmp_path / 'bad'}"]))

@@ -14,8 +14,8 @@ def compile_static(fn: Callable, mode: str | None) -> Callable:
 
     mode None returns `fn` unchanged (eager). The weights are frozen into the graph (Inductor's
     `freezing`): the passes only decode, and frozen float32 linears on a CPU run as MKL products on
-    weights packed once, which read them near the memory floor where `F.linear` with a few rows
-    does not (LOG.md, 2026-12-02: a forward of 8 tokens 59 ms unfrozen, 43 ms frozen, on SmolLM2).
+    weights packed once, faster than `F.linear` from 1 to 26 rows (LOG.md, 2026-12-02: on SmolLM2
+    a forward of 8 tokens took 59 ms compiled unfrozen, 43 ms frozen).
     A model whose weights change after its first compiled call must be compiled again.
     With CUDA graphs ("reduce-overhead") each call
     starts a new graph step and its tensor outputs are cloned: a later replay overwrites a
