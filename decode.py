@@ -34,6 +34,7 @@ from tqdm.auto import tqdm
 
 from eagle.bench.benchmark import BenchmarkConfig, encode_prompt, run_benchmark, warm_up
 from eagle.bench.evalsets import Prompt, load_eval_set
+from eagle.bench.floor import weight_bytes
 from eagle.bench.methods import (
     SECTIONS,
     MethodContext,
@@ -44,7 +45,7 @@ from eagle.bench.methods import (
     method_settings,
 )
 from eagle.bench.precision import DtypeChoice, faster_dtype
-from eagle.bench.timing import project, random_target, time_methods, weights_gb, write_timing
+from eagle.bench.timing import project, random_target, time_methods, write_timing
 from eagle.bench.tree_search import (
     Candidate,
     RoundCost,
@@ -362,7 +363,7 @@ def timing(cfg: DictConfig) -> Path:
     target = random_target(shape, dtype, cfg.device, seed=cfg.seed)
     cfg = OmegaConf.merge(cfg, {"static_max_len": tcfg.max_len, "eagle": {"random": True}})
     methods = Methods(cfg)
-    gb = weights_gb(target)
+    gb = weight_bytes(target) / 1e9
     report = {"kind": "timing", "shape_name": tcfg.shape_name, "shape": shape,
               "params_b": sum(p.numel() for p in target.parameters()) / 1e9, "dtype": dtype,
               "device": torch.cuda.get_device_name(cfg.device) if str(cfg.device).startswith("cuda") else str(cfg.device),
@@ -389,8 +390,8 @@ def floor(cfg: DictConfig) -> Path:
     from eagle.bench import floor as fl
 
     fcfg = cfg.floor
-    for setting in fcfg.settings:  # every setting checked before anything is loaded or timed
-        kind, _, compiled = setting.partition("+")
+    settings = {setting: setting.partition("+")[::2] for setting in fcfg.settings}  # name -> (runner, "compile" or "")
+    for setting, (kind, compiled) in settings.items():  # every setting checked before anything is loaded or timed
         if kind not in ("dynamic", "static") or compiled not in ("", "compile"):
             raise ValueError(f"floor.settings: {setting!r} is not dynamic, static or static+compile")
         if compiled and kind != "static":
@@ -403,8 +404,7 @@ def floor(cfg: DictConfig) -> Path:
               "tokens": list(fcfg.tokens), "bandwidth_gb_s": bandwidth, "weight_bytes": fl.weight_bytes(target),
               "torch": torch.__version__, "settings": {}}
     report["floor_ms"] = report["weight_bytes"] / (bandwidth * 1e9) * 1e3
-    for setting in fcfg.settings:
-        kind, _, compiled = setting.partition("+")
+    for setting, (kind, compiled) in settings.items():
         make = fl.runner_factory(target, kind, "default" if compiled else None, max_len=fcfg.max_len)
         costs = fl.forward_costs(target, fcfg.tokens, fcfg.context, fcfg.repeats, make, seed=cfg.seed)
         report["settings"][setting] = fl.floor_report(target, bandwidth, costs)

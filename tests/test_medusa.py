@@ -269,3 +269,19 @@ def test_heads_trained_over_a_reduced_vocabulary(tmp_path, target_dir, features_
         torch.testing.assert_close(train_out["loss_h"][h], want)
     with pytest.raises(ValueError, match="loss_vocab must be"):
         MedusaModule(str(target_dir), loss_vocab=0)
+
+
+def test_drafting_rows_are_copied_once_per_version_of_the_weights():
+    """Decoding reuses one copy of the drafting vocabulary's rows; an optimizer step (an in-place
+    update) makes the next forward copy them again."""
+    heads = MedusaHeads.random(make_tiny_model("llama"), num_heads=2)
+    heads.restrict_vocab(torch.arange(0, heads.config.vocab_size, 3))
+    f = torch.randn(4, heads.config.hidden_size)
+    with torch.no_grad():
+        first = heads(f)
+        assert heads._rows()[0] is heads._rows()[0]  # reused
+        heads.heads[0].proj.weight.mul_(2.0)
+        second = heads(f)
+    ids = heads.vocab_ids()
+    torch.testing.assert_close(second[0][..., ids], 2 * first[0][..., ids], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(second[1], first[1])

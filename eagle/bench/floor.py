@@ -32,13 +32,9 @@ FORWARD_TOKENS = (1, 2, 4, 8, 16, 26, 64)  # 26: EAGLE-1's default tree with its
 
 
 def weight_bytes(model: nn.Module) -> int:
-    """Bytes one decoding step reads: every parameter once (tied weights counted once)."""
-    seen, total = set(), 0
-    for p in model.parameters():
-        if p.data_ptr() not in seen:
-            seen.add(p.data_ptr())
-            total += p.numel() * p.element_size()
-    return total
+    """Bytes one decoding step reads: every parameter once (`parameters()` yields a tied
+    embedding and LM head once)."""
+    return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
 def _best_seconds(fn: Callable[[], object], repeats: int, sync: Callable[[], None]) -> float:

@@ -43,10 +43,6 @@ def random_target(shape: Mapping, dtype: str | torch.dtype, device: str | torch.
     return model.eval().requires_grad_(False)
 
 
-def weights_gb(model: nn.Module) -> float:
-    return sum(p.numel() * p.element_size() for p in model.parameters()) / 1e9
-
-
 def time_methods(target: nn.Module, methods: Mapping[str, Method], prompt_len: int, new_tokens: int,
                  repeats: int, seed: int = 0) -> dict[str, dict]:
     """Greedy-decode one random prompt `repeats` times with each method, after one untimed

@@ -169,8 +169,7 @@ def regenerate(model: nn.Module, tokenizer, conversations: Iterable[dict], out_p
             if not users:
                 continue
             first = tokenizer.apply_chat_template(system + [{"role": "user", "content": users[0]}], tokenize=True,
-                                                  add_generation_prompt=True)
-            first = first["input_ids"] if isinstance(first, dict) or hasattr(first, "keys") else first
+                                                  add_generation_prompt=True, return_dict=False)  # token ids
             if len(first) > max_prompt_tokens:
                 long_prompts += 1
                 continue

@@ -169,9 +169,21 @@ class MedusaHeads(nn.Module):
     def drafted(self, features: Tensor) -> Tensor:
         """Every head over its drafting vocabulary's rows only: (..., H) -> (K, ..., V_draft)."""
         features = features.to(self.device, self.dtype)
+        return torch.stack([F.linear(head.blocks(features), rows) for head, rows in zip(self.heads, self._rows())])
+
+    def _rows(self) -> list[Tensor]:
+        """Each head's projection rows of the drafting vocabulary (V_draft, H). Training takes
+        them afresh (their gradient flows back); decoding and validation reuse one copy per
+        version of the weights, so a round does not copy K x V_draft x H floats again."""
         ids = self.vocab_ids()
-        return torch.stack([F.linear(head.blocks(features), head.proj.weight.index_select(0, ids))
-                            for head in self.heads])
+        weights = [head.proj.weight for head in self.heads]
+        if torch.is_grad_enabled() and any(w.requires_grad for w in weights):
+            return [w.index_select(0, ids) for w in weights]
+        key = tuple((w.data_ptr(), w._version, w.dtype) for w in weights)  # an optimizer step bumps _version
+        cached = getattr(self, "_cached_rows", None)
+        if cached is None or cached[0] != key:
+            cached = self._cached_rows = (key, [w.index_select(0, ids) for w in weights])
+        return cached[1]
 
     def to_vocab(self, drafted: Tensor) -> Tensor:
         """Logits over the drafting vocabulary (K, ..., V_draft) as logits over every token
@@ -194,7 +206,7 @@ class MedusaHeads(nn.Module):
         the heads (their config's `draft_vocab`)."""
         self.config.draft_vocab = None if ids is None else [int(t) for t in torch.as_tensor(ids).flatten()]
         self.config.__post_init__()
-        self._vocab_ids = None
+        self._vocab_ids = self._cached_rows = None
 
     @torch.no_grad()
     def init_from_lm_head(self, model: nn.Module) -> MedusaHeads:
