@@ -13,6 +13,8 @@
     python decode.py mode=profile                           # where EAGLE's round goes, part by part
     python decode.py mode=ablations                         # EAGLE-1's ablation drafters (make ablations)
     python decode.py mode=floor                             # the target's step against the memory floor
+    python decode.py mode=batch batch.sizes=[1,2,4,8]       # every method at several batch sizes
+    python decode.py "prompts=[a,b,c]" method=eagle         # several prompts at once, each streamed
 
 Methods are named NAME[@TREE][:RUNNER] (eagle/bench/methods.py): vanilla | eagle | draft |
 specinfer_merge | prompt_lookup | medusa | medusa_typical | hf_generate | hf_assisted | hf_prompt_lookup;
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from pathlib import Path
 
 import hydra
@@ -132,9 +135,11 @@ def generate(cfg: DictConfig) -> None:
     dtype = methods.dtype(cfg.method, {} if cfg.dtype == "auto" else {cfg.method: cfg.dtype})
     method = methods.build(cfg.method, dtype)
     _, tokenizer = methods.target(dtype)
-    ids = encode_prompt(tokenizer, Prompt(id="cli", text=str(cfg.prompt), chat=bool(cfg.chat)))
     generator = seeded_generator(cfg.seed, cfg.device)
     torch.manual_seed(cfg.seed)
+    if cfg.prompts:
+        return generate_batch(cfg, method, dtype, tokenizer, policy, generator)
+    ids = encode_prompt(tokenizer, Prompt(id="cli", text=str(cfg.prompt), chat=bool(cfg.chat)))
     shown: list[int] = []
     printed = ""
 
@@ -150,6 +155,30 @@ def generate(cfg: DictConfig) -> None:
     label = "" if method.lossless else f", LOSSY ({method.lossy})"
     print(f"\n\n[{method.name}, {dtype}{label}] {len(out.tokens)} tokens in {out.seconds:.2f}s: "
           f"{len(out.tokens) / out.seconds:.1f} tokens/s, tau {out.tau:.2f}")
+
+
+def generate_batch(cfg: DictConfig, method, dtype: str, tokenizer, policy: SamplingPolicy, generator) -> None:
+    """`prompts=[...]`: every prompt decoded at once, in one batch; each committed block is
+    printed as it comes, tagged with its prompt's number, then every full text."""
+    batch = [encode_prompt(tokenizer, Prompt(id=f"cli{i}", text=str(p), chat=bool(cfg.chat)))
+             for i, p in enumerate(cfg.prompts)]
+    shown: list[list[int]] = [[] for _ in batch]
+
+    def stream(row: int, block: list[int]) -> None:
+        before = tokenizer.decode(shown[row], skip_special_tokens=True)
+        shown[row].extend(block)
+        print(f"[{row}] {tokenizer.decode(shown[row], skip_special_tokens=True)[len(before):]!r}", flush=True)
+
+    start = time.perf_counter()
+    outs = method.generate_batch(batch, cfg.max_new_tokens, policy, generator, on_commit=stream)
+    seconds = time.perf_counter() - start
+    label = "" if method.lossless else f", LOSSY ({method.lossy})"
+    for row, (ids, out) in enumerate(zip(batch, outs)):
+        print(f"\n[{row}] {tokenizer.decode(ids + out.tokens, skip_special_tokens=True)}\n"
+              f"[{row}] {len(out.tokens)} tokens, tau {out.tau:.2f}")
+    tokens = sum(len(o.tokens) for o in outs)
+    print(f"\n[{method.name}, {dtype}{label}] {len(batch)} sequences at once: {tokens} tokens in {seconds:.2f}s, "
+          f"{tokens / seconds:.1f} tokens/s")
 
 
 def dtype_overrides(spec) -> dict[str, str]:
@@ -242,6 +271,19 @@ def tree_search(cfg: DictConfig) -> Path:
     write_tree(chosen, out / "machine.yaml", source=f"{chosen.tree.name}, chosen by the cost model of this machine")
     machine = {"chosen": chosen.tree.name, "vanilla_ms": vanilla_ms, "cost_model": cost.to_dict(), "ranking": ranking}
     print(f"[tree search] the tree for this machine: {chosen.tree.summary()} -> {out / 'machine.yaml'}")
+    if ts.batch_sizes:  # the tree per batch size: a busier target wants a smaller one
+        machine["batch"] = {}
+        for size in sorted({int(b) for b in ts.batch_sizes}):
+            cost_b, vanilla_b = (cost, vanilla_ms) if size == 1 else measure_round_cost(
+                cfg, methods, dtype, prompts, found, out, size=size)
+            ranked = choose_for_machine(found, cost_b, vanilla_b)
+            pick = next(c for c in found if c.tree.name == ranked[0]["tree"])
+            write_tree(pick, out / f"machine_b{size}.yaml",
+                       source=f"{pick.tree.name}, chosen by the cost model of batches of {size} on this machine")
+            machine["batch"][str(size)] = {"chosen": pick.tree.name, "vanilla_ms": vanilla_b,
+                                           "cost_model": cost_b.to_dict(), "ranking": ranked}
+            print(f"[tree search] batches of {size}: {pick.tree.summary()} (predicted {ranked[0]['predicted_speedup']:.2f}x "
+                  f"over vanilla batches of {size}) -> {out / f'machine_b{size}.yaml'}")
     if ts.sampled_temperature:
         sample_prompts = [encode_prompt(tokenizer, p) for name in bcfg.eval_sets
                           for p in load_eval_set(name, ts.sampled_prompts)]
@@ -284,19 +326,23 @@ def tree_search(cfg: DictConfig) -> Path:
 
 
 def measure_round_cost(cfg: DictConfig, methods: Methods, dtype: str, prompts: list[list[int]],
-                       found: list, out: Path):
+                       found: list, out: Path, size: int = 1):
     """Rounds measured on chains and on the candidate trees (short greedy decodes of a few
-    prompts), fitted into a `RoundCost`; and the vanilla step on the same prompts."""
+    batches of `size` prompts), fitted into a `RoundCost`; and the vanilla round on the same
+    batches. A batch round drafts every sequence's tree and verifies them all in one forward."""
+    from eagle.bench.batch import summarise
+
     ts, greedy = cfg.tree_search, SamplingPolicy()
     trees = [TreeTemplate.chain(k, name=f"chain{k}") for k in ts.cost_chains] + [c.tree for c in found]
     for tree in trees[: len(ts.cost_chains)]:
         write_tree(Candidate(tree, 0.0), out / f"{tree.name}.yaml", source="cost model calibration")
-    ids = prompts[: ts.cost_prompts]
+    groups = [[prompts[(i + j) % len(prompts)] for j in range(size)] for i in range(ts.cost_prompts)]
+    longest = sorted(prompts, key=len, reverse=True)[:size]
 
     def per_round(method) -> tuple[float, float]:
-        warm_up(method, ids, ts.cost_tokens, greedy)
-        rounds = [r for p in ids for r in method.generate(p, ts.cost_tokens, greedy).stats.rounds]
-        return (1000 * sum(r.draft_s for r in rounds) / len(rounds), 1000 * sum(r.verify_s for r in rounds) / len(rounds))
+        method.generate_batch(longest, ts.cost_tokens, greedy)  # untimed: buffers at their largest
+        result = summarise(method.name, size, [(method.generate_batch(g, ts.cost_tokens, greedy), 0.0) for g in groups])
+        return result.draft_ms_per_round, result.verify_ms_per_round
 
     vanilla_ms = sum(per_round(methods.build("vanilla", dtype)))
     measured = []
@@ -570,12 +616,38 @@ def ablations(cfg: DictConfig) -> Path:
     return out_dir
 
 
+def batch(cfg: DictConfig) -> Path:
+    """Every method of `batch.methods` at every batch size of `batch.sizes`, against vanilla at the
+    same size, on `batch.num_prompts` prompts of each of `batch.eval_sets` (eagle/bench/batch.py)."""
+    from eagle.bench.batch import BatchConfig, run_batch_benchmark
+
+    bc = cfg.batch
+    config = BatchConfig(sizes=tuple(int(b) for b in bc.sizes), methods=tuple(bc.methods),
+                         temperatures=tuple(bc.temperatures), max_new_tokens=cfg.max_new_tokens, top_k=cfg.top_k,
+                         top_p=cfg.top_p, seed=cfg.seed)  # a bad size or a missing vanilla fails before loading
+    for name in config.methods:
+        MethodSpec.parse(name.replace("{B}", "1"))
+    methods = Methods(cfg)
+    dtypes = dtype_overrides(bc.dtypes)
+    _, tokenizer = methods.target(methods.dtype("vanilla", dtypes))
+    prompts = [encode_prompt(tokenizer, p) for name in bc.eval_sets for p in load_eval_set(name, bc.num_prompts)]
+
+    def build(name: str):
+        dtype = methods.dtype(name, dtypes)
+        return methods.build(name, dtype), dtype
+
+    out_dir = Path(bc.out_dir)
+    run_batch_benchmark(prompts, build, config, target_name=str(cfg.target), out_dir=out_dir, device=cfg.device)
+    print((out_dir / "batch.md").read_text())
+    return out_dir
+
+
 def decode(cfg: DictConfig):
     set_threads(cfg.threads)
     if cfg.mode == "generate":
         return generate(cfg)
     modes = {"benchmark": benchmark, "tree_search": tree_search, "timing": timing, "export": export,
-             "coverage": coverage, "profile": profile, "ablations": ablations, "floor": floor}
+             "coverage": coverage, "profile": profile, "ablations": ablations, "floor": floor, "batch": batch}
     if cfg.mode in modes:
         out_dir = modes[cfg.mode](cfg)
         print(out_dir.resolve())

@@ -245,16 +245,21 @@ class TargetOutput:
 
 
 def target_forward(model: nn.Module, input_ids: Tensor, cache=None, attention_mask: Tensor | None = None,
-                   position_ids: Tensor | None = None, logits_slice: slice | None = None) -> TargetOutput:
+                   position_ids: Tensor | None = None, logits_slice: slice | Tensor | None = None) -> TargetOutput:
     """One forward of the target returning logits and features together.
 
     `logits_slice` restricts the LM head to some positions (prefill needs only the last),
-    which matters for large vocabularies; features are always returned for every position.
+    which matters for large vocabularies: a slice of every row's positions, or one position
+    per row (B,) (right-padded prompts of a batch: each row's last real token; logits (B, 1, V)).
+    Features are always returned for every position.
     """
     out = model.base_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                            cache=cache, use_cache=cache is not None)
     features = out.last_hidden_state  # (B, T, H)
-    head_in = features if logits_slice is None else features[:, logits_slice]
+    if isinstance(logits_slice, Tensor):
+        head_in = features[torch.arange(features.shape[0], device=features.device), logits_slice][:, None]
+    else:
+        head_in = features if logits_slice is None else features[:, logits_slice]
     return TargetOutput(logits=head_logits(model, head_in), features=features)
 
 

@@ -3,7 +3,8 @@
 Greedy: output identical, token for token, to `model.generate(do_sample=False)`, with
 max_new_tokens and EOS landing inside accepted paths. Sampling: the emitted sequences follow
 the target's own distribution (chi-square against exact enumeration), long enough that bonus
-tokens after fully accepted paths are emitted.
+tokens after fully accepted paths are emitted. Batches: several sequences of different lengths
+decoded at once (`SpeculativeDecoder.generate_batch`), each held to the same checks.
 
 A new proposer gets all of these tests by being added to `PROPOSERS`: a factory
 `(target, family, runner) -> proposer` (the runner kind also names the draft model's cache).
@@ -32,7 +33,14 @@ from eagle.proposers import medusa_proposer as medusa
 from eagle.proposers.eagle import pass_shape
 from eagle.proposers.merge import MergeProposer
 from eagle.tree import TreeTemplate
-from helpers.decoding import RandomProposer, greedy_cases, run_greedy_cases, tree
+from helpers.decoding import (
+    RandomProposer,
+    batch_case,
+    greedy_cases,
+    run_batched_greedy,
+    run_greedy_cases,
+    tree,
+)
 from helpers.models import FAMILIES, make_tiny_model
 from helpers.stats import POLICIES, chi2_pvalue, exact_joint, sample_counts
 
@@ -145,6 +153,53 @@ def test_greedy_identical_to_generate(case, runner, family):
     accepted = run_greedy_cases(target, proposer, kept, greedy_cases(target, 12), f"{family}/{case.name}/{runner}")
     if case.accepts:
         assert accepted > 60, "an oracle should accept long paths"
+
+
+# families of the batched checks: rotary positions, a sliding window crossed by the prompts, windowed
+# and full layers with soft-capped logits, absolute position embeddings
+BATCH_FAMILIES = ("llama", "mistral", "gemma2", "gpt2")
+
+
+@pytest.mark.parametrize("family", BATCH_FAMILIES)
+@pytest.mark.parametrize("case,runner", CASES, ids=IDS)
+def test_batched_greedy_identical_to_generate(case, runner, family):
+    """Six prompts of 1-~90 tokens decoded as one batch, with budgets of 1-40 tokens and an EOS
+    that ends some rows inside an accepted path: every row equals `generate`'s text for it
+    alone. Then a smaller batch on the same runner and proposers (a finished batch leaves nothing
+    behind, and a static runner reallocates for the new batch size)."""
+    target = make_tiny_model(family)
+    proposer, kept = setup(case, runner, target, family, FULL)
+    label = f"{family}/{case.name}/{runner}"
+    results = run_batched_greedy(target, proposer, kept, batch_case(target), label)
+    assert len({len(r.stats.rounds) for r in results}) > 2, "rows must finish at different rounds"
+    if case.accepts:
+        assert sum(r.accepted for res in results for r in res.stats.rounds) > 20, "an oracle should accept long paths"
+    run_batched_greedy(target, proposer, kept, batch_case(target, n=3, seed=5), label + " (second batch)")
+
+
+# the sampled batch checks: a proposer of each kind (the others share their machinery), both runners
+SAMPLED_BATCH = [pytest.param(c, r, id=f"{c.name}-{r}") for c, r in CASES
+                 if (c.name, r) in {("vanilla", "dynamic"), ("prompt_lookup", "dynamic"), ("eagle", "dynamic"),
+                                    ("medusa", "dynamic"), ("draft_tree", "static"), ("specinfer_merge", "static")}]
+
+
+@pytest.mark.parametrize("case,runner", SAMPLED_BATCH)
+def test_batched_sampled_tokens_follow_target_distribution(case, runner):
+    """Two prompts of different lengths decoded as one batch: each row's 4 new tokens follow the
+    target's distribution after its own prompt (chi-square against exact enumeration)."""
+    policy = POLICIES["t1"]
+    target = make_tiny_model("llama", vocab_size=5, seed=3)
+    proposer, kept = setup(case, runner, target, "llama", SMALL)
+    decoder = SpeculativeDecoder(target, proposer, policy, eos_token_id=[], runner=kept)
+    batch, n, runs = [[1, 3, 2], [4, 0]], 4, 800
+    g = torch.Generator().manual_seed(1234)
+    counts = [{}, {}]
+    for _ in range(runs):
+        for row, res in enumerate(decoder.generate_batch(batch, n, generator=g)):
+            counts[row][tuple(res.tokens)] = counts[row].get(tuple(res.tokens), 0) + 1
+    for row, prompt in enumerate(batch):
+        pvalue = chi2_pvalue(counts[row], exact_joint(target, prompt, policy, n), runs)
+        assert pvalue > 1e-3, f"{case.name}/{runner}: row {row}: chi2 p-value {pvalue:.2e}"
 
 
 @pytest.mark.parametrize("case,runner", SAMPLED)

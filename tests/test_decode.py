@@ -155,6 +155,7 @@ def test_tree_search_writes_best_subtrees_and_compares_them(models, tmp_path):
     out = tmp_path / "search"
     decode(decode_cfg(models, tmp_path, "mode=tree_search", f"tree_search.probe={probe}",
                       "tree_search.sizes=[2,4]", f"tree_search.out_dir={out}", "tree_search.sampled_temperature=1.0",
+                      "tree_search.batch_sizes=[1,3]",
                       f"benchmark.eval_sets=[{models / 'prompts.jsonl'}]", "benchmark.dtypes={eagle:float32}"))
     from eagle.tree import TreeTemplate
 
@@ -185,6 +186,13 @@ def test_tree_search_writes_best_subtrees_and_compares_them(models, tmp_path):
     assert sampled["chosen"] == sampled["ranking"][0]["tree"]
     assert TreeTemplate.from_file(out / "machine_t1.yaml").paths == TreeTemplate.from_file(
         out / f"{sampled['chosen']}.yaml").paths
+    # a tree per batch size, from rounds of batches measured on this machine (batches of 1: the same as machine.yaml)
+    assert machine["batch"]["1"]["chosen"] == machine["chosen"]
+    for size in ("1", "3"):
+        choice = machine["batch"][size]
+        assert choice["chosen"] == choice["ranking"][0]["tree"] and choice["vanilla_ms"] > 0
+        assert TreeTemplate.from_file(out / f"machine_b{size}.yaml").paths == TreeTemplate.from_file(
+            out / f"{choice['chosen']}.yaml").paths
 
 
 def test_generate_mode_streams(models, tmp_path, capsys):
@@ -582,3 +590,61 @@ def test_a_stopped_benchmark_keeps_the_runs_it_finished(models, tmp_path, monkey
     report = json.loads((out / "results.json").read_text())
     assert report["status"] == "incomplete" and [r["temperature"] for r in report["runs"]] == [0.0]
     assert (out / "results.md").exists()
+
+
+BATCHED = ["vanilla", "eagle", "draft", "prompt_lookup", "medusa", "specinfer_merge", "hf_generate", "eagle:static",
+           "draft:static"]
+
+
+def test_batch_mode_measures_every_method_at_each_size(models, tmp_path):
+    """mode=batch: the same prompts at batch sizes 1, 2 and 3, every method against vanilla at its
+    size, with tau per sequence, the round's split and greedy texts compared; a label with {B}
+    names a tree per size; the report, its table (with EAGLE-1's Table 7) and the plot."""
+    from decode import decode
+
+    trees = tmp_path / "trees"
+    trees.mkdir()
+    for b, paths in ((1, "[[0], [1]]"), (2, "[[0]]"), (3, "[[0], [0, 0]]")):
+        (trees / f"machine_b{b}.yaml").write_text(f"kind: paths\npaths: {paths}\n")
+    out = tmp_path / "batch"
+    per_size = f"eagle@{trees}/machine_b{{B}}.yaml"
+    cfg = decode_cfg(models, tmp_path, "mode=batch", f"batch.eval_sets=[{models / 'prompts.jsonl'}]",
+                     f"batch.out_dir={out}", "batch.sizes=[1,2,3]", "batch.num_prompts=3",
+                     f"batch.methods=[{','.join(BATCHED)},'{per_size}']", "batch.dtypes={eagle:float32}")
+    decode(cfg)
+    report = json.loads((out / "batch.json").read_text())
+    assert report["status"] == "complete" and report["eagle1_table7"]["Vicuna-7B"]["1"] == 2.90
+    (run,) = report["runs"]
+    assert list(run["sizes"]) == ["1", "2", "3"]
+    for b, results in run["sizes"].items():
+        assert set(results) == {*BATCHED, per_size}
+        assert results["vanilla"]["speedup"] == pytest.approx(1.0)
+        assert results[per_size]["method"] == f"eagle@{trees}/machine_b{b}.yaml"
+        for name, r in results.items():
+            assert r["new_tokens"] == 3 * 12 or r["tau"] >= 1.0, name  # 12 tokens each, or an EOS
+            assert len(r["tau_per_sequence"]) == 3 and r["tokens_per_s"] > 0 and r["rounds"] > 0
+            if name != "hf_generate":  # our engine: fp32 greedy decodes are vanilla's, batched or not
+                assert r["identical_to_vanilla"] == 1.0, (b, name)
+    assert run["sizes"]["1"]["vanilla"]["vs_vanilla_b1"] == pytest.approx(1.0)
+    table = (out / "batch.md").read_text()
+    assert "EAGLE-1 paper, Vicuna-7B" in table and "B=3" in table and (out / "batch.png").stat().st_size > 0
+
+
+def test_batch_mode_refuses_methods_that_decode_one_sequence(models, tmp_path):
+    from decode import decode
+
+    cfg = decode_cfg(models, tmp_path, "mode=batch", f"batch.eval_sets=[{models / 'prompts.jsonl'}]",
+                     "batch.sizes=[1,2]", "batch.methods=[vanilla,hf_assisted]")
+    with pytest.raises(MethodError, match="'hf_assisted' decodes one sequence at a time"):
+        decode(cfg)
+    cfg = decode_cfg(models, tmp_path, "mode=batch", "batch.methods=[eagle]")
+    with pytest.raises(ValueError, match="put vanilla in its methods"):
+        decode(cfg)
+
+
+def test_generate_decodes_several_prompts_at_once(models, tmp_path, capsys):
+    from decode import decode
+
+    decode(decode_cfg(models, tmp_path, "method=eagle", "prompts=['def f(x):','class A:']"))
+    out = capsys.readouterr().out
+    assert "[0] " in out and "[1] " in out and "2 sequences at once" in out

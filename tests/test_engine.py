@@ -28,9 +28,9 @@ def test_oracle_accepts_full_depth_and_cache_has_no_branch_trace(cache):
     decoder = SpeculativeDecoder(target, proposer, eos_token_id=[], runner=runner)
     original, stale, checked = decoder._verify, [], []
 
-    def spy(state, tree_, generator):
-        out = original(state, tree_, generator)
-        path = out[0]
+    def spy(states, trees, generator):
+        out = original(states, trees, generator)
+        (state,), (tree_,), ((path, _, _),) = states, trees, out
         committed = state.tokens + tree_.tokens[[i - 1 for i in path[1:]]].tolist()  # root included
         assert runner.length == len(committed)  # the committed tokens and the accepted path only
         clean = DynamicRunner(target)

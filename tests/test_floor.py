@@ -41,12 +41,12 @@ class Recording(DynamicRunner):
         self.log = log
 
     def verify(self, tokens, parents):
-        self.log.append(("verify", tokens.shape[1], len(parents)))
+        self.log.append(("verify", tokens.shape[1], *map(len, parents)))
         return super().verify(tokens, parents)
 
-    def commit(self, path):
-        self.log.append(("commit", tuple(path)))
-        super().commit(path)
+    def commit(self, paths):
+        self.log.append(("commit", *map(tuple, paths)))
+        super().commit(paths)
 
 
 def test_forward_costs_time_one_forward_of_n_tokens_per_repeat():

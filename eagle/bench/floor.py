@@ -105,11 +105,11 @@ def forward_costs(target: nn.Module, tokens: Sequence[int] = FORWARD_TOKENS, con
         for i in range(repeats + 1):
             sync()
             start = time.perf_counter()
-            kept.verify(draft, parents)
+            kept.verify(draft, [parents])
             sync()
             if i:  # the first forward of a shape warms up (or compiles) its kernels
                 times.append(time.perf_counter() - start)
-            kept.commit([0])
+            kept.commit([[0]])
         costs[n] = statistics.median(times) * 1e3
     return costs
 

@@ -130,6 +130,11 @@ class Method:
         return self.info.lossy
 
     @property
+    def batches(self) -> bool:
+        """Decodes several sequences at once (`generate_batch`)."""
+        return False
+
+    @property
     def lossless(self) -> bool:
         """Distribution-preserving by construction (proved by the test suite)."""
         return self.info.lossy is None
@@ -137,6 +142,11 @@ class Method:
     def generate(self, prompt: list[int], max_new_tokens: int, policy: SamplingPolicy,
                  generator: torch.Generator | None = None, on_commit=None) -> DecodeResult:
         raise NotImplementedError
+
+    def generate_batch(self, prompts: list[list[int]], max_new_tokens: int, policy: SamplingPolicy,
+                       generator: torch.Generator | None = None, on_commit=None) -> list[DecodeResult]:
+        """Several sequences at once; `on_commit(row, block)` streams each. One result per prompt."""
+        raise MethodError(f"method {self.name!r} decodes one sequence at a time")
 
 
 class EngineMethod(Method):
@@ -152,10 +162,19 @@ class EngineMethod(Method):
         self.runner = make_runner(runner, ctx.target, tree_size=proposer.max_nodes if proposer else 0,
                                   max_len=ctx.static_max_len, compile_mode=compile_mode)
 
+    @property
+    def batches(self) -> bool:
+        return True
+
+    def decoder(self, policy: SamplingPolicy) -> SpeculativeDecoder:
+        return SpeculativeDecoder(self.target, self.proposer, policy, eos_token_id=self.eos_token_id,
+                                  typical=self.typical, runner=self.runner)
+
     def generate(self, prompt, max_new_tokens, policy, generator=None, on_commit=None) -> DecodeResult:
-        decoder = SpeculativeDecoder(self.target, self.proposer, policy, eos_token_id=self.eos_token_id,
-                                     typical=self.typical, runner=self.runner)
-        return decoder.generate(prompt, max_new_tokens, generator=generator, on_commit=on_commit)
+        return self.decoder(policy).generate(prompt, max_new_tokens, generator=generator, on_commit=on_commit)
+
+    def generate_batch(self, prompts, max_new_tokens, policy, generator=None, on_commit=None) -> list[DecodeResult]:
+        return self.decoder(policy).generate_batch(prompts, max_new_tokens, generator=generator, on_commit=on_commit)
 
 
 class HFMethod(Method):
@@ -184,35 +203,60 @@ class HFMethod(Method):
             torch.cuda.synchronize()
         self._calls[-1][3] = time.perf_counter()
 
+    @property
+    def batches(self) -> bool:
+        return not self.generate_kwargs  # Hugging Face's assisted generation and prompt lookup refuse batches
+
     def generate(self, prompt, max_new_tokens, policy, generator=None, on_commit=None) -> DecodeResult:
-        check_fits(len(prompt), max_new_tokens, 0, context_length(self.target))  # HF would decode past it, garbled
+        stream = None if on_commit is None else (lambda row, block: on_commit(block))
+        return self.generate_batch([prompt], max_new_tokens, policy, generator, stream)[0]
+
+    def generate_batch(self, prompts, max_new_tokens, policy, generator=None, on_commit=None) -> list[DecodeResult]:
+        """`model.generate` on the prompts, left-padded (Hugging Face's batching); assisted
+        generation and prompt lookup refuse batches, and so do they here."""
+        if len(prompts) > 1 and not self.batches:
+            raise MethodError(f"method {self.name!r}: Hugging Face's assisted generation and prompt lookup decode "
+                              "one sequence at a time")
+        for prompt in prompts:
+            check_fits(len(prompt), max_new_tokens, 0, context_length(self.target))  # HF would decode past it, garbled
         device = next(self.target.parameters()).device
-        ids = torch.tensor([prompt], device=device)
+        width = max(map(len, prompts))
+        eos = self.eos_token_id if self.eos_token_id is not None else []
+        pad = eos if isinstance(eos, int) else (eos[0] if eos else 0)
+        ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts], device=device)  # (B, T) left-padded
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
         sampling = {"do_sample": False} if policy.greedy else {
             "do_sample": True, "temperature": policy.temperature, "top_k": policy.top_k, "top_p": policy.top_p}
         if generator is not None and not policy.greedy:  # HF samples from the global RNG: seed it from ours
             torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=generator, device=generator.device)))
-        eos = self.eos_token_id if self.eos_token_id is not None else []
         self._calls, self._cuda = [], device.type == "cuda"
         hooks = [self.target.register_forward_pre_hook(self._before, with_kwargs=True),
                  self.target.register_forward_hook(self._after)]
         start = time.perf_counter()
         try:
             with torch.inference_mode():
-                out = self.target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                                           eos_token_id=eos, pad_token_id=eos if isinstance(eos, int) else 0,
-                                           **sampling, **self.generate_kwargs)
+                out = self.target.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens, eos_token_id=eos,
+                                           pad_token_id=pad, **sampling, **self.generate_kwargs)
         finally:
             for h in hooks:
                 h.remove()
-        tokens = out[0, len(prompt):].tolist()
-        stats = self._stats(len(prompt), len(tokens), start, time.perf_counter())
-        if on_commit:
-            on_commit(tokens)
-        return DecodeResult(tokens=tokens, stats=stats)
+        end = time.perf_counter()
+        stop = {eos} if isinstance(eos, int) else set(eos)
+        results = []
+        for row, tokens in enumerate(out[:, width:].tolist()):
+            ends = [i for i, t in enumerate(tokens) if t in stop]  # a finished row is padded after its EOS
+            tokens = tokens[: ends[0] + 1] if ends else tokens
+            # a row's forwards: the prefill, then one per token after the first (only assisted
+            # generation, one sequence, commits more per forward)
+            calls = self._calls if len(prompts) == 1 else self._calls[: len(tokens)]
+            stats = self._stats(calls, len(prompts[row]), len(tokens), start, end if len(prompts) == 1 else calls[-1][3])
+            if on_commit:
+                on_commit(row, tokens)
+            results.append(DecodeResult(tokens=tokens, stats=stats))
+        return results
 
-    def _stats(self, prompt_len: int, new_tokens: int, start: float, end: float) -> DecodeStats:
-        calls = self._calls
+    @staticmethod
+    def _stats(calls: list[list[float]], prompt_len: int, new_tokens: int, start: float, end: float) -> DecodeStats:
         stats = DecodeStats(prompt_len=prompt_len, total_s=end - start,
                             prefill_s=calls[0][3] - start if calls else 0.0)
         rounds = calls[1:]

@@ -59,6 +59,10 @@ class DraftCache:
     def keep(self, length: int) -> None:
         raise NotImplementedError
 
+    def fresh(self) -> DraftCache:
+        """An empty cache of the same kind and model (another sequence of a batch)."""
+        raise NotImplementedError
+
 
 class DynamicDraftCache(DraftCache):
     """A growing Hugging Face `DynamicCache`, cropped back to the committed context each round."""
@@ -87,6 +91,9 @@ class DynamicDraftCache(DraftCache):
             return mask
         self._positions.append(positions.to(self.device))
         return for_layers(self.config, mask, positions, torch.cat(self._positions))
+
+    def fresh(self) -> DynamicDraftCache:
+        return DynamicDraftCache(self.config, self.dtype, self.device)
 
     def keep(self, length: int) -> None:
         crop(self.hf, length)
@@ -137,6 +144,9 @@ class StaticDraftCache(DraftCache):
             return mask
         self.slot_pos.index_copy_(0, self.hf.slots, positions)
         return for_layers(self.config, mask, positions, self.slot_pos)
+
+    def fresh(self) -> StaticDraftCache:
+        return StaticDraftCache(self.config, self.dtype, self.device, self.kv_shape)
 
     def keep(self, length: int) -> None:
         self.hf.length = length

@@ -14,6 +14,11 @@ How the target runs and keeps its KV is the runner's business (`eagle.decoding.r
 growing Hugging Face cache (`DynamicRunner`, the default) or a preallocated, position-indexed
 one with fixed shapes that can be compiled (`StaticRunner`). The loop is the same.
 
+Several sequences decode together the same way (`generate_batch`): each has its own proposer
+(a `fork` of the method's, with its own caches) and draft tree, every tree is verified in ONE
+target forward, each sequence is accepted by the same rules as alone, and a sequence that
+finishes leaves the batch. Decoding one sequence is a batch of one.
+
 Vanilla decoding is a proposer that drafts nothing: the same loop, cache and forward, so
 speed ratios compare like with like. `tau` = tokens committed per verification forward
 (bonus/correction token included; the prefill forward is not a round).
@@ -102,6 +107,19 @@ class Proposer:
     def accept(self, state: DecodeState, tree: DraftTree, path: list[int]) -> None:
         """Told which path was accepted (node indices from the root) once it is committed."""
 
+    def fork(self) -> Proposer:
+        """A proposer for one more sequence decoded beside this one's (a batch): the same models
+        and settings, its own state (caches, histories). Stateless proposers return a copy."""
+        raise NotImplementedError(f"{self.name} cannot draft for several sequences at once: it has no fork()")
+
+    def for_batch(self, n: int) -> list[Proposer]:
+        """This proposer and n - 1 forks of it, one per sequence of a batch. The forks are kept
+        for the next batch, so that their buffers (and compiled passes) are reused."""
+        forks = self.__dict__.setdefault("_forks", [])
+        while len(forks) < n - 1:
+            forks.append(self.fork())
+        return [self, *forks[: n - 1]]
+
 
 class VanillaProposer(Proposer):
     """Drafts nothing: plain autoregressive decoding through the speculative loop."""
@@ -110,6 +128,9 @@ class VanillaProposer(Proposer):
 
     def propose(self, state: DecodeState) -> DraftTree:
         return DraftTree.empty()
+
+    def fork(self) -> VanillaProposer:
+        return VanillaProposer()
 
 
 class SpeculativeDecoder:
@@ -153,100 +174,165 @@ class SpeculativeDecoder:
         """
         ids = torch.as_tensor(input_ids, dtype=torch.long)
         if ids.dim() > 2 or (ids.dim() == 2 and ids.shape[0] != 1):
-            raise ValueError(f"generate decodes one sequence: give (T,) or (1, T) token ids, not {tuple(ids.shape)}")
-        ids = ids.reshape(-1).tolist()
-        tree_size = max(self.proposer.max_nodes, self.runner.tree_size)
-        self.check_fits(len(ids), max_new_tokens, tree_size)
+            raise ValueError(f"generate decodes one sequence: give (T,) or (1, T) token ids, not {tuple(ids.shape)} "
+                             "(generate_batch decodes several)")
+        stream = None if on_commit is None else (lambda row, block: on_commit(block))
+        return self.generate_batch([ids.reshape(-1).tolist()], max_new_tokens, generator, stream)[0]
+
+    @torch.inference_mode()
+    def generate_batch(self, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int],
+                       generator: torch.Generator | None = None,
+                       on_commit: Callable[[int, list[int]], None] | None = None) -> list[DecodeResult]:
+        """Decode several sequences at once: every round, each one's draft tree, verified in ONE
+        target forward for all of them, each by the same exact rules as alone.
+
+        Args:
+            prompts: B prompts of token ids, of any lengths.
+            max_new_tokens: for every sequence, or one per sequence.
+            generator: draws every sequence's samples, in row order (each follows the target's
+                distribution; they are not the draws a batch of one would make).
+            on_commit: receives (row, block) for each committed block of tokens.
+        Returns:
+            one `DecodeResult` per prompt, in order; a sequence that finishes (EOS, its
+            max_new_tokens) leaves the batch, so its time is the time it took until then.
+        """
+        prompts = [list(map(int, p)) for p in prompts]
+        budgets = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
+        if not prompts or len(budgets) != len(prompts):
+            raise ValueError(f"generate_batch needs prompts and one max_new_tokens for all or one each, got "
+                             f"{len(prompts)} prompts and {len(budgets)} budgets")
+        runner, policy = self.runner, self.policy
+        tree_size = max(self.proposer.max_nodes, runner.tree_size)
+        for ids, budget in zip(prompts, budgets):
+            self.check_fits(len(ids), budget, tree_size)
         device = next(self.target.parameters()).device
-        if not self.policy.greedy:
+        if not policy.greedy:
             check_generator(generator, device)
-        policy, stats, runner = self.policy, DecodeStats(prompt_len=len(ids)), self.runner
+        proposers = self.proposer.for_batch(len(prompts))
+        stats = [DecodeStats(prompt_len=len(ids)) for ids in prompts]
         start = time.perf_counter()
 
-        # Prefill: the whole prompt enters the cache; its last logits give the first token.
-        out = runner.prefill(torch.tensor([ids], device=device), len(ids) + max_new_tokens + tree_size + 1)
-        first = self._sample(out.logits[0, -1], generator)
-        state = DecodeState(tokens=ids + [first], prompt_len=len(ids), new_features=out.features,
-                            policy=policy, vocab_size=out.logits.shape[-1], generator=generator,
-                            max_len=runner.capacity)
-        new_tokens = [first]
-        if on_commit:
-            on_commit([first])
-        stats.prefill_s = time.perf_counter() - start
-        if max_new_tokens <= 1 or first in self.eos:
-            stats.total_s = time.perf_counter() - start
-            return DecodeResult(tokens=new_tokens[:max_new_tokens], stats=stats)
-        self.proposer.reset(state)
+        # Prefill: every prompt enters the cache (right-padded); its last logits give the first token.
+        width = max(map(len, prompts))
+        padded = torch.tensor([ids + [ids[-1]] * (width - len(ids)) for ids in prompts], device=device)  # (B, T)
+        out = runner.prefill(padded, max(len(ids) + b for ids, b in zip(prompts, budgets)) + tree_size + 1,
+                             lengths=[len(ids) for ids in prompts])
+        states, new_tokens, live = [], [], []
+        for row, ids in enumerate(prompts):
+            first = self._sample(out.logits[row, -1], generator)
+            states.append(DecodeState(tokens=ids + [first], prompt_len=len(ids),
+                                      new_features=out.features[row:row + 1, :len(ids)], policy=policy,
+                                      vocab_size=out.logits.shape[-1], generator=generator, max_len=runner.capacity))
+            new_tokens.append([first])
+            if on_commit:
+                on_commit(row, [first])
+            if budgets[row] > 1 and first not in self.eos:
+                live.append(row)
+        now = time.perf_counter()
+        for row, s in enumerate(stats):
+            s.prefill_s = now - start
+            if row not in live:
+                s.total_s = now - start
+        if 0 < len(live) < len(prompts):
+            runner.retire(live)  # row indices are still those of the prompts
+        for row in live:
+            proposers[row].reset(states[row])
 
-        while True:
+        while live:
+            trees, drafted = [], []
+            for row in live:  # each sequence's proposer drafts its own tree
+                t0 = time.perf_counter()
+                tree = proposers[row].propose(states[row])
+                if not stats[row].rounds:
+                    check_tree(tree, states[row].vocab_size, proposers[row].name)
+                trees.append(tree)
+                drafted.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
-            tree = self.proposer.propose(state)
-            if not stats.rounds:
-                check_tree(tree, state.vocab_size, self.proposer.name)
             _sync(device)  # GPU work is asynchronous: charge drafting kernels to drafting
             t1 = time.perf_counter()
-            path, next_token, features = self._verify(state, tree, generator)
+            drafted = [d + (t1 - t0) / len(live) for d in drafted]
+            verified = self._verify([states[row] for row in live], trees, generator)
             t2 = time.perf_counter()
 
-            block = tree.tokens[[i - 1 for i in path[1:]]].tolist() + [next_token]
-            done = False
-            room = max_new_tokens - len(new_tokens)
-            for j, tok in enumerate(block):  # EOS or max_new_tokens may land inside the path
-                if tok in self.eos or j + 1 >= room:
-                    block, done = block[: j + 1], True
-                    break
-            new_tokens += block
-            state.tokens += block
-            state.new_features = features
-            if on_commit:
-                on_commit(block)
-            stats.rounds.append(RoundStats(accepted=len(path) - 1, committed=len(block),
-                                           tree_size=tree.size, draft_s=t1 - t0, verify_s=t2 - t1,
-                                           path=tuple(path)))
-            if done:
-                break
-            self.proposer.accept(state, tree, path)
-            _sync(device)
-            stats.rounds[-1].draft_s += time.perf_counter() - t2  # proposer bookkeeping is drafting work
-        stats.total_s = time.perf_counter() - start
-        return DecodeResult(tokens=new_tokens, stats=stats)
+            going = []
+            for i, (row, tree, (path, next_token, features)) in enumerate(zip(live, trees, verified)):
+                block = tree.tokens[[j - 1 for j in path[1:]]].tolist() + [next_token]
+                done = False
+                room = budgets[row] - len(new_tokens[row])
+                for j, tok in enumerate(block):  # EOS or max_new_tokens may land inside the path
+                    if tok in self.eos or j + 1 >= room:
+                        block, done = block[: j + 1], True
+                        break
+                new_tokens[row] += block
+                states[row].tokens += block
+                states[row].new_features = features
+                if on_commit:
+                    on_commit(row, block)
+                stats[row].rounds.append(RoundStats(accepted=len(path) - 1, committed=len(block), tree_size=tree.size,
+                                                    draft_s=drafted[i], verify_s=t2 - t1, path=tuple(path)))
+                if done:
+                    stats[row].total_s = time.perf_counter() - start
+                else:
+                    going.append(i)
+            if 0 < len(going) < len(live):  # finished sequences leave the batch
+                runner.retire(going)
+            for i in going:
+                row = live[i]
+                t3 = time.perf_counter()
+                proposers[row].accept(states[row], trees[i], verified[i][0])
+                _sync(device)
+                stats[row].rounds[-1].draft_s += time.perf_counter() - t3  # proposer bookkeeping is drafting work
+            live = [live[i] for i in going]
+        return [DecodeResult(tokens=t, stats=s) for t, s in zip(new_tokens, stats)]
 
     def _sample(self, logits: Tensor, generator) -> int:
         if self.policy.greedy or self.typical is not None:  # typical: "first token greedy"
             return int(logits.argmax())
         return int(self.policy.sample(self.policy.probs(logits.float()), generator))
 
-    def _verify(self, state: DecodeState, tree: DraftTree, generator):
-        """Score root + tree in one target forward, accept a path, keep only its KV.
+    def _verify(self, states: Sequence[DecodeState], trees: Sequence[DraftTree], generator
+                ) -> list[tuple[list[int], int, Tensor]]:
+        """Score every sequence's root + tree in one target forward, accept a path in each, keep
+        only the paths' KV.
 
         Returns:
-            (path, next_token, features): accepted node indices from the root, the token
-            emitted after them, and the target features of the path's nodes (1, len(path), H).
+            per sequence (path, next_token, features): the accepted node indices from the root,
+            the token emitted after them, and the target features of the path's nodes (1, len(path), H).
         """
         device = next(self.target.parameters()).device
-        root = torch.tensor([state.tokens[-1]], device=device)
-        x = torch.cat([root, tree.tokens.to(device)])[None]  # (1, n)
-        out = self.runner.verify(x, tree.parents)
-        logits = out.logits[0]  # (n, V)
+        n = 1 + max(tree.size for tree in trees)
+        rows = []
+        for state, tree in zip(states, trees):  # each row: its root, its tree, padded with its root to n
+            root = torch.tensor([state.tokens[-1]], device=device)
+            rows.append(torch.cat([root, tree.tokens.to(device), root.expand(n - 1 - tree.size)]))
+        x = torch.stack(rows)  # (B, n)
+        out = self.runner.verify(x, [tree.parents for tree in trees])
+        results = []
+        for b, tree in enumerate(trees):
+            size = tree.size + 1
+            path, next_token = self._accept(tree, x[b, :size], out.logits[b, :size], generator)
+            results.append((path, int(next_token), out.features[b:b + 1, path]))
+        self.runner.commit([path for path, _, _ in results])
+        return results
+
+    def _accept(self, tree: DraftTree, tokens: Tensor, logits: Tensor, generator) -> tuple[list[int], int]:
+        """The accepted path and the next token of one sequence's verified tree: tokens (n,) the
+        root and the tree, logits (n, V) the target's at each of them."""
         parents = list(tree.parents)
-        tokens = x[0]
         if self.policy.greedy:  # typical acceptance included: with a one-hot p it is greedy
-            path, next_token = verify_tree_greedy(parents, tokens, logits.float())  # fp32 argmax is faster on CPU
-        elif self.typical is not None:
+            return verify_tree_greedy(parents, tokens, logits.float())  # fp32 argmax is faster on CPU
+        if self.typical is not None:
             p = self.policy.probs(logits.float())  # (n, V) temperature-scaled p at every node
-            path, next_token = verify_tree_typical(parents, tokens, p, self.typical.eps, self.typical.delta)
+            return verify_tree_typical(parents, tokens, p, self.typical.eps, self.typical.delta)
+        p = RowProbs(self.policy, logits.float())  # (n, V), each row computed when the verifier reads it
+        if tree.size == 0:
+            q_full = logits.new_zeros(logits.shape, dtype=torch.float32)  # (1, V): the root's row is never read
+        elif tree.q is None:
+            raise ValueError(f"{self.proposer.name} gave no proposal distributions under sampling")
         else:
-            p = RowProbs(self.policy, logits.float())  # (n, V), each row computed when the verifier reads it
-            if tree.size == 0:
-                q_full = logits.new_zeros(logits.shape, dtype=torch.float32)  # (1, V): the root's row is never read
-            elif tree.q is None:
-                raise ValueError(f"{self.proposer.name} gave no proposal distributions under sampling")
-            else:
-                q = tree.q.to(device=logits.device, dtype=torch.float32)
-                q_full = torch.cat([q.new_zeros(1, q.shape[-1]), q])  # (n, V)
-            path, next_token = verify_tree_stochastic(parents, tokens, p, q_full, generator, repeats=tree.repeats)
-        self.runner.commit(path)
-        return path, int(next_token), out.features[:, path]
+            q = tree.q.to(device=logits.device, dtype=torch.float32)
+            q_full = torch.cat([q.new_zeros(1, q.shape[-1]), q])  # (n, V)
+        return verify_tree_stochastic(parents, tokens, p, q_full, generator, repeats=tree.repeats)
 
 
 def check_fits(prompt_len: int, max_new_tokens: int, tree_size: int, context: int | None) -> None:

@@ -108,6 +108,33 @@ def keep_path(cache, prefix_len: int, path: list[int]) -> None:
     crop(cache, prefix_len + n_keep)
 
 
+def keep_paths(cache, prefix_len: int, lengths: list[int], paths: list[list[int]]) -> None:
+    """`keep_path` for a batch whose rows have committed `lengths` (<= prefix_len: the cache's
+    slots are common, a shorter row's tail is stale) and accepted tree nodes `paths` (indices
+    into the tree appended after `prefix_len`): row b's path moves to its own slots
+    lengths[b]..; then the cache is cropped after the longest row."""
+    device = cache.layers[0].keys.device
+    m = max(len(p) for p in paths)
+    src, dst = [], []
+    for c, path in zip(lengths, paths):
+        pad = list(range(c + len(path), c + m))  # slots copied onto themselves: every row moves m entries
+        src.append([prefix_len + i for i in path] + pad)
+        dst.append(list(range(c, c + len(path))) + pad)
+    src, dst = torch.tensor(src, device=device), torch.tensor(dst, device=device)  # (B, m)
+    for layer in cache.layers:
+        for t in (layer.keys, layer.values):  # (B, H_kv, T, D): gather first (a copy), then write in place
+            shape = (t.shape[0], t.shape[1], m, t.shape[3])
+            t.scatter_(2, dst[:, None, :, None].expand(shape), t.gather(2, src[:, None, :, None].expand(shape)))
+    crop(cache, max(c + len(p) for c, p in zip(lengths, paths)))
+
+
+def select_rows(cache, rows: list[int]) -> None:
+    """Keep only the batch rows `rows` of every layer (the sequences still decoding)."""
+    index = torch.tensor(rows, dtype=torch.long, device=cache.layers[0].keys.device)
+    for layer in cache.layers:
+        layer.keys, layer.values = layer.keys.index_select(0, index), layer.values.index_select(0, index)
+
+
 def crop(cache, length: int) -> None:
     """Drop every cache entry past `length`. A negative argument to `Cache.crop` means "remove
     that many" in every transformers 5.x release (positive values changed meaning)."""

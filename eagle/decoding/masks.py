@@ -5,7 +5,9 @@ row of only -inf (which would give NaNs), and exp(min - max) is exactly 0 in eve
 
 - `causal_mask`: new tokens after a cached prefix (the drafter's training and catch-up).
 - `tree_attention_mask`: tree nodes after a committed prefix in a growing cache: each node
-  sees the prefix, its ancestors and itself (`eagle.tree.Tree.ancestors`).
+  sees the prefix, its ancestors and itself (`eagle.tree.Tree.ancestors`); in a batch, each
+  row only its own committed prefix (rows of different lengths share the cache's slots).
+- `padded_causal`: right-padded prompts of a batch: causal, padding seen by nothing else.
 - `window_mask`: the same on a preallocated, position-indexed cache of fixed width, so that
   every round has the same shape (`eagle.decoding.static_cache`).
 - `for_layers`: what a model with sliding-window layers needs instead of one mask: a 4-D mask
@@ -29,32 +31,54 @@ def causal_mask(past: int, length: int, dtype: torch.dtype, device=None) -> Tens
     return mask[None, None]
 
 
-def tree_attention_mask(prefix_len: int, visible: Tensor, dtype: torch.dtype) -> Tensor:
-    """(1, 1, n, prefix_len + S) for n tree tokens on top of `prefix_len` committed tokens.
+def tree_attention_mask(prefix_len: int, visible: Tensor, dtype: torch.dtype, committed: Tensor | None = None) -> Tensor:
+    """(B, 1, n, prefix_len + S) for n tree tokens on top of `prefix_len` cached tokens.
 
     Args:
-        visible: (n, S) bool, node i may see tree entry j (ancestor or self); the S >= n tree
-            entries follow the prefix in the cache, these n nodes being the last ones.
+        visible: (n, S) or (B, n, S) bool, node i may see tree entry j (ancestor or self); the
+            S >= n tree entries follow the prefix in the cache, these n nodes being the last ones.
+        committed: (B,) long, the committed tokens of each row of a batch (B = 1 without it:
+            all `prefix_len`); a shorter row's slots committed..prefix_len-1 hold another row's
+            length of padding and stale entries, hidden from it.
     """
-    n, s = visible.shape
-    mask = torch.zeros(1, 1, n, prefix_len + s, dtype=dtype, device=visible.device)
-    mask[0, 0, :, prefix_len:].masked_fill_(~visible, torch.finfo(dtype).min)
+    s = visible.shape[-1]
+    visible = visible if visible.dim() == 3 else visible[None]  # (B, n, S)
+    b, n = (visible.shape[0] if committed is None else len(committed)), visible.shape[1]
+    mask = torch.zeros(b, 1, n, prefix_len + s, dtype=dtype, device=visible.device)
+    low = torch.finfo(dtype).min
+    mask[:, 0, :, prefix_len:].masked_fill_(~visible, low)
+    if committed is not None:
+        hidden = torch.arange(prefix_len, device=visible.device) >= committed.to(visible.device)[:, None]  # (B, prefix)
+        mask[:, 0, :, :prefix_len].masked_fill_(hidden[:, None], low)
     return mask
 
 
+def padded_causal(lengths: Tensor, t: int) -> Tensor:
+    """(B, t, t) bool for prompts of `lengths` (B,) right-padded to t tokens: a token sees the
+    real tokens up to itself and itself; a padding slot is seen by no other token."""
+    causal = torch.ones(t, t, dtype=torch.bool, device=lengths.device).tril()
+    real = torch.arange(t, device=lengths.device) < lengths[:, None]  # (B, t)
+    return causal & (real[:, None, :] | torch.eye(t, dtype=torch.bool, device=lengths.device))
+
+
 def window_mask(start: Tensor | int, visible: Tensor, max_len: int, dtype: torch.dtype) -> Tensor:
-    """(1, 1, m, max_len) for m queries on a position-indexed cache of `max_len` slots.
+    """(B, 1, m, max_len) for m queries on a position-indexed cache of `max_len` slots.
 
     Slots before `start` (the committed context) are visible to every query; the S slots
     start..start+S-1 follow `visible` (m, S) bool; every later slot is hidden. `start` may be
-    a 0-d tensor, so one compiled graph serves every committed length.
+    a 0-d tensor, so one compiled graph serves every committed length; for a batch it is one
+    start per row (B,), and `visible` is (m, S) for every row or (B, m, S).
     """
-    s = visible.shape[1]
-    rel = torch.arange(max_len, device=visible.device) - start  # (max_len,) slot relative to start
+    m, s = visible.shape[-2:]
+    start = torch.as_tensor(start, device=visible.device).reshape(-1)  # (B,) or (1,)
+    rows = visible if visible.dim() == 3 else visible[None]  # (B, m, S) or (1, m, S)
+    b = max(start.shape[0], rows.shape[0])
+    rel = (torch.arange(max_len, device=visible.device) - start[:, None]).expand(b, max_len)  # slot - its row's start
     inside = (rel >= 0) & (rel < s)
-    seen = (visible[:, rel.clamp(0, s - 1)] & inside) | (rel < 0)  # (m, max_len)
+    seen = torch.gather(rows.expand(b, m, s), 2, rel.clamp(0, s - 1)[:, None, :].expand(b, m, max_len))
+    seen = (seen & inside[:, None]) | (rel < 0)[:, None]  # (B, m, max_len)
     mask = torch.zeros(seen.shape, dtype=dtype, device=visible.device)
-    return mask.masked_fill(~seen, torch.finfo(dtype).min)[None, None]
+    return mask.masked_fill(~seen, torch.finfo(dtype).min)[:, None]
 
 
 def sliding_window(config) -> int | None:
@@ -68,7 +92,7 @@ def sliding_window(config) -> int | None:
 
 
 def for_layers(config, mask: Tensor, query_pos: Tensor, key_pos: Tensor) -> Tensor | dict[str, Tensor]:
-    """The `attention_mask` to give a Hugging Face model for `mask` (1, 1, n, K).
+    """The `attention_mask` to give a Hugging Face model for `mask` (B, 1, n, K).
 
     Without sliding-window layers: `mask` itself. With them, the sliding layers also hide every
     key at or before `query_pos - window` (a query sees the last `window` positions, itself
@@ -76,13 +100,14 @@ def for_layers(config, mask: Tensor, query_pos: Tensor, key_pos: Tensor) -> Tens
     `layer_types` (their forward takes one), else as the one mask of every layer.
 
     Args:
-        query_pos: (n,) the queries' positions; key_pos: (K,) the keys' positions.
+        query_pos: (n,) or (B, n) the queries' positions; key_pos: (K,) or (B, K) the keys' positions
+            (per row of a batch, whose rows stand at different positions).
     """
     window = sliding_window(config)
     if window is None:
         return mask
-    far = key_pos[None, :] <= query_pos[:, None] - window  # (n, K)
-    windowed = mask.masked_fill(far[None, None], torch.finfo(mask.dtype).min)
+    far = key_pos[..., None, :] <= query_pos[..., :, None] - window  # (n, K) or (B, n, K)
+    windowed = mask.masked_fill(far[None, None] if far.dim() == 2 else far[:, None], torch.finfo(mask.dtype).min)
     if getattr(config, "layer_types", None):
         return {"full_attention": mask, "sliding_attention": windowed}
     return windowed

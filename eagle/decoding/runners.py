@@ -1,12 +1,14 @@
 """How the decoding loop runs the target and keeps its KV: two interchangeable runners.
 
-The loop (`eagle.engine`) asks a runner for three things:
-  prefill(prompt)         the prompt's KV enters the cache; logits of its last position and
-                          the features of every position come back;
-  verify(root + tree)     one forward of the root and the draft tree on top of the committed
-                          cache (tree mask, positions = committed length + depth); the logits
-                          and features of every node come back;
-  commit(path)            only the accepted path joins the committed cache.
+The loop (`eagle.engine`) asks a runner for these, for a batch of sequences (rows; one row
+when decoding one sequence):
+  prefill(prompts)        the prompts' KV enters the cache; logits of each one's last position
+                          and the features of every position come back;
+  verify(root + tree)     one forward of every row's root and draft tree on top of its committed
+                          cache (tree mask, positions = the row's committed length + depth); the
+                          logits and features of every node come back;
+  commit(paths)           only each row's accepted path joins its committed cache;
+  retire(rows)            the sequences that finished leave (the rest go on).
 
 `DynamicRunner` uses a Hugging Face `DynamicCache` that grows by the tree every round and is
 compacted and cropped afterwards (`eagle.decoding.kv_cache.keep_path`); every round has new shapes.
@@ -21,12 +23,21 @@ Both runners give the same tokens: the tests run every exactness test on both.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor, nn
 
 from eagle.decoding.compile import compile_static
-from eagle.decoding.kv_cache import cache_length, keep_path, new_cache
-from eagle.decoding.masks import for_layers, sliding_window, tree_attention_mask
+from eagle.decoding.kv_cache import (
+    cache_length,
+    crop,
+    keep_path,
+    keep_paths,
+    new_cache,
+    select_rows,
+)
+from eagle.decoding.masks import for_layers, padded_causal, sliding_window, tree_attention_mask
 from eagle.decoding.static_cache import StaticKVCache
 from eagle.target import TargetOutput, target_forward
 from eagle.tree import Tree
@@ -40,42 +51,68 @@ class ContextOverflowError(ValueError):
 
 
 class TargetRunner:
-    """Runs the target for the decoding loop; `length` = tokens in the committed cache."""
+    """Runs the target for the decoding loop over a batch of B sequences (rows; B = 1 when
+    decoding one). `lengths` = tokens in each row's committed cache."""
 
-    length: int = 0
+    lengths: list[int]
     tree_size: int = 0  # draft nodes every verification is padded to (0: any size, unpadded)
 
     def __init__(self, target: nn.Module):
         self.target = target
         self.device = next(target.parameters()).device
+        self.lengths = []
 
-    def prefill(self, ids: Tensor, max_len: int) -> TargetOutput:
-        """Fill the cache with the prompt ids (1, T) for a sequence that may reach `max_len`
-        tokens (tree included). Returns logits (1, 1, V) of the last position and features (1, T, H)."""
+    @property
+    def length(self) -> int:
+        """Committed tokens of the longest row (of the only one, decoding one sequence)."""
+        return max(self.lengths, default=0)
+
+    def prefill(self, ids: Tensor, max_len: int, lengths: Sequence[int] | None = None) -> TargetOutput:
+        """Fill the cache with the prompts ids (B, T), right-padded: row b is its first lengths[b]
+        tokens (all T when None), and may reach `max_len` tokens (tree included). Returns logits
+        (B, 1, V) of each row's last prompt token and features (B, T, H)."""
         raise NotImplementedError
 
     @property
     def capacity(self) -> int:
-        """Most tokens (tree included) the current sequence may reach."""
+        """Most tokens (tree included) a sequence of the current batch may reach."""
         raise NotImplementedError
 
-    def verify(self, tokens: Tensor, parents: tuple[int, ...]) -> TargetOutput:
-        """Score root + tree tokens (1, n) with parent list `parents` (len n) on top of the
-        committed cache. Returns logits (1, n, V) and features (1, n, H)."""
+    def verify(self, tokens: Tensor, parents: Sequence[tuple[int, ...]]) -> TargetOutput:
+        """Score each row's root + tree, tokens (B, n), on top of its committed cache. Row b's
+        tree has parent list `parents[b]` and is its first len(parents[b]) tokens; the rest of
+        its n are padding, seen by none of its nodes. Returns logits (B, n, V) and features (B, n, H)."""
         raise NotImplementedError
 
-    def commit(self, path: list[int]) -> None:
-        """Keep the KV of tree nodes `path` (increasing indices, root first) after the
+    def commit(self, paths: Sequence[Sequence[int]]) -> None:
+        """Keep each row's KV of tree nodes `paths[b]` (increasing indices, root first) after its
         committed prefix; nothing else of the last verification stays visible."""
         raise NotImplementedError
 
-    def committed_kv(self, layer: int) -> tuple[Tensor, Tensor]:
-        """Keys and values (1, H_kv, length, D) of the committed tokens in one layer."""
+    def retire(self, keep: Sequence[int]) -> None:
+        """Only the rows `keep` (increasing indices into the current rows) go on decoding: the
+        others finished. Later calls see the remaining rows, in order."""
+        raise NotImplementedError
+
+    def committed_kv(self, layer: int, row: int = 0) -> tuple[Tensor, Tensor]:
+        """Keys and values (1, H_kv, length, D) of one row's committed tokens in one layer."""
         raise NotImplementedError
 
 
+def _trees(parents: Sequence[tuple[int, ...]], width: int, device) -> tuple[Tensor, Tensor]:
+    """Each row's tree visibility (B, width, width) and depths (B, width), padded to `width`."""
+    trees = [Tree.of(p) for p in parents]
+    return (torch.stack([t.ancestors(width, device) for t in trees]),
+            torch.stack([t.depth_offsets(width, device) for t in trees]))
+
+
 class DynamicRunner(TargetRunner):
-    """A Hugging Face `DynamicCache`: the tree's KV is appended, then compacted and cropped."""
+    """A Hugging Face `DynamicCache`: the tree's KV is appended, then compacted and cropped.
+
+    In a batch the rows share the cache's slots: a verification appends every row's tree after
+    the longest row's context, each row sees only its own committed prefix and tree (the slots
+    between a shorter row's end and the tree are stale or padding, hidden by the mask), and its
+    accepted path is then moved down next to its own prefix (`keep_paths`)."""
 
     def __init__(self, target: nn.Module):
         super().__init__(target)
@@ -83,39 +120,65 @@ class DynamicRunner(TargetRunner):
         self._capacity = self._prefix = 0
 
     @property
-    def length(self) -> int:
-        return cache_length(self.cache)
-
-    @property
     def capacity(self) -> int:
         return self._capacity
 
-    def prefill(self, ids: Tensor, max_len: int) -> TargetOutput:
+    def prefill(self, ids: Tensor, max_len: int, lengths: Sequence[int] | None = None) -> TargetOutput:
+        b, t = ids.shape
+        self.lengths = [t] * b if lengths is None else [int(n) for n in lengths]
         self.cache, self._capacity = new_cache(max_len), max_len
-        return target_forward(self.target, ids.to(self.device), self.cache, logits_slice=slice(-1, None))
-
-    def verify(self, tokens: Tensor, parents: tuple[int, ...]) -> TargetOutput:
-        tree = Tree.of(parents)
-        self._prefix = prefix = self.length  # the cache grows by the tree until `commit`
-        if tree.is_chain:  # the causal mask and default positions are the tree's: skip building them
-            return target_forward(self.target, tokens, self.cache)
+        ids = ids.to(self.device)
+        if all(n == t for n in self.lengths):  # Hugging Face's own causal mask and positions
+            return target_forward(self.target, ids, self.cache, logits_slice=slice(-1, None))
+        real = torch.tensor(self.lengths, device=self.device)
         dtype = next(self.target.parameters()).dtype
-        positions = prefix + tree.depth_offsets(device=self.device)  # (n,)
-        mask = tree_attention_mask(prefix, tree.ancestors(device=self.device), dtype)
-        keys = torch.cat([torch.arange(prefix, device=self.device), positions])  # (prefix + n,)
+        mask = tree_attention_mask(0, padded_causal(real, t), dtype)  # (B, 1, t, t)
+        positions = torch.arange(t, device=self.device)
+        return target_forward(self.target, ids, self.cache, attention_mask=for_layers(
+            self.target.config, mask, positions, positions), position_ids=positions.expand(b, t), logits_slice=real - 1)
+
+    def verify(self, tokens: Tensor, parents: Sequence[tuple[int, ...]]) -> TargetOutput:
+        b, n = tokens.shape
+        self._prefix = prefix = cache_length(self.cache)  # the cache grows by the tree until `commit`
+        ragged = any(c != prefix for c in self.lengths)
+        if not ragged and all(len(p) == n and Tree.of(p).is_chain for p in parents):
+            return target_forward(self.target, tokens, self.cache)  # the causal mask and positions are the trees'
+        visible, depths = _trees(parents, n, self.device)  # (B, n, n), (B, n)
+        committed = torch.tensor(self.lengths, device=self.device)
+        positions = committed[:, None] + depths  # (B, n)
+        mask = tree_attention_mask(prefix, visible, next(self.target.parameters()).dtype,
+                                   committed if ragged else None)
+        keys = torch.cat([torch.arange(prefix, device=self.device).expand(b, prefix), positions], 1)  # (B, prefix + n)
         return target_forward(self.target, tokens, self.cache, attention_mask=for_layers(
-            self.target.config, mask, positions, keys), position_ids=positions[None])
+            self.target.config, mask, positions, keys), position_ids=positions)
 
-    def commit(self, path: list[int]) -> None:
-        keep_path(self.cache, self._prefix, path)
+    def commit(self, paths: Sequence[Sequence[int]]) -> None:
+        paths = [list(p) for p in paths]
+        if len(paths) == 1 and self.lengths[0] == self._prefix:
+            keep_path(self.cache, self._prefix, paths[0])
+        else:
+            keep_paths(self.cache, self._prefix, self.lengths, paths)
+        self.lengths = [c + len(p) for c, p in zip(self.lengths, paths)]
 
-    def committed_kv(self, layer: int) -> tuple[Tensor, Tensor]:
+    def retire(self, keep: Sequence[int]) -> None:
+        if len(keep) == len(self.lengths):
+            return
+        select_rows(self.cache, list(keep))
+        self.lengths = [self.lengths[i] for i in keep]
+        crop(self.cache, self.length)
+
+    def committed_kv(self, layer: int, row: int = 0) -> tuple[Tensor, Tensor]:
         kv = self.cache.layers[layer]
-        return kv.keys[:, :, :self.length], kv.values[:, :, :self.length]
+        n = self.lengths[row]
+        return kv.keys[row:row + 1, :, :n], kv.values[row:row + 1, :, :n]
 
 
 class StaticRunner(TargetRunner):
     """A preallocated, position-indexed cache; every verification has the same shapes.
+
+    In a batch each row writes its tree right after its own committed prefix (slots of its
+    own), so rows never share slots; a row that finished stays in the buffers, parked: it
+    verifies a lone root that nothing reads, so that the shapes (and a compiled graph) stay.
 
     Args:
         target: a Hugging Face causal LM (eval mode).
@@ -144,16 +207,22 @@ class StaticRunner(TargetRunner):
         self.moves = self.width if tree_size else 0
         self._src = self._dst = torch.zeros(0, dtype=torch.long, device=self.device)  # the pending move
         self._buffers: dict[tuple[int, ...], tuple[Tensor, Tensor]] = {}
+        self._rows: list[int] = []  # the cache row of each sequence still decoding
+        self._filled: list[int] = []  # committed tokens of every cache row, parked ones included
 
     @property
-    def length(self) -> int:
-        return 0 if self.cache is None else self.cache.length
+    def lengths(self) -> list[int]:
+        return [self._filled[r] for r in self._rows]
+
+    @lengths.setter
+    def lengths(self, value: list[int]) -> None:  # set by the base class only, before any prefill
+        self._rows, self._filled = list(range(len(value))), list(value)
 
     @property
     def capacity(self) -> int:
         return 0 if self.cache is None else self.cache.max_len
 
-    def _allocate(self, need: int) -> None:
+    def _allocate(self, need: int, batch: int) -> None:
         size = self.max_len or -(-need // STATIC_BUCKET) * STATIC_BUCKET
         if self.compiled and not self.max_len and self.cache is not None and self.cache.max_len >= need:
             size = self.cache.max_len  # compiled, each size is one more graph: keep the largest built
@@ -161,80 +230,110 @@ class StaticRunner(TargetRunner):
             raise ContextOverflowError(f"the request needs {need} cache slots (prompt + new tokens + tree) but "
                                        f"the static cache holds {size}; raise its max_len")
         dtype = next(self.target.parameters()).dtype
-        if self.cache is None or not self.cache.fits(self.target.config.num_hidden_layers, size, dtype, self.device):
-            self.cache = StaticKVCache(self.target.config.num_hidden_layers, size, dtype, self.device)
-        self.cache.length = 0
+        layers = self.target.config.num_hidden_layers
+        if self.cache is None or not self.cache.fits(layers, size, dtype, self.device, batch):
+            self.cache = StaticKVCache(layers, size, dtype, self.device, batch)
 
     def _scores(self, ids: Tensor, start: Tensor, visible: Tensor, offsets: Tensor, src: Tensor,
                 dst: Tensor) -> tuple[Tensor, Tensor]:
-        """First the last commit's move (slots `src` to `dst`, (moves,)); then ids (1, n) written at
-        the last n of the S slots after `start`, seeing what `visible` (n, S) allows besides the
-        committed context, at positions start + offsets (n,)."""
+        """First the last commit's move (slots `src` to `dst`, (moves,) or per row (B, moves));
+        then ids (B, n) written at the n slots after `start` (0-d, or per row (B,)), seeing what
+        `visible` ((n, n) or (B, n, n)) allows besides the committed context, at positions
+        start + offsets ((n,) or (B, n))."""
         if src.numel():
             self.cache.move(src, dst)
-        positions = start + offsets  # (n,)
-        mask = self.cache.prepare(start, visible)  # (1, 1, n, max_len)
+        positions = start[..., None] + offsets  # (n,) or (B, n)
+        mask = self.cache.prepare(start, visible)  # (B, 1, n, max_len)
         if self.window is not None:  # key positions: committed slot i holds position i, tree slots their node's
             slots = torch.arange(self.cache.max_len, device=self.device)
-            rel = slots - start
-            tree = (rel >= 0) & (rel < visible.shape[1])
-            keys = torch.where(tree, start + offsets[rel.clamp(0, visible.shape[1] - 1)], slots)  # (max_len,)
+            first = start.reshape(-1, 1)  # (B, 1)
+            rel = slots - first  # (B, max_len)
+            width = visible.shape[-1]
+            tree = (rel >= 0) & (rel < width)
+            depth = offsets.reshape(-1, width).expand(rel.shape[0], width).gather(1, rel.clamp(0, width - 1))
+            keys = torch.where(tree, first + depth, slots)  # (B, max_len)
             mask = for_layers(self.target.config, mask, positions, keys)
-        out = target_forward(self.target, ids, self.cache, attention_mask=mask, position_ids=positions[None])
+        out = target_forward(self.target, ids, self.cache, attention_mask=mask,
+                             position_ids=positions if positions.dim() == 2 else positions[None])
         return out.logits, out.features
 
-    def prefill(self, ids: Tensor, max_len: int) -> TargetOutput:
-        self._allocate(max_len)
-        t = ids.shape[1]
-        causal = torch.ones(t, t, dtype=torch.bool, device=self.device).tril()
+    def prefill(self, ids: Tensor, max_len: int, lengths: Sequence[int] | None = None) -> TargetOutput:
+        b, t = ids.shape
+        self._allocate(max_len, b)
+        self.lengths = [t] * b if lengths is None else [int(n) for n in lengths]
+        ragged = any(n != t for n in self.lengths)
+        real = torch.tensor(self.lengths, device=self.device)
+        visible = padded_causal(real, t) if ragged else torch.ones(t, t, dtype=torch.bool, device=self.device).tril()
         positions = torch.arange(t, device=self.device)
-        mask = for_layers(self.target.config, self.cache.prepare(0, causal), positions,
+        mask = for_layers(self.target.config, self.cache.prepare(0, visible), positions,
                           torch.arange(self.cache.max_len, device=self.device))  # slot i holds position i
         out = target_forward(self.target, ids.to(self.device), self.cache, attention_mask=mask,
-                             position_ids=positions[None], logits_slice=slice(-1, None))
-        self.cache.length = t
-        self._pending([])
+                             position_ids=positions.expand(b, t), logits_slice=real - 1 if ragged else slice(-1, None))
+        self._pending([[]] * b)
         return out
 
-    def _pending(self, path: list[int]) -> None:
-        """Queue the move of the path's KV to the `moves` slots after the committed length:
-        node i of `path` from slot length + path[i], the rest of them onto themselves."""
-        ids = (path + list(range(len(path), self.moves)))[:self.moves]  # vanilla: nothing (its path is [0])
-        self._src = torch.tensor([self.length + i for i in ids], device=self.device)
-        self._dst = torch.arange(self.length, self.length + self.moves, device=self.device)
+    def _pending(self, paths: Sequence[Sequence[int]]) -> None:
+        """Queue the move of each row's path KV to the `moves` slots after its committed length:
+        node i of the path from slot length + path[i], the rest of them onto themselves (parked
+        rows: all of them). One cache row: (moves,) slots; several: (rows, moves)."""
+        path_of = dict(zip(self._rows, paths))
+        src, dst = [], []
+        for row, c in enumerate(self._filled):
+            path = list(path_of.get(row, []))
+            ids = (path + list(range(len(path), self.moves)))[:self.moves]  # vanilla: nothing (its path is [0])
+            src.append([c + i for i in ids])
+            dst.append(list(range(c, c + self.moves)))
+        shape = (-1,) if len(self._filled) == 1 else (len(self._filled), self.moves)
+        self._src = torch.tensor(src, dtype=torch.long, device=self.device).reshape(shape)
+        self._dst = torch.tensor(dst, dtype=torch.long, device=self.device).reshape(shape)
 
     def flush(self) -> None:
         """Apply the pending move now (the next verification would); for inspecting the cache."""
         if self._src.numel():
             self.cache.move(self._src, self._dst)
-        self._pending([])
+        self._pending([[]] * len(self._rows))
 
-    def verify(self, tokens: Tensor, parents: tuple[int, ...]) -> TargetOutput:
-        n = tokens.shape[1]
+    def verify(self, tokens: Tensor, parents: Sequence[tuple[int, ...]]) -> TargetOutput:
+        b, n = tokens.shape
+        parents = [tuple(p) for p in parents]
         if n > self.width:
             raise ValueError(f"a tree of {n - 1} draft nodes does not fit this static runner's {self.width - 1}")
-        tree = Tree.of(parents)
-        visible, offsets = self._padded(tree)
-        ids = torch.cat([tokens, tokens[:, :1].expand(1, self.width - n)], 1)  # (1, width): padded with the root
-        start = torch.tensor(self.length, device=self.device)
-        logits, features = self._forward(ids, start, visible, offsets, self._src, self._dst)
-        return TargetOutput(logits=logits[:, :n], features=features[:, :n])
+        ids = torch.cat([tokens, tokens[:, :1].expand(b, self.width - n)], 1)  # (B, width): padded with the root
+        if self.cache.batch == 1:  # one sequence: no per-row indices anywhere
+            visible, offsets = self._padded(parents[0])
+            start = torch.tensor(self._filled[0], device=self.device)
+            logits, features = self._forward(ids, start, visible, offsets, self._src, self._dst)
+            return TargetOutput(logits=logits[:, :n], features=features[:, :n])
+        rows = torch.tensor(self._rows, device=self.device)
+        full = torch.zeros(self.cache.batch, self.width, dtype=torch.long, device=self.device)
+        full[rows] = ids  # parked rows verify a lone token nothing reads
+        trees = dict(zip(self._rows, parents))
+        padded = [self._padded(trees.get(r, (-1,))) for r in range(self.cache.batch)]  # parked: a lone root
+        visible, offsets = torch.stack([v for v, _ in padded]), torch.stack([o for _, o in padded])
+        start = torch.tensor(self._filled, device=self.device)
+        logits, features = self._forward(full, start, visible, offsets, self._src, self._dst)
+        return TargetOutput(logits=logits[rows, :n], features=features[rows, :n])
 
-    def _padded(self, tree: Tree) -> tuple[Tensor, Tensor]:
-        """The tree's visibility (width, width) and depths (width,), padded to this runner's
+    def _padded(self, parents: tuple[int, ...]) -> tuple[Tensor, Tensor]:
+        """A tree's visibility (width, width) and depths (width,), padded to this runner's
         width and kept on the device for the next rounds (one tree shape, usually)."""
-        if tree.parents not in self._buffers:
-            self._buffers[tree.parents] = (tree.ancestors(self.width, self.device),
-                                           tree.depth_offsets(self.width, self.device))
-        return self._buffers[tree.parents]
+        if parents not in self._buffers:
+            tree = Tree.of(parents)
+            self._buffers[parents] = (tree.ancestors(self.width, self.device), tree.depth_offsets(self.width, self.device))
+        return self._buffers[parents]
 
-    def commit(self, path: list[int]) -> None:
-        self._pending(path)
-        self.cache.length += len(path)
+    def commit(self, paths: Sequence[Sequence[int]]) -> None:
+        self._pending(paths)
+        for row, path in zip(self._rows, paths):
+            self._filled[row] += len(path)
 
-    def committed_kv(self, layer: int) -> tuple[Tensor, Tensor]:
+    def retire(self, keep: Sequence[int]) -> None:
+        self._rows = [self._rows[i] for i in keep]
+
+    def committed_kv(self, layer: int, row: int = 0) -> tuple[Tensor, Tensor]:
         self.flush()
-        return self.cache.keys[layer][:, :, :self.length], self.cache.values[layer][:, :, :self.length]
+        r, n = self._rows[row], self.lengths[row]
+        return self.cache.keys[layer][r:r + 1, :, :n], self.cache.values[layer][r:r + 1, :, :n]
 
 
 def make_runner(kind: str, target: nn.Module, tree_size: int = 0, max_len: int | None = None,

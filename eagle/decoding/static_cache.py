@@ -28,7 +28,7 @@ from eagle.decoding.masks import window_mask
 
 
 class StaticKVCache:
-    """Keys and values (1, H_kv, max_len, D) of every layer, indexed by slot.
+    """Keys and values (B, H_kv, max_len, D) of every layer, indexed by slot.
 
     Each layer's buffers are allocated at its first `update`, from the shape of the keys and
     values the model writes: no config field has to say how many KV heads a family has (multi-
@@ -36,61 +36,80 @@ class StaticKVCache:
     therefore run eagerly (the prefill does); `allocate` sizes every layer up front when the
     shape is known.
 
+    A batch of B sequences has B rows of slots. Each row may write at slots of its own (a batch
+    whose sequences have different lengths): `prepare` with one start per row.
+
     Args:
         num_layers: the layers of the model it serves.
         max_len: slots per layer; fixed for the cache's lifetime.
+        batch: rows (sequences decoded together).
     """
 
-    def __init__(self, num_layers: int, max_len: int, dtype: torch.dtype, device: torch.device | str):
-        self.max_len, self.dtype, self.device = max_len, dtype, torch.device(device)
+    def __init__(self, num_layers: int, max_len: int, dtype: torch.dtype, device: torch.device | str,
+                 batch: int = 1):
+        self.max_len, self.dtype, self.device, self.batch = max_len, dtype, torch.device(device), batch
         self.keys: list[Tensor | None] = [None] * num_layers
         self.values: list[Tensor | None] = [None] * num_layers
-        self.slots = torch.zeros(0, dtype=torch.long, device=device)  # where the next forward writes
+        # where the next forward writes: (n,) slots of every row, or (B, n) per row
+        self.slots = torch.zeros(0, dtype=torch.long, device=device)
         self.length = 0  # committed entries (slots 0..length-1); bookkeeping of the owner
 
     def allocate(self, kv_heads: int, head_dim: int) -> StaticKVCache:
-        """Allocate every layer now, for keys and values of (1, kv_heads, *, head_dim)."""
+        """Allocate every layer now, for keys and values of (B, kv_heads, *, head_dim)."""
         for i in range(len(self.keys)):
             self._allocate(i, kv_heads, head_dim)
         return self
 
     def _allocate(self, layer: int, kv_heads: int, head_dim: int) -> None:
-        shape = (1, kv_heads, self.max_len, head_dim)
+        shape = (self.batch, kv_heads, self.max_len, head_dim)
         self.keys[layer] = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.values[layer] = torch.zeros(shape, dtype=self.dtype, device=self.device)
         for t in (self.keys[layer], self.values[layer]):
             # fixed addresses: compiled graphs (and CUDA graphs) mutate them in place, never copy them
             torch._dynamo.mark_static_address(t)
 
-    def fits(self, num_layers: int, max_len: int, dtype: torch.dtype, device) -> bool:
+    def fits(self, num_layers: int, max_len: int, dtype: torch.dtype, device, batch: int = 1) -> bool:
         return (len(self.keys) == num_layers and self.max_len == max_len and self.dtype == dtype
-                and self.device == torch.device(device))
+                and self.device == torch.device(device) and self.batch == batch)
 
     def prepare(self, start: Tensor | int, visible: Tensor, write_at: Tensor | int | None = None) -> Tensor:
-        """Aim the next forward's n = visible.shape[0] writes at slots write_at..write_at+n-1
+        """Aim the next forward's n = visible.shape[-2] writes at slots write_at..write_at+n-1
         (default: the last n of the S slots after `start`), and return that forward's mask
-        (1, 1, n, max_len) (see `window_mask`)."""
-        n, s = visible.shape
+        (B, 1, n, max_len) (see `window_mask`). `start` and `write_at` are one slot for every
+        row (an int or a 0-d tensor) or one per row (B,); `visible` is (n, S) or (B, n, S)."""
+        n, s = visible.shape[-2:]
         write_at = start + (s - n) if write_at is None else write_at
-        self.slots = write_at + torch.arange(n, device=self.device)  # (n,)
+        offsets = torch.arange(n, device=self.device)
+        per_row = isinstance(write_at, Tensor) and write_at.dim() == 1 and self.batch > 1
+        self.slots = write_at[:, None] + offsets if per_row else write_at + offsets  # (B, n) or (n,)
         return window_mask(start, visible, self.max_len, self.dtype)
 
     def update(self, key_states: Tensor, value_states: Tensor, layer_idx: int, *args, **kwargs):
-        """Called by each attention layer with its new (1, H_kv, n, D) keys and values;
-        returns the whole layer (1, H_kv, max_len, D) for attention under the mask."""
+        """Called by each attention layer with its new (B, H_kv, n, D) keys and values;
+        returns the whole layer (B, H_kv, max_len, D) for attention under the mask."""
         if self.keys[layer_idx] is None:
             self._allocate(layer_idx, key_states.shape[1], key_states.shape[-1])
         keys, values = self.keys[layer_idx], self.values[layer_idx]
-        keys.index_copy_(2, self.slots, key_states)
-        values.index_copy_(2, self.slots, value_states)
+        if self.slots.dim() == 1:  # every row writes at the same slots
+            keys.index_copy_(2, self.slots, key_states)
+            values.index_copy_(2, self.slots, value_states)
+        else:  # (B, n): each row at its own
+            index = self.slots[:, None, :, None].expand_as(key_states)
+            keys.scatter_(2, index, key_states)
+            values.scatter_(2, index.expand_as(value_states), value_states)
         return keys, values
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.length
 
     def move(self, src: Tensor, dst: Tensor) -> None:
-        """Copy the entries at slots `src` (k,) to slots `dst` (k,) in every layer (a gather, then
-        an index copy: overlapping ranges are safe)."""
+        """Copy the entries at slots `src` to slots `dst` in every layer, both (k,) for every row or
+        (B, k) per row (a gather, then a write: overlapping ranges are safe)."""
         for t in self.keys + self.values:
-            if t is not None:
+            if t is None:
+                continue
+            if src.dim() == 1:
                 t.index_copy_(2, dst, t.index_select(2, src))
+            else:
+                shape = (t.shape[0], t.shape[1], src.shape[1], t.shape[3])
+                t.scatter_(2, dst[:, None, :, None].expand(shape), t.gather(2, src[:, None, :, None].expand(shape)))

@@ -27,6 +27,9 @@ class DraftLM:
     def dtype(self) -> torch.dtype:
         return next(self.model.parameters()).dtype
 
+    def fork(self) -> DraftLM:
+        return DraftLM(self.model, self.cache.fresh())
+
     def reset(self, state: DecodeState) -> None:
         vocab = lm_head(self.model).weight.shape[0]
         if vocab != state.vocab_size:  # its ids would mean other tokens to the target, or none

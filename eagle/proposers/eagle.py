@@ -51,7 +51,7 @@ class EagleDraftModel:
                  pass_shape: tuple[int, int] | None = None):
         if (compile_mode is not None or pass_shape is not None) and not (cache.fixed_shape and pass_shape):
             raise ValueError("compiling the drafter needs a static cache and a pass_shape")
-        self.drafter, self.cache, self.pass_shape = drafter, cache, pass_shape
+        self.drafter, self.cache, self.pass_shape, self.compile_mode = drafter, cache, pass_shape, compile_mode
         self.needs_parent_tokens = drafter.needs_prev_ids  # TemplateProposer passes them to `step`
         self._scores_fixed = compile_static(self._scores, compile_mode)
 
@@ -70,6 +70,9 @@ class EagleDraftModel:
 
     def reset(self, state: DecodeState) -> None:
         self.cache.begin(state.max_len)
+
+    def fork(self) -> EagleDraftModel:
+        return EagleDraftModel(self.drafter, self.cache.fresh(), self.compile_mode, self.pass_shape)
 
     def end_round(self) -> None:
         self.cache.keep(self.cache.length)  # the branch KV goes; the committed context stays

@@ -39,6 +39,9 @@ class MedusaDraftModel:
     def reset(self, state: DecodeState) -> None:
         pass
 
+    def fork(self) -> MedusaDraftModel:
+        return self  # no state: the heads read the state's features
+
     def end_round(self) -> None:
         pass
 

@@ -150,6 +150,9 @@ class MergeProposer(Proposer):
         for p in self.proposers:
             p.reset(state)
 
+    def fork(self) -> MergeProposer:
+        return MergeProposer([p.fork() for p in self.proposers], self.budget)
+
     def propose(self, state: DecodeState) -> DraftTree:
         self._trees = [p.propose(state) for p in self.proposers]
         merged, self._maps = merge_trees(self._trees, self.budget)

@@ -22,6 +22,9 @@ class PromptLookupProposer(Proposer):
         self.num_tokens, self.max_ngram = num_tokens, max_ngram
         self.max_nodes = num_tokens
 
+    def fork(self) -> PromptLookupProposer:
+        return PromptLookupProposer(self.num_tokens, self.max_ngram)  # it reads everything off the state
+
     def lookup(self, tokens: list[int]) -> list[int]:
         """The continuation after the earliest earlier match of the longest suffix n-gram."""
         for n in range(min(self.max_ngram, len(tokens) - 1), 0, -1):

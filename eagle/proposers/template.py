@@ -12,6 +12,7 @@ zeroed and renormalised for a draw. After verification the temporary KV is dropp
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -52,6 +53,9 @@ class TreeDraftModel(Protocol):
 
     def end_round(self) -> None:
         """Drop the round's branch KV (verification is done)."""
+
+    def fork(self) -> TreeDraftModel:
+        """The same model (weights shared) with a cache of its own, for another sequence of a batch."""
 
     @property
     def dtype(self) -> torch.dtype: ...
@@ -118,6 +122,12 @@ class TemplateProposer(Proposer):
 
     def reset(self, state: DecodeState) -> None:
         self.model.reset(state)
+
+    def fork(self) -> TemplateProposer:
+        clone = copy.copy(self)  # the template's index tensors are shared: they are only read
+        clone.__dict__.pop("_forks", None)
+        clone.model = self.model.fork()
+        return clone
 
     def accept(self, state: DecodeState, tree: DraftTree, path: list[int]) -> None:
         if bool(self._root_nan):  # the round was still exact, but such drafts are never accepted: say why

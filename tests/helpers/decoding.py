@@ -22,6 +22,9 @@ class RandomProposer(Proposer):
         self.template, self.max_nodes = template, template.num_nodes
         self.rng = torch.Generator().manual_seed(seed)
 
+    def fork(self) -> RandomProposer:
+        return RandomProposer(self.template, seed=int(torch.randint(0, 2**31 - 1, (1,), generator=self.rng)))
+
     def propose(self, state: DecodeState) -> DraftTree:
         n, v = self.template.num_nodes, state.vocab_size
         tokens = torch.randint(0, v, (n,), generator=self.rng)
@@ -56,6 +59,33 @@ def greedy_cases(target, n: int, max_news=(1, 2, 7, 24, 40), seed: int = 0):
         eos = ref[len(ref) // 2] if i % 2 and len(ref) > 3 else None
         cases.append((prompt, max_new, eos, hf_greedy(target, prompt, max_new, eos) if eos is not None else ref))
     return cases
+
+
+BUDGETS = (40, 1, 7, 24, 2, 40)  # new tokens per row of a batch: rows finish at different rounds
+
+
+def batch_case(target, n: int = 6, seed: int = 0):
+    """A batch of n prompts of different lengths (1..~90 tokens) with different budgets, and one
+    EOS: a token the first row emits half-way, which may or may not come up in the others.
+    Returns (prompts, budgets, eos, references), the references decoded one by one by
+    `model.generate`."""
+    batch = prompts(n, target.config.vocab_size, seed=seed)
+    budgets = [BUDGETS[i % len(BUDGETS)] for i in range(n)]
+    free = hf_greedy(target, batch[0], budgets[0], eos=None)
+    eos = free[len(free) // 2]
+    return batch, budgets, eos, [hf_greedy(target, p, b, eos) for p, b in zip(batch, budgets)]
+
+
+def run_batched_greedy(target, proposer, runner, case, label: str) -> list:
+    """Decode a `batch_case` as one batch; every row must equal its reference (and so its own
+    decode alone, which the one-sequence checks compare with the same reference). Returns the
+    rows' results."""
+    batch, budgets, eos, refs = case
+    decoder = SpeculativeDecoder(target, proposer, eos_token_id=eos, runner=runner)
+    results = decoder.generate_batch(batch, budgets)
+    for row, (res, ref) in enumerate(zip(results, refs)):
+        assert res.tokens == ref, f"{label}: row {row} ({len(batch[row])}-token prompt, {budgets[row]} new, eos {eos})"
+    return results
 
 
 def run_greedy_cases(target, proposer, runner, cases, label: str) -> int:

@@ -1,0 +1,171 @@
+"""Batches of sequences decoded at once: what the batched conformance checks
+(tests/test_conformance.py) would miss if the batch machinery were wrong, shown by planting the
+wrong thing; the bookkeeping of rows that finish early; requests a batch refuses."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from eagle.decoding import SpeculativeDecoder, make_runner, runners
+from eagle.decoding import kv_cache as kv
+from eagle.decoding.engine import Proposer
+from eagle.decoding.static_cache import StaticKVCache
+from eagle.proposers import DraftLM, TemplateProposer
+from helpers.decoding import batch_case, run_batched_greedy, tree
+from helpers.models import TREES, make_tiny_model
+
+
+def _oracle(target, runner: str):
+    proposer = TemplateProposer(DraftLM(target, cache=runner), tree("eagle_default"))
+    return proposer, make_runner(runner, target, tree_size=proposer.max_nodes)
+
+
+def test_a_row_that_sees_another_rows_padding_fails_the_batched_check(monkeypatch):
+    """In the growing cache the rows share slots: a shorter row's slots between its end and the
+    tree hold the longer rows' padding and stale entries. A mask that forgets each row's own
+    length lets it attend to them; the batched check catches that."""
+    target = make_tiny_model("llama")
+    case = batch_case(target)
+    run_batched_greedy(target, *_oracle(target, "dynamic"), case, "the real mask")
+    real = runners.tree_attention_mask
+    monkeypatch.setattr(runners, "tree_attention_mask",
+                        lambda prefix, visible, dtype, committed=None: real(prefix, visible, dtype))
+    with pytest.raises(AssertionError, match="row"):
+        run_batched_greedy(target, *_oracle(target, "dynamic"), case, "rows see the padding")
+
+
+def test_rows_that_share_their_writes_fail_the_batched_check(monkeypatch):
+    """In the static cache each row writes its tree after its own committed prefix. Written at
+    the longest row's end instead (one start for all), a shorter row's tree sits at the wrong
+    positions of its cache and sees stale slots."""
+    target = make_tiny_model("llama")
+    case = batch_case(target)
+    run_batched_greedy(target, *_oracle(target, "static"), case, "per-row slots")
+    real = StaticKVCache.prepare
+
+    def shared(self, start, visible, write_at=None):
+        if isinstance(start, torch.Tensor) and start.dim() == 1:
+            start = start.max().expand_as(start)
+        return real(self, start, visible, write_at)
+
+    monkeypatch.setattr(StaticKVCache, "prepare", shared)
+    with pytest.raises(AssertionError, match="row"):
+        run_batched_greedy(target, *_oracle(target, "static"), case, "one start for every row")
+
+
+def test_a_row_that_keeps_another_rows_path_fails_the_batched_check(monkeypatch):
+    """After verification each row keeps the KV of its own accepted path; taking the next row's
+    (a batch index off by one in the compaction) leaks one sequence into another."""
+    target = make_tiny_model("llama")
+    case = batch_case(target)
+    real = kv.keep_paths
+
+    def swapped(cache, prefix_len, lengths, paths):
+        real(cache, prefix_len, lengths, paths)
+        for layer in cache.layers:  # every row's committed entries from its neighbour
+            layer.keys.copy_(layer.keys.roll(1, 0))
+            layer.values.copy_(layer.values.roll(1, 0))
+
+    monkeypatch.setattr(runners, "keep_paths", swapped)
+    with pytest.raises(AssertionError, match="row"):
+        run_batched_greedy(target, *_oracle(target, "dynamic"), case, "rows swap their caches")
+
+
+@pytest.mark.parametrize("runner", ["dynamic", "static"])
+def test_rows_leave_the_batch_when_they_finish(runner):
+    """A row ends at its own EOS or budget: its rounds stop there, its time is the time until
+    then, and the others go on (the growing cache drops its row, the static one parks it)."""
+    target = make_tiny_model("llama")
+    proposer, kept = _oracle(target, runner)
+    results = run_batched_greedy(target, proposer, kept, batch_case(target), runner)
+    budgets = [len(r.tokens) for r in results]
+    assert budgets[1] == 1 and not results[1].stats.rounds  # one token: the prefill's
+    assert results[1].stats.total_s < results[0].stats.total_s
+    forwards = [r.stats.forwards for r in results]
+    assert max(forwards) > min(f for f in forwards if f) > 0
+    assert all(r.stats.tau == r.stats.committed / max(r.stats.forwards, 1) for r in results)
+
+
+def test_a_batch_decodes_as_each_sequence_alone():
+    """One prompt through `generate` and through `generate_batch` beside others: the same text
+    and the same rounds (greedy: the same accepted paths)."""
+    target = make_tiny_model("llama")
+    proposer, kept = _oracle(target, "dynamic")
+    batch, budgets, eos, _ = batch_case(target)
+    decoder = SpeculativeDecoder(target, proposer, eos_token_id=eos, runner=kept)
+    together = decoder.generate_batch(batch, budgets)
+    for row in (0, 2, 3):
+        alone = decoder.generate(batch[row], budgets[row])
+        assert alone.tokens == together[row].tokens
+        assert [r.path for r in alone.stats.rounds] == [r.path for r in together[row].stats.rounds]
+
+
+def test_streaming_names_the_row_of_each_block():
+    target = make_tiny_model("llama")
+    proposer, kept = _oracle(target, "dynamic")
+    batch, budgets, eos, refs = batch_case(target, n=3)
+    blocks: dict[int, list[int]] = {}
+    SpeculativeDecoder(target, proposer, eos_token_id=eos, runner=kept).generate_batch(
+        batch, budgets, on_commit=lambda row, block: blocks.setdefault(row, []).extend(block))
+    assert [blocks[row] for row in range(3)] == refs
+
+
+def test_batch_requests_are_checked_before_decoding():
+    target = make_tiny_model("llama", max_position_embeddings=64)
+    decoder = SpeculativeDecoder(target)
+    with pytest.raises(ValueError, match="one max_new_tokens for all or one each"):
+        decoder.generate_batch([[1, 2], [3]], [4, 4, 4])
+    with pytest.raises(ValueError, match="generate_batch needs prompts"):
+        decoder.generate_batch([], 4)
+    with pytest.raises(ValueError, match="empty prompt"):
+        decoder.generate_batch([[1, 2], []], 4)
+    with pytest.raises(ValueError, match="exceed the target's context of 64"):
+        decoder.generate_batch([[1, 2], list(range(3, 63))], 8)
+    with pytest.raises(ValueError, match="generate_batch decodes several"):
+        decoder.generate(torch.tensor([[1, 2], [3, 4]]), 4)
+
+
+def test_a_proposer_without_fork_says_it_cannot_batch():
+    class Single(Proposer):
+        name = "single"
+
+    assert Single().for_batch(1)[0].name == "single"  # one sequence needs no fork
+    with pytest.raises(NotImplementedError, match="single cannot draft for several sequences at once"):
+        Single().for_batch(2)
+
+
+def test_forks_share_the_model_and_keep_their_own_cache():
+    target = make_tiny_model("llama")
+    proposer = TemplateProposer(DraftLM(target), tree("chain5"))
+    rows = proposer.for_batch(3)
+    assert rows[0] is proposer and len({id(p) for p in rows}) == 3
+    assert all(p.model.model is target for p in rows)
+    assert len({id(p.model.cache) for p in rows}) == 3
+    assert proposer.for_batch(2)[1] is rows[1]  # kept for the next batch
+
+
+def test_methods_decode_batches_through_the_registry():
+    """Engine methods batch through the one loop; Hugging Face's `generate` batches with left
+    padding (its texts equal one sequence's at a time here, in float32); assisted generation
+    and prompt lookup refuse batches, as Hugging Face does."""
+    from eagle.bench.methods import METHODS, MethodContext, MethodError, build_method
+    from eagle.sampling import SamplingPolicy
+
+    target = make_tiny_model("llama")
+    batch, budgets, eos, refs = batch_case(target, n=4)
+    budget = max(budgets)
+    ctx = MethodContext(target=target, draft_lm=lambda path: target, tree_dirs=(str(TREES),))
+    for name in ("vanilla", "prompt_lookup", "eagle:static", "hf_generate"):
+        sections = {"eagle": {"random": True}}
+        method = build_method(name, ctx, sections)
+        method.eos_token_id = eos
+        assert method.batches
+        got = [r.tokens for r in method.generate_batch(batch, budget, SamplingPolicy())]
+        assert got == [method.generate(p, budget, SamplingPolicy()).tokens for p in batch], name
+    for name in ("hf_assisted", "hf_prompt_lookup"):
+        method = build_method(name, ctx, {"draft": {"model": "self"}})
+        assert not method.batches and not METHODS[name].engine
+        with pytest.raises(MethodError, match="decode one sequence at a time"):
+            method.generate_batch(batch[:2], 4, SamplingPolicy())
+        assert len(method.generate_batch(batch[:1], 4, SamplingPolicy())) == 1  # a batch of one is one sequence
