@@ -169,3 +169,34 @@ def test_methods_decode_batches_through_the_registry():
         with pytest.raises(MethodError, match="decode one sequence at a time"):
             method.generate_batch(batch[:2], 4, SamplingPolicy())
         assert len(method.generate_batch(batch[:1], 4, SamplingPolicy())) == 1  # a batch of one is one sequence
+
+
+@pytest.mark.parametrize("runner", ["dynamic", "static"])
+@pytest.mark.parametrize("kind", ["eagle", "draft_lm"])
+def test_one_pass_and_forked_drafting_give_the_same_trees(kind, runner, monkeypatch):
+    """EAGLE's drafter and a draft LM draft a batch in one pass per depth (rows of one cache);
+    every other proposer, and EAGLE under compile, gives each sequence its own fork. Both are
+    exact and accept the same paths, greedy."""
+    from eagle.models.drafter import EagleDrafter
+    from eagle.proposers import EagleDraftModel, eagle_proposer
+
+    target = make_tiny_model("mistral")  # a sliding window crossed by the longer prompts
+
+    def build():
+        if kind == "eagle":
+            return eagle_proposer(EagleDrafter.random(target, seed=1), tree("eagle_default"), cache=runner)
+        return TemplateProposer(DraftLM(make_tiny_model("mistral", seed=1, num_hidden_layers=1), cache=runner),
+                                tree("eagle_default"))
+
+    case = batch_case(target)
+    proposer = build()
+    one_pass = run_batched_greedy(target, proposer, make_runner(runner, target, tree_size=proposer.max_nodes),
+                                  case, "one pass")
+    assert proposer._one_pass
+    monkeypatch.setattr(EagleDraftModel if kind == "eagle" else DraftLM, "batches_rows", False)
+    proposer = build()
+    forked = run_batched_greedy(target, proposer, make_runner(runner, target, tree_size=proposer.max_nodes),
+                                case, "forks")
+    assert not proposer._one_pass and proposer._forks
+    assert [[r.path for r in res.stats.rounds] for res in one_pass] == [[r.path for r in res.stats.rounds]
+                                                                         for res in forked]

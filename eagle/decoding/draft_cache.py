@@ -24,6 +24,8 @@ hidden by the mask, until overwritten), so every pass can have a fixed shape and
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor
 
@@ -150,6 +152,65 @@ class StaticDraftCache(DraftCache):
 
     def keep(self, length: int) -> None:
         self.hf.length = length
+
+
+class RowsDraftCache:
+    """The KV of one draft model for B sequences drafted together: a position-indexed
+    `StaticKVCache` of B rows, each with its own committed length (rows of different lengths
+    write at slots of their own; a row's entry i holds its position i, branch entries their
+    node's). Passes run eagerly: each round's shapes depend on the batch.
+
+        begin(max_len, rows)         B sequences that may reach `max_len` entries
+        prepare(visible, offset,     the mask of a pass whose n tokens per row, at `positions`
+                positions)           (B, n), write after each row's committed entries and the
+                                     `offset` branch entries of earlier passes; each sees its
+                                     row's committed entries and what `visible` ((n, S) or
+                                     (B, n, S)) allows of the S entries after them
+        advance(counts)              each row commits that many more entries
+        keep_rows(rows)              only these rows (sequences still decoding) stay
+    """
+
+    def __init__(self, config, dtype: torch.dtype, device: torch.device | str,
+                 kv_shape: tuple[int, int] | None = None):
+        self.config, self.dtype, self.device, self.kv_shape = config, dtype, torch.device(device), kv_shape
+        self.window = sliding_window(config)
+        self.hf: StaticKVCache | None = None
+        self.lengths: list[int] = []
+        self.slot_pos: Tensor | None = None  # (B, max_len) with a sliding window: each slot's position
+
+    def begin(self, max_len: int, rows: int) -> None:
+        layers = self.config.num_hidden_layers
+        if self.hf is None or not self.hf.fits(layers, max_len, self.dtype, self.device, rows):
+            self.hf = StaticKVCache(layers, max_len, self.dtype, self.device, batch=rows)
+            if self.kv_shape is not None:
+                self.hf.allocate(*self.kv_shape)
+        self.lengths = [0] * rows
+        if self.window is not None:
+            self.slot_pos = torch.arange(max_len, device=self.device).repeat(rows, 1)
+
+    def prepare(self, visible: Tensor, offset: int, positions: Tensor) -> Tensor | dict:
+        n, s = visible.shape[-2:]
+        committed = torch.tensor(self.lengths, device=self.device)  # (B,)
+        if max(self.lengths) + offset + n > self.hf.max_len:
+            raise RuntimeError(f"the draft cache ({self.hf.max_len} slots) cannot hold {max(self.lengths) + offset + n} "
+                               "entries; size it for prompt + new tokens + tree (DecodeState.max_len)")
+        mask = self.hf.prepare(committed, visible, committed + offset)  # (B, 1, n, max_len)
+        if self.window is None:
+            return mask
+        slots = self.hf.slots if self.hf.slots.dim() == 2 else self.hf.slots.expand(len(self.lengths), n)
+        self.slot_pos.scatter_(1, slots, positions)
+        return for_layers(self.config, mask, positions, self.slot_pos)
+
+    def advance(self, counts: Sequence[int]) -> None:
+        self.lengths = [c + k for c, k in zip(self.lengths, counts)]
+
+    def keep_rows(self, rows: Sequence[int]) -> None:
+        if len(rows) == len(self.lengths):
+            return
+        self.hf.select_rows(rows)
+        self.lengths = [self.lengths[i] for i in rows]
+        if self.slot_pos is not None:
+            self.slot_pos = self.slot_pos[list(rows)]
 
 
 def draft_cache(kind: str, config, dtype: torch.dtype, device: torch.device | str,

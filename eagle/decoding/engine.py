@@ -14,10 +14,11 @@ How the target runs and keeps its KV is the runner's business (`eagle.decoding.r
 growing Hugging Face cache (`DynamicRunner`, the default) or a preallocated, position-indexed
 one with fixed shapes that can be compiled (`StaticRunner`). The loop is the same.
 
-Several sequences decode together the same way (`generate_batch`): each has its own proposer
-(a `fork` of the method's, with its own caches) and draft tree, every tree is verified in ONE
-target forward, each sequence is accepted by the same rules as alone, and a sequence that
-finishes leaves the batch. Decoding one sequence is a batch of one.
+Several sequences decode together the same way (`generate_batch`): each has its own draft tree
+(drafted by its own `fork` of the proposer, with its own caches, or by one pass over every
+sequence for proposers that batch their model), every tree is verified in ONE target forward,
+each sequence is accepted by the same rules as alone, and a sequence that finishes leaves the
+batch. Decoding one sequence is a batch of one.
 
 Vanilla decoding is a proposer that drafts nothing: the same loop, cache and forward, so
 speed ratios compare like with like. `tau` = tokens committed per verification forward
@@ -120,6 +121,28 @@ class Proposer:
             forks.append(self.fork())
         return [self, *forks[: n - 1]]
 
+    # A batch: the loop talks to the method's proposer through these three. By default every
+    # sequence gets its own fork, and they draft one after another; a proposer that drafts for
+    # several sequences in one pass of its model overrides them (`TemplateProposer` with EAGLE).
+
+    def reset_batch(self, states: Sequence[DecodeState]) -> None:
+        """A batch of sequences starts (their prompts are in the target's cache)."""
+        self._rows = self.for_batch(len(states))
+        for proposer, state in zip(self._rows, states):
+            proposer.reset(state)
+
+    def propose_batch(self, states: Sequence[DecodeState]) -> list[DraftTree]:
+        """One tree per sequence still decoding (`states`, in batch order)."""
+        return [proposer.propose(state) for proposer, state in zip(self._rows, states)]
+
+    def accept_batch(self, states: Sequence[DecodeState], trees: Sequence[DraftTree], paths: Sequence[list[int]],
+                     keep: Sequence[int]) -> None:
+        """Told each sequence's accepted path; only the sequences `keep` (indices into `states`)
+        go on, the others finished."""
+        for i in keep:
+            self._rows[i].accept(states[i], trees[i], paths[i])
+        self._rows = [self._rows[i] for i in keep]
+
 
 class VanillaProposer(Proposer):
     """Drafts nothing: plain autoregressive decoding through the speculative loop."""
@@ -208,7 +231,7 @@ class SpeculativeDecoder:
         device = next(self.target.parameters()).device
         if not policy.greedy:
             check_generator(generator, device)
-        proposers = self.proposer.for_batch(len(prompts))
+        proposer = self.proposer
         stats = [DecodeStats(prompt_len=len(ids)) for ids in prompts]
         start = time.perf_counter()
 
@@ -235,22 +258,17 @@ class SpeculativeDecoder:
                 s.total_s = now - start
         if 0 < len(live) < len(prompts):
             runner.retire(live)  # row indices are still those of the prompts
-        for row in live:
-            proposers[row].reset(states[row])
+        if live:
+            proposer.reset_batch([states[row] for row in live])
 
         while live:
-            trees, drafted = [], []
-            for row in live:  # each sequence's proposer drafts its own tree
-                t0 = time.perf_counter()
-                tree = proposers[row].propose(states[row])
-                if not stats[row].rounds:
-                    check_tree(tree, states[row].vocab_size, proposers[row].name)
-                trees.append(tree)
-                drafted.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
+            trees = proposer.propose_batch([states[row] for row in live])
+            for row, tree in zip(live, trees):
+                if not stats[row].rounds:
+                    check_tree(tree, states[row].vocab_size, proposer.name)
             _sync(device)  # GPU work is asynchronous: charge drafting kernels to drafting
             t1 = time.perf_counter()
-            drafted = [d + (t1 - t0) / len(live) for d in drafted]
             verified = self._verify([states[row] for row in live], trees, generator)
             t2 = time.perf_counter()
 
@@ -268,20 +286,21 @@ class SpeculativeDecoder:
                 states[row].new_features = features
                 if on_commit:
                     on_commit(row, block)
+                # the round's drafting is shared by the sequences it drafted for (one after another, or at once)
                 stats[row].rounds.append(RoundStats(accepted=len(path) - 1, committed=len(block), tree_size=tree.size,
-                                                    draft_s=drafted[i], verify_s=t2 - t1, path=tuple(path)))
+                                                    draft_s=(t1 - t0) / len(live), verify_s=t2 - t1, path=tuple(path)))
                 if done:
                     stats[row].total_s = time.perf_counter() - start
                 else:
                     going.append(i)
             if 0 < len(going) < len(live):  # finished sequences leave the batch
                 runner.retire(going)
-            for i in going:
-                row = live[i]
+            if going:
                 t3 = time.perf_counter()
-                proposers[row].accept(states[row], trees[i], verified[i][0])
+                proposer.accept_batch([states[row] for row in live], trees, [path for path, _, _ in verified], going)
                 _sync(device)
-                stats[row].rounds[-1].draft_s += time.perf_counter() - t3  # proposer bookkeeping is drafting work
+                for i in going:  # proposer bookkeeping is drafting work
+                    stats[live[i]].rounds[-1].draft_s += (time.perf_counter() - t3) / len(going)
             live = [live[i] for i in going]
         return [DecodeResult(tokens=t, stats=s) for t, s in zip(new_tokens, stats)]
 

@@ -99,6 +99,13 @@ class StaticKVCache:
             values.scatter_(2, index.expand_as(value_states), value_states)
         return keys, values
 
+    def select_rows(self, rows) -> None:
+        """Keep only the batch rows `rows` (sequences still decoding) of every layer."""
+        index = torch.tensor(list(rows), dtype=torch.long, device=self.device)
+        self.keys = [None if t is None else t.index_select(0, index) for t in self.keys]
+        self.values = [None if t is None else t.index_select(0, index) for t in self.values]
+        self.batch = len(index)
+
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.length
 

@@ -4,11 +4,14 @@ static, `eagle.decoding.draft_cache`)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor, nn
 
-from eagle.decoding.draft_cache import DraftCache, draft_cache
+from eagle.decoding.draft_cache import DraftCache, RowsDraftCache, draft_cache
 from eagle.decoding.engine import DecodeState
+from eagle.decoding.masks import padded_causal
 from eagle.target import lm_head, target_forward
 
 
@@ -22,6 +25,7 @@ class DraftLM:
         p = next(model.parameters())
         self.model = model
         self.cache = draft_cache(cache, model.config, p.dtype, p.device) if isinstance(cache, str) else cache
+        self._rows: RowsDraftCache | None = None  # a batch drafted in one pass (built on first use)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -31,11 +35,14 @@ class DraftLM:
         return DraftLM(self.model, self.cache.fresh())
 
     def reset(self, state: DecodeState) -> None:
+        self._check_vocab(state)
+        self.cache.begin(state.max_len)
+
+    def _check_vocab(self, state: DecodeState) -> None:
         vocab = lm_head(self.model).weight.shape[0]
         if vocab != state.vocab_size:  # its ids would mean other tokens to the target, or none
             raise ValueError(f"the draft LM has a vocabulary of {vocab} tokens, the target {state.vocab_size}: "
                              "a draft LM must share the target's tokenizer")
-        self.cache.begin(state.max_len)
 
     def end_round(self) -> None:
         self.cache.keep(self.cache.length)
@@ -62,3 +69,38 @@ class DraftLM:
         out = target_forward(self.model, tokens[None], self.cache.hf, attention_mask=mask,
                              position_ids=position_ids[None])
         return out.logits[0], None
+
+    # Several sequences in one pass (`eagle.proposers.template.RowsDraftModel`): their own rows of
+    # one cache, each catch-up padded to the longest one.
+
+    batches_rows = True
+
+    def begin_rows(self, states: Sequence[DecodeState]) -> None:
+        self._check_vocab(states[0])
+        if self._rows is None:
+            self._rows = RowsDraftCache(self.model.config, self.dtype, self.cache.device)
+        self._rows.begin(max(s.max_len for s in states), len(states))
+
+    def catch_up_rows(self, states: Sequence[DecodeState]) -> tuple[Tensor, None]:
+        """`catch_up` for every sequence at once: the root's logits (B, V)."""
+        rows, device = self._rows, self.cache.device
+        ks = [len(s.tokens) - have for s, have in zip(states, rows.lengths)]  # new tokens per sequence
+        k = max(ks)
+        ids = torch.tensor([s.tokens[have:] + [s.tokens[-1]] * (k - n) for s, have, n in zip(states, rows.lengths, ks)],
+                           device=device)  # (B, k), padded
+        positions = torch.tensor(rows.lengths, device=device)[:, None] + torch.arange(k, device=device)  # (B, k)
+        real = torch.tensor(ks, device=device)
+        mask = rows.prepare(padded_causal(real, k), 0, positions)
+        out = target_forward(self.model, ids, rows.hf, attention_mask=mask, position_ids=positions, logits_slice=real - 1)
+        rows.advance(ks)
+        return out.logits[:, 0], None
+
+    def step_rows(self, tokens: Tensor, parent_hidden: Tensor | None, positions: Tensor,
+                  visible: Tensor) -> tuple[Tensor, None]:
+        """`step` for every sequence at once: tokens (B, n) at positions (B, n). Returns (B, n, V)."""
+        n, s = visible.shape
+        mask = self._rows.prepare(visible, s - n, positions)  # after the earlier depths' nodes
+        return target_forward(self.model, tokens, self._rows.hf, attention_mask=mask, position_ids=positions).logits, None
+
+    def end_round_rows(self, keep: Sequence[int]) -> None:
+        self._rows.keep_rows(keep)  # each row's branch entries are past its committed length: hidden

@@ -22,12 +22,15 @@ which every pass can be padded to one fixed shape (`pass_shape`) and compiled.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor
 
 from eagle.decoding.compile import compile_static
-from eagle.decoding.draft_cache import DraftCache, draft_cache
+from eagle.decoding.draft_cache import DraftCache, RowsDraftCache, draft_cache
 from eagle.decoding.engine import DecodeState
+from eagle.decoding.masks import padded_causal
 from eagle.models.drafter import EagleDrafter
 from eagle.proposers.template import TemplateProposer
 from eagle.tree import TreeTemplate
@@ -52,6 +55,7 @@ class EagleDraftModel:
         if (compile_mode is not None or pass_shape is not None) and not (cache.fixed_shape and pass_shape):
             raise ValueError("compiling the drafter needs a static cache and a pass_shape")
         self.drafter, self.cache, self.pass_shape, self.compile_mode = drafter, cache, pass_shape, compile_mode
+        self._rows: RowsDraftCache | None = None  # a batch drafted in one pass (built on first use)
         self.needs_parent_tokens = drafter.needs_prev_ids  # TemplateProposer passes them to `step`
         self._scores_fixed = compile_static(self._scores, compile_mode)
 
@@ -73,6 +77,55 @@ class EagleDraftModel:
 
     def fork(self) -> EagleDraftModel:
         return EagleDraftModel(self.drafter, self.cache.fresh(), self.compile_mode, self.pass_shape)
+
+    # Several sequences in one drafter pass (`eagle.proposers.template.RowsDraftModel`): their own
+    # rows of one cache, each catch-up padded to the longest one. Compiled passes keep to one sequence.
+
+    @property
+    def batches_rows(self) -> bool:
+        return self.compile_mode is None
+
+    def begin_rows(self, states: Sequence[DecodeState]) -> None:
+        if self._rows is None:
+            cfg = self.drafter.config
+            self._rows = RowsDraftCache(self.drafter.llama_config, self.drafter.dtype, self.drafter.device,
+                                        kv_shape=(cfg.num_key_value_heads, cfg.head_dim))
+        self._rows.begin(max(s.max_len for s in states), len(states))
+
+    def catch_up_rows(self, states: Sequence[DecodeState]) -> tuple[Tensor, Tensor]:
+        """`catch_up` for every sequence at once: the root's logits (B, V) and f_hat (B, H)."""
+        rows, device = self._rows, self.drafter.device
+        ks = [s.new_features.shape[1] for s in states]  # new tokens per sequence
+        k = max(ks)
+        starts = [len(s.tokens) - n for s, n in zip(states, ks)]
+        if any(n == 0 or start < 1 or have != start - 1 for n, start, have in zip(ks, starts, rows.lengths)):
+            raise RuntimeError(f"EAGLE drafter rows out of step: they hold {rows.lengths} entries for sequences of "
+                               f"{[len(s.tokens) for s in states]} tokens with {ks} new features (was reset_batch called?)")
+        features = torch.cat([torch.nn.functional.pad(s.new_features.to(device), (0, 0, 0, k - n))
+                              for s, n in zip(states, ks)])  # (B, k, H), zero-padded
+        ids = torch.tensor([s.tokens[start - 1:] + [s.tokens[-1]] * (k - n)
+                            for s, start, n in zip(states, starts, ks)], device=device)  # (B, k + 1) x_{start-1}..
+        positions = torch.tensor(starts, device=device)[:, None] + torch.arange(k, device=device)  # (B, k)
+        visible = padded_causal(torch.tensor(ks, device=device), k)  # (B, k, k)
+        mask = rows.prepare(visible, 0, positions)
+        hidden = self.drafter(features, ids[:, 1:], position_ids=positions, attention_mask=mask, cache=rows.hf,
+                              prev_ids=ids[:, :-1])  # (B, k, H)
+        rows.advance(ks)
+        root = hidden[torch.arange(len(ks), device=device), torch.tensor(ks, device=device) - 1]  # (B, H)
+        return self.drafter.logits(root), root
+
+    def step_rows(self, tokens: Tensor, parent_hidden: Tensor, positions: Tensor, visible: Tensor,
+                  parent_tokens: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """`step` for every sequence at once: tokens (B, n), parent features (B, n, H), positions
+        (B, n); the same template (`visible` (n, S)) in every row. Returns (B, n, V), (B, n, H)."""
+        n, s = visible.shape
+        mask = self._rows.prepare(visible, s - n, positions)  # after the earlier depths' nodes
+        hidden = self.drafter(parent_hidden, tokens, position_ids=positions, attention_mask=mask, cache=self._rows.hf,
+                              prev_ids=parent_tokens)
+        return self.drafter.logits(hidden), hidden
+
+    def end_round_rows(self, keep: Sequence[int]) -> None:
+        self._rows.keep_rows(keep)  # each row's branch entries are past its committed length: hidden
 
     def end_round(self) -> None:
         self.cache.keep(self.cache.length)  # the branch KV goes; the committed context stays

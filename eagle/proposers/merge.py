@@ -160,10 +160,36 @@ class MergeProposer(Proposer):
 
     def accept(self, state: DecodeState, tree: DraftTree, path: list[int]) -> None:
         for p, own, where in zip(self.proposers, self._trees, self._maps):
-            back = {m: v for v, m in where.items()}
-            own_path = []
-            for node in path:  # the SSM's own nodes along the accepted path, as far as it drafted it
-                if node not in back:
-                    break
-                own_path.append(back[node])
-            p.accept(state, own, own_path)
+            p.accept(state, own, own_path(where, path))
+
+    # A batch: each SSM drafts for every sequence (in one pass where its model can), then each
+    # sequence's trees are merged.
+
+    def reset_batch(self, states: Sequence[DecodeState]) -> None:
+        for p in self.proposers:
+            p.reset_batch(states)
+
+    def propose_batch(self, states: Sequence[DecodeState]) -> list[DraftTree]:
+        per_ssm = [p.propose_batch(states) for p in self.proposers]  # K lists of B trees
+        self._batch_trees = [[trees[b] for trees in per_ssm] for b in range(len(states))]  # B lists of K trees
+        merged = [merge_trees(trees, self.budget) for trees in self._batch_trees]
+        self._batch_maps = [maps for _, maps in merged]
+        return [tree for tree, _ in merged]
+
+    def accept_batch(self, states: Sequence[DecodeState], trees: Sequence[DraftTree], paths: Sequence[list[int]],
+                     keep: Sequence[int]) -> None:
+        for k, p in enumerate(self.proposers):
+            p.accept_batch(states, [own[k] for own in self._batch_trees],
+                           [own_path(maps[k], path) for maps, path in zip(self._batch_maps, paths)], keep)
+
+
+def own_path(where: dict[int, int], path: list[int]) -> list[int]:
+    """An SSM's own nodes along a merged tree's accepted `path`, as far as it drafted it (`where`:
+    its node -> the merged tree's node)."""
+    back = {m: v for v, m in where.items()}
+    out = []
+    for node in path:
+        if node not in back:
+            break
+        out.append(back[node])
+    return out

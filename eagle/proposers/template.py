@@ -8,11 +8,16 @@ expanded node's distribution, or, under sampling with `proposal="sample"`, by dr
 without replacement. Either way each draft token's proposal `q` is recorded exactly: a
 one-hot for a deterministic choice, the parent's distribution with earlier siblings
 zeroed and renormalised for a draw. After verification the temporary KV is dropped.
+
+A batch of sequences is drafted the same way, every pass over all of them at once when the
+model can (`RowsDraftModel`: EAGLE's drafter, a draft LM, Medusa's heads), else by one fork
+of the proposer per sequence.
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -62,6 +67,27 @@ class TreeDraftModel(Protocol):
 
     # Optional: a model drafting from a reduced vocabulary (`eagle.data.vocab`) has `draft_vocab`,
     # the token ids (K,) of its logits' K columns, and `vocab_size`, the target's V.
+
+
+class RowsDraftModel(TreeDraftModel, Protocol):
+    """A `TreeDraftModel` that can also draft for B sequences at once, one pass per depth for all
+    of them (each sequence a row of its cache), when `batches_rows` is true."""
+
+    batches_rows: bool
+
+    def begin_rows(self, states: Sequence[DecodeState]) -> None:
+        """Start a batch of sequences (the target has just read their prompts)."""
+
+    def catch_up_rows(self, states: Sequence[DecodeState]) -> tuple[Tensor, Tensor | None]:
+        """`catch_up` for every sequence: the roots' logits (B, V) and hidden outputs (B, ...) or None."""
+
+    def step_rows(self, tokens: Tensor, parent_hidden: Tensor | None, position_ids: Tensor,
+                  visible: Tensor) -> tuple[Tensor, Tensor | None]:
+        """`step` for every sequence: tokens and positions (B, n), the same `visible` (n, S) in
+        every row (one template). Returns logits (B, n, V) and hidden outputs (B, n, ...) or None."""
+
+    def end_round_rows(self, keep: Sequence[int]) -> None:
+        """Drop the round's branch KV; only the rows `keep` go on (the others finished)."""
 
 
 class TemplateProposer(Proposer):
@@ -130,9 +156,12 @@ class TemplateProposer(Proposer):
         return clone
 
     def accept(self, state: DecodeState, tree: DraftTree, path: list[int]) -> None:
+        self._check_root()
+        self.model.end_round()
+
+    def _check_root(self) -> None:
         if bool(self._root_nan):  # the round was still exact, but such drafts are never accepted: say why
             raise ValueError(f"{self.name}: the draft model's logits are NaN (a float16 drafter overflowing?)")
-        self.model.end_round()
 
     def _on(self, device: torch.device) -> None:
         """Move the fixed index tensors to the draft model's device (once: the template is fixed)."""
@@ -142,17 +171,56 @@ class TemplateProposer(Proposer):
             self._device = device
 
     def propose(self, state: DecodeState) -> DraftTree:
-        tpl, model, policy = self.template, self.model, state.policy
-        logits, hidden = model.catch_up(state)  # the root's (V,) and (H,) or None
+        logits, hidden = self.model.catch_up(state)  # the root's (V,) and (H,) or None
+
+        def step(tokens: Tensor, parent_hidden: Tensor | None, positions: Tensor, visible: Tensor, **extra):
+            logits, hidden = self.model.step(tokens[0], None if parent_hidden is None else parent_hidden[0],
+                                             positions[0], visible, **{k: v[0] for k, v in extra.items()})
+            return logits[None], None if hidden is None else hidden[None]  # one sequence as a batch of one
+
+        return self._draft([state], logits[None], None if hidden is None else hidden[None], step)[0]
+
+    # A batch in one pass of the model per depth, when the model can (`RowsDraftModel`: EAGLE's
+    # drafter, a draft LM); otherwise one fork per sequence (`Proposer`'s default).
+
+    def _in_one_pass(self, n: int) -> bool:
+        return n > 1 and getattr(self.model, "batches_rows", False)
+
+    def reset_batch(self, states: Sequence[DecodeState]) -> None:
+        self._one_pass = self._in_one_pass(len(states))
+        if not self._one_pass:
+            return super().reset_batch(states)
+        self.model.begin_rows(states)
+
+    def propose_batch(self, states: Sequence[DecodeState]) -> list[DraftTree]:
+        if not self._one_pass:
+            return super().propose_batch(states)
+        logits, hidden = self.model.catch_up_rows(states)  # (B, V), (B, H)
+        return self._draft(states, logits, hidden, self.model.step_rows)
+
+    def accept_batch(self, states: Sequence[DecodeState], trees: Sequence[DraftTree], paths: Sequence[list[int]],
+                     keep: Sequence[int]) -> None:
+        if not self._one_pass:
+            return super().accept_batch(states, trees, paths, keep)
+        self._check_root()
+        self.model.end_round_rows(keep)
+
+    def _draft(self, states: Sequence[DecodeState], logits: Tensor, hidden: Tensor | None, step) -> list[DraftTree]:
+        """Fill the template for B sequences at once, from each root's draft logits (B, V) and
+        hidden output (B, ...) or None; `step(tokens (B, m), parent_hidden (B, m, ...) | None,
+        positions (B, m), visible (m, S)[, parent_tokens=(B, m)])` scores a depth's expanded nodes
+        of every sequence, returning logits (B, m, V) and hidden outputs (B, m, ...) or None."""
+        tpl, model, policy = self.template, self.model, states[0].policy
         self._root_nan = logits.isnan().any()  # read in `accept`, once the round's work is done (no extra sync)
         device = logits.device
         self._on(device)
-        logits = logits[None]  # (1, V): one row per parent of the level being drawn
-        hidden = None if hidden is None else hidden[None]
-        root_pos = len(state.tokens) - 1
+        b = len(states)
+        logits = logits[:, None]  # (B, 1, V): per sequence, one row per parent of the level being drawn
+        hidden = None if hidden is None else hidden[:, None]
+        root_pos = torch.tensor([len(s.tokens) - 1 for s in states], device=device)  # (B,)
         n = tpl.num_nodes + 1
-        tokens = torch.empty(n, dtype=torch.long, device=device)
-        tokens[0] = state.tokens[-1]
+        tokens = torch.empty(b, n, dtype=torch.long, device=device)
+        tokens[:, 0] = torch.tensor([s.tokens[-1] for s in states], device=device)
         vocab = getattr(model, "draft_vocab", None)  # (K,) ids of the logits' columns; None: all V
         if vocab is not None and len(vocab) < self.max_width:
             raise ValueError(f"tree {tpl.name!r} takes the top {self.max_width} of a node, more than the "
@@ -160,27 +228,28 @@ class TemplateProposer(Proposer):
         if logits.shape[-1] < self.max_width:
             raise ValueError(f"tree {tpl.name!r} takes the top {self.max_width} of a node, more than the draft "
                              f"model's vocabulary of {logits.shape[-1]} tokens")
-        q = None if policy.greedy else torch.zeros(n, logits.shape[-1], device=device)  # over the columns
+        q = None if policy.greedy else torch.zeros(b, n, logits.shape[-1], device=device)  # over the columns
         for depth in range(1, tpl.depth + 1):
             level = self.levels[depth]
-            picks, q_picks = self._choose(logits, level.width, state)  # (p, width), (p, width, V|K) | None
-            picks = picks[level.rows, level.ranks]  # (c,) columns
-            tokens[level.kids] = picks if vocab is None else vocab[picks]
+            picks, q_picks = self._choose(logits, level.width, states[0])  # (B, p, width), (B, p, width, V|K) | None
+            picks = picks[:, level.rows, level.ranks]  # (B, c) columns
+            tokens[:, level.kids] = picks if vocab is None else vocab[picks]
             if q is not None:
-                q[level.kids] = q_picks[level.rows, level.ranks]
+                q[:, level.kids] = q_picks[:, level.rows, level.ranks]
             if not level.nodes.numel():
                 break  # nothing expands below this depth
-            parent_hidden = None if hidden is None else hidden[level.parent_rows]  # (m, H)
-            pos = torch.full((len(level.nodes),), root_pos + depth, dtype=torch.long, device=device)
-            extra = {"parent_tokens": tokens[level.parent_nodes]} if self.pass_parent_tokens else {}
-            logits, hidden = model.step(tokens[level.nodes], parent_hidden, pos, self.visible_by_depth[depth], **extra)
+            parent_hidden = None if hidden is None else hidden[:, level.parent_rows]  # (B, m, H)
+            pos = (root_pos + depth)[:, None].expand(b, len(level.nodes))  # (B, m)
+            extra = {"parent_tokens": tokens[:, level.parent_nodes]} if self.pass_parent_tokens else {}
+            logits, hidden = step(tokens[:, level.nodes], parent_hidden, pos, self.visible_by_depth[depth], **extra)
         if q is not None and vocab is not None:  # q over the whole vocabulary, zero off the K tokens
-            q = q.new_zeros(n, model.vocab_size).index_copy_(1, vocab, q)
-        return DraftTree(tokens=tokens[1:], parents=self.parents, q=None if q is None else q[1:])
+            q = q.new_zeros(b, n, model.vocab_size).index_copy_(2, vocab, q)
+        return [DraftTree(tokens=tokens[i, 1:], parents=self.parents, q=None if q is None else q[i, 1:])
+                for i in range(b)]
 
     def _choose(self, logits: Tensor, m: int, state: DecodeState) -> tuple[Tensor, Tensor | None]:
-        """Pick m children for each row of `logits` (p, V) at once; returns tokens (p, m) and their
-        q (p, m, V) (None under greedy decoding)."""
+        """Pick m children for each row of `logits` (..., V) at once; returns tokens (..., m) and their
+        q (..., m, V) (None under greedy decoding)."""
         policy = state.policy
         if policy.greedy:
             return logits.topk(m, dim=-1).indices, None
