@@ -3,7 +3,8 @@ from its GGUF file into a plain folder (reused from runs/smollm2/model, where `m
 it), then decoded exactly like the tiny random models of the conformance suite: greedy text
 identical to `generate`'s on chat-rendered ShareGPT prompts, for EAGLE (an untrained drafter),
 a draft LM with the target's tokenizer (the target drafting for itself: deep accepted paths,
-so the cache compaction is exercised on 30 layers of grouped-query attention) and prompt lookup."""
+so the cache compaction is exercised on 30 layers of grouped-query attention) and prompt lookup,
+one prompt at a time and all of them as one batch."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from eagle.models.drafter import EagleDrafter
 from eagle.models.packaged import SIDECAR, SMOLLM2, convert_gguf
 from eagle.proposers import DraftLM, PromptLookupProposer, TemplateProposer, eagle_proposer
 from eagle.target import TargetError, load_target
-from helpers.decoding import hf_greedy, run_greedy_cases, tree
+from helpers.decoding import hf_greedy, run_batched_greedy, run_greedy_cases, tree
 from helpers.models import ROOT
 
 SLOW = pytest.mark.slow  # the conversion alone takes ~25 s, each greedy text a few more
@@ -65,6 +66,11 @@ def test_greedy_text_on_the_real_target_is_generates(smollm2):
         accepted = run_greedy_cases(model, proposer, runner, cases, f"smollm2/{name}")
         if name == "draft_lm":
             assert accepted > 40, "the target drafting for itself accepts deep paths"
+        # the same prompts (of different lengths) as one batch, on each runner
+        for kind in ("dynamic", "static"):
+            batched = make_runner(kind, model, tree_size=proposer.max_nodes)
+            run_batched_greedy(model, proposer, batched, (prompts, [24] * len(prompts), eos, [c[3] for c in cases]),
+                               f"smollm2/{name}/batch/{kind}")
 
 
 def test_a_missing_package_is_a_clear_error():
