@@ -184,7 +184,7 @@ class RowsDraftCache:
             self.hf = StaticKVCache(layers, max_len, self.dtype, self.device, batch=rows)
             if self.kv_shape is not None:
                 self.hf.allocate(*self.kv_shape)
-        self.lengths = [0] * rows
+        self.lengths, self.hf.length = [0] * rows, 0
         if self.window is not None:
             self.slot_pos = torch.arange(max_len, device=self.device).repeat(rows, 1)
 
@@ -203,6 +203,7 @@ class RowsDraftCache:
 
     def advance(self, counts: Sequence[int]) -> None:
         self.lengths = [c + k for c, k in zip(self.lengths, counts)]
+        self.hf.length = max(self.lengths)  # what the cache says to a model that asks (get_seq_length)
 
     def keep_rows(self, rows: Sequence[int]) -> None:
         if len(rows) == len(self.lengths):

@@ -269,6 +269,7 @@ class StaticRunner(TargetRunner):
                           torch.arange(self.cache.max_len, device=self.device))  # slot i holds position i
         out = target_forward(self.target, ids.to(self.device), self.cache, attention_mask=mask,
                              position_ids=positions.expand(b, t), logits_slice=real - 1 if ragged else slice(-1, None))
+        self.cache.length = max(self._filled)  # what the cache says to a model that asks (get_seq_length)
         self._pending([[]] * b)
         return out
 
@@ -326,6 +327,7 @@ class StaticRunner(TargetRunner):
         self._pending(paths)
         for row, path in zip(self._rows, paths):
             self._filled[row] += len(path)
+        self.cache.length = max(self._filled)
 
     def retire(self, keep: Sequence[int]) -> None:
         self._rows = [self._rows[i] for i in keep]
