@@ -274,13 +274,8 @@ class SpeculativeDecoder:
 
             going = []
             for i, (row, tree, (path, next_token, features)) in enumerate(zip(live, trees, verified)):
-                block = tree.tokens[[j - 1 for j in path[1:]]].tolist() + [next_token]
-                done = False
-                room = budgets[row] - len(new_tokens[row])
-                for j, tok in enumerate(block):  # EOS or max_new_tokens may land inside the path
-                    if tok in self.eos or j + 1 >= room:
-                        block, done = block[: j + 1], True
-                        break
+                block, done = self._cut(tree.tokens[[j - 1 for j in path[1:]]].tolist() + [next_token],
+                                        budgets[row] - len(new_tokens[row]))
                 new_tokens[row] += block
                 states[row].tokens += block
                 states[row].new_features = features
@@ -299,10 +294,20 @@ class SpeculativeDecoder:
                 t3 = time.perf_counter()
                 proposer.accept_batch([states[row] for row in live], trees, [path for path, _, _ in verified], going)
                 _sync(device)
+                bookkeeping = (time.perf_counter() - t3) / len(going)
                 for i in going:  # proposer bookkeeping is drafting work
-                    stats[live[i]].rounds[-1].draft_s += (time.perf_counter() - t3) / len(going)
+                    stats[live[i]].rounds[-1].draft_s += bookkeeping
             live = [live[i] for i in going]
         return [DecodeResult(tokens=t, stats=s) for t, s in zip(new_tokens, stats)]
+
+    def _cut(self, block: list[int], room: int) -> tuple[list[int], bool]:
+        """A round's accepted tokens and next token, up to the first EOS or the sequence's last
+        allowed token (`room` left): both may land inside the accepted path. Returns (the
+        tokens committed, whether the sequence is done)."""
+        for j, tok in enumerate(block):
+            if tok in self.eos or j + 1 >= room:
+                return block[: j + 1], True
+        return block, False
 
     def _sample(self, logits: Tensor, generator) -> int:
         if self.policy.greedy or self.typical is not None:  # typical: "first token greedy"
