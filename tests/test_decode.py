@@ -619,6 +619,8 @@ def test_batch_mode_measures_every_method_at_each_size(models, tmp_path):
     for b, results in run["sizes"].items():
         assert set(results) == {*BATCHED, per_size}
         assert results["vanilla"]["speedup"] == pytest.approx(1.0)
+        plain = [results[name]["speedup_vs_fastest"] for name in ("vanilla", "hf_generate")]
+        assert max(plain) == pytest.approx(1.0) and min(plain) <= 1.0  # against the fastest plain decoding
         assert results[per_size]["method"] == f"eagle@{trees}/machine_b{b}.yaml"
         for name, r in results.items():
             assert r["new_tokens"] == 3 * 12 or r["tau"] >= 1.0, name  # 12 tokens each, or an EOS
@@ -627,7 +629,7 @@ def test_batch_mode_measures_every_method_at_each_size(models, tmp_path):
                 assert r["identical_to_vanilla"] == 1.0, (b, name)
     assert run["sizes"]["1"]["vanilla"]["vs_vanilla_b1"] == pytest.approx(1.0)
     table = (out / "batch.md").read_text()
-    assert "EAGLE-1 paper, Vicuna-7B" in table and "B=3" in table and (out / "batch.png").stat().st_size > 0
+    assert "EAGLE-1 paper, Vicuna-7B" in table and "B=3" in table and "Against the fastest plain decoding" in table and (out / "batch.png").stat().st_size > 0
 
 
 def test_batch_mode_refuses_methods_that_decode_one_sequence(models, tmp_path):

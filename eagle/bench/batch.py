@@ -6,7 +6,8 @@ one smaller when B does not divide P), every method on the same batches, taking 
 by batch (load drift on a shared machine hits them alike), after one untimed batch each.
 
 - throughput: new tokens of every sequence / wall time of the batches;
-- speedup at B: a method's throughput over vanilla's at the same B (Table 7's columns);
+- speedup at B: a method's throughput over vanilla's at the same B (Table 7's columns), and over
+  the fastest plain decoding at that B (vanilla in another dtype or runner, `hf_generate`);
 - vs vanilla at B = 1: over one sequence at a time, what batching alone buys;
 - tau: per sequence, as alone: tokens committed per verification forward it took part in;
 - ms per batch round, split into drafting (every sequence's proposer, one after another) and
@@ -29,6 +30,7 @@ import torch
 from tqdm.auto import tqdm
 
 from eagle.artifacts import write_json
+from eagle.bench.benchmark import is_plain_decoding
 from eagle.bench.methods import Method, MethodError
 from eagle.decoding.stats import DecodeResult, tau
 from eagle.sampling import SamplingPolicy, seeded_generator
@@ -66,6 +68,7 @@ class SizeResult:
     new_tokens: int
     seconds: float
     speedup: float = float("nan")  # over vanilla at this batch size
+    speedup_vs_fastest: float = float("nan")  # over the fastest plain decoding at this batch size
     vs_vanilla_b1: float = float("nan")  # over vanilla at batch size 1
     rounds: int = 0  # batch rounds (verification forwards)
     draft_ms_per_round: float = 0.0
@@ -148,8 +151,10 @@ def run_batch_benchmark(prompts: Sequence[list[int]], build: Callable[[str], tup
                     bar.update(len(group))
             results = {label: summarise(names[label], b, timed[label]) for label in cfg.methods}
             base = results["vanilla"]
+            fastest = max((r for label, r in results.items() if is_plain_decoding(label)), key=lambda r: r.tokens_per_s)
             for label, r in results.items():
                 r.speedup = r.tokens_per_s / base.tokens_per_s if base.tokens_per_s else float("nan")
+                r.speedup_vs_fastest = r.tokens_per_s / fastest.tokens_per_s if fastest.tokens_per_s else float("nan")
                 if policy.greedy:
                     mine = [row.tokens for rows, _ in timed[label] for row in rows]
                     ref = [row.tokens for rows, _ in timed["vanilla"] for row in rows]
@@ -201,6 +206,13 @@ def markdown(report: dict) -> str:
                 cells = [f"{row[int(b)]:.2f}x" if int(b) in row else "-" for b in sizes]
                 lines.append(f"| EAGLE-1 paper, {name} (GPU, MT-bench) | fp16 | " + " | ".join(cells)
                              + f" | throughput {row['throughput']:.2f}x at its largest batch | - |")
+        plain = [label for label in labels if is_plain_decoding(label)]
+        if len(plain) > 1:
+            lines += ["", "Against the fastest plain decoding at each batch size (" + ", ".join(plain) + "):", "",
+                      "| method | " + " | ".join(f"B={b}" for b in sizes) + " |", "|---|" + "---:|" * len(sizes)]
+            for label in labels:
+                lines.append(f"| {label} | " + " | ".join(f"{run['sizes'][b][label]['speedup_vs_fastest']:.2f}x"
+                                                       for b in sizes) + " |")
         lines += ["", "Where the round goes (ms per batch round: drafting of every sequence + the one "
                   "verification forward; that forward per token verified):", "",
                   "| method | " + " | ".join(f"B={b}" for b in sizes) + " |", "|---|" + "---|" * len(sizes)]
