@@ -6,15 +6,15 @@
 #   make demo-tiny  the same pipeline on the toy target (a 12-layer Llama trained here on the Python stdlib)
 #   make medusa     train Medusa-1 heads for SmolLM2 and benchmark them next to EAGLE
 #   make selfdistill  a drafter on SmolLM2's own replies to ShareGPT prompts, against the demo's
+#   make analysis   after make demo: notebooks/feature_error.ipynb on its run (analysis-tiny: the toy's)
 # On the toy target (not yet re-measured on SmolLM2):
-#   make analysis   after make demo-tiny: notebooks/feature_error.ipynb on its run
 #   make ablations  EAGLE-1's ablations (inputs, noise, data), table + notebook
 #   make specinfer  SpecInfer's boost-tuned SSMs, merged, benchmarked
 PY := .venv/bin/python
 STAMP := .venv/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 RUNS := runs
 
-.PHONY: install artifacts smollm2 distill selfdistill demo demo-artifacts demo-long demo-tiny medusa medusa-tiny specinfer ablations analysis test test-slow lint clean-runs gpu-wheels gpu-bench gpu-bench-smoke
+.PHONY: install artifacts smollm2 distill selfdistill demo demo-artifacts demo-long demo-tiny medusa medusa-tiny specinfer ablations analysis analysis-tiny test test-slow lint clean-runs gpu-wheels gpu-bench gpu-bench-smoke
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv .venv
@@ -190,13 +190,19 @@ ablations: distill
 	$(call stage,EAGLE features of the greedy rows,grep -qs '"status": "complete"' $(GREEDY_FEATURES)/metadata.json,$(PY) -m data_gen data_gen=distilled target_path=$(RUNS)/target_tiny/model name=target_tiny-distilled-greedy source.path=$(DISTILL_GREEDY) max_len=256)
 	$(call stage,seven ablation drafters (one Hydra multirun),test -e $(RUNS)/ablations/self_distilled_greedy/drafter/config.json,$(PY) train.py -m experiment=eagle_ablation ablation=$(ABLATIONS))
 	$(PY) decode.py $(TINY) mode=ablations
-	$(MAKE) --no-print-directory analysis
+	$(MAKE) --no-print-directory analysis-tiny
 
-# notebooks/feature_error.ipynb on the demo's run (and the ablations, when make ablations has run
-# them), executed into runs/analysis/ with its plots.
+# notebooks/feature_error.ipynb on the demo's run on SmolLM2 (analysis-tiny: the toy target's, with
+# the ablations when make ablations has run them), executed into runs/analysis*/ with its plots.
 analysis: install
-	@test -e $(RUNS)/drafter_tiny/drafter/config.json || { echo "[analysis] run 'make demo-tiny' first: it builds the target, features, drafter and benchmark"; exit 1; }
+	@test -e $(RUNS)/drafter_smollm2/drafter/config.json || { echo "[analysis] run 'make demo' first: it builds the target, features, drafter and benchmark"; exit 1; }
 	FEATURE_ERROR_RUNS=$(abspath $(RUNS)) $(PY) notebooks/execute.py notebooks/feature_error.ipynb $(RUNS)/analysis/feature_error.ipynb
+
+analysis-tiny: install
+	@test -e $(RUNS)/drafter_tiny/drafter/config.json || { echo "[analysis-tiny] run 'make demo-tiny' first: it builds the target, features, drafter and benchmark"; exit 1; }
+	FEATURE_ERROR_RUNS=$(abspath $(RUNS)) FEATURE_ERROR_TARGET=target_tiny/model FEATURE_ERROR_FEATURES=data/features/target_tiny-python_stdlib \
+		FEATURE_ERROR_DRAFTER=drafter_tiny/drafter FEATURE_ERROR_FIGURES=$(abspath $(RUNS))/analysis_tiny \
+		$(PY) notebooks/execute.py notebooks/feature_error.ipynb $(RUNS)/analysis_tiny/feature_error.ipynb
 
 clean-runs:
 	rm -rf $(RUNS)

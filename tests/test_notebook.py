@@ -1,4 +1,4 @@
-"""notebooks/feature_error.ipynb runs end to end on a tiny random run laid out like `make demo`'s."""
+"""notebooks/feature_error.ipynb runs end to end on a tiny random run laid out like `make demo-tiny`'s."""
 
 from __future__ import annotations
 
@@ -53,6 +53,9 @@ def test_feature_error_notebook_runs_end_to_end(tiny_run, tmp_path, monkeypatch)
 
     figures = tmp_path / "figures"
     monkeypatch.setenv("FEATURE_ERROR_RUNS", str(tiny_run))
+    for key, sub in (("TARGET", "target_tiny/model"), ("FEATURES", "data/features/target_tiny-python_stdlib"),
+                     ("DRAFTER", "drafter_tiny/drafter")):
+        monkeypatch.setenv(f"FEATURE_ERROR_{key}", sub)
     monkeypatch.setenv("FEATURE_ERROR_MAX_SAMPLES", "8")
     monkeypatch.setenv("FEATURE_ERROR_FIGURES", str(figures))
     out = execute(NOTEBOOK, tmp_path / "executed.ipynb", timeout=300)
