@@ -452,9 +452,13 @@ def floor(cfg: DictConfig) -> Path:
     report["floor_ms"] = report["weight_bytes"] / (bandwidth * 1e9) * 1e3
     for setting, (kind, compiled) in settings.items():
         make = fl.runner_factory(target, kind, "default" if compiled else None, max_len=fcfg.max_len)
-        costs = fl.forward_costs(target, fcfg.tokens, fcfg.context, fcfg.repeats, make, seed=cfg.seed)
-        report["settings"][setting] = fl.floor_report(target, bandwidth, costs)
-        print(f"[floor] {setting}: " + ", ".join(f"{n} tokens {ms:.1f} ms" for n, ms in costs.items()))
+        step = None
+        for batch in sorted({1, *(int(b) for b in fcfg.batch_sizes)}):  # a batch's forwards: B x n tokens
+            costs = fl.forward_costs(target, fcfg.tokens, fcfg.context, fcfg.repeats, make, seed=cfg.seed, batch=batch)
+            name = setting if batch == 1 else f"{setting} x{batch}"
+            report["settings"][name] = fl.floor_report(target, bandwidth, costs, step, batch)
+            step = step or costs.get(1)
+            print(f"[floor] {name}: " + ", ".join(f"{n} tokens {ms:.1f} ms" for n, ms in costs.items()))
     return write_report(fcfg.out_dir, "floor", report, fl.markdown(report))
 
 

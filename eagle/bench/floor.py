@@ -83,46 +83,50 @@ def runner_factory(target: nn.Module, kind: str = "dynamic", compile_mode: str |
 
 @torch.inference_mode()
 def forward_costs(target: nn.Module, tokens: Sequence[int] = FORWARD_TOKENS, context: int = 200,
-                  repeats: int = 5, make: RunnerFactory | None = None, seed: int = 0) -> dict[int, float]:
+                  repeats: int = 5, make: RunnerFactory | None = None, seed: int = 0, batch: int = 1
+                  ) -> dict[int, float]:
     """Milliseconds of the target's verification of n new tokens on top of `context` committed
     ones, for each n in `tokens`: the median of `repeats` forwards after one untimed warm-up
     (which compiles, on a compiled runner), through a runner of the engine from `make` (by
     default the dynamic one). Each forward commits its root only, so the context grows by one
-    token per forward, as in decoding."""
+    token per forward, as in decoding. With `batch` B, each forward verifies n tokens for each of
+    B sequences (B x n tokens), as a batched round does."""
     make = make or runner_factory(target)
     device = next(target.parameters()).device
     sync = _sync(device)
     g = torch.Generator().manual_seed(seed)
     vocab = target.config.vocab_size
-    ids = torch.randint(3, vocab, (1, context), generator=g).to(device)
+    ids = torch.randint(3, vocab, (batch, context), generator=g).to(device)
     costs = {}
     for n in tokens:
         kept = make(n)
         kept.prefill(ids, context + repeats + n + 1)
-        draft = torch.randint(3, vocab, (1, n), generator=g).to(device)
-        parents = binary_tree(n)
+        draft = torch.randint(3, vocab, (batch, n), generator=g).to(device)
+        parents = [binary_tree(n)] * batch
         times = []
         for i in range(repeats + 1):
             sync()
             start = time.perf_counter()
-            kept.verify(draft, [parents])
+            kept.verify(draft, parents)
             sync()
             if i:  # the first forward of a shape warms up (or compiles) its kernels
                 times.append(time.perf_counter() - start)
-            kept.commit([[0]])
+            kept.commit([[0]] * batch)
         costs[n] = statistics.median(times) * 1e3
     return costs
 
 
-def floor_report(target: nn.Module, bandwidth_gb_s: float, costs: dict[int, float]) -> dict:
+def floor_report(target: nn.Module, bandwidth_gb_s: float, costs: dict[int, float], step: float | None = None,
+                 batch: int = 1) -> dict:
     """The figures of one setting: weight bytes, the floor, and each forward in ms, in floors and
-    in 1-token steps."""
+    in 1-token steps (`step`: of one sequence, for a batch's forwards; default: its own 1-token)."""
     nbytes = weight_bytes(target)
     floor_ms = nbytes / (bandwidth_gb_s * 1e9) * 1e3
-    step = costs.get(1)
+    step = step if step is not None else costs.get(1)
     rows = [{"tokens": n, "ms": ms, "floors": ms / floor_ms, "steps": ms / step if step else None}
             for n, ms in costs.items()]
-    return {"weight_bytes": nbytes, "bandwidth_gb_s": bandwidth_gb_s, "floor_ms": floor_ms, "forwards": rows}
+    return {"weight_bytes": nbytes, "bandwidth_gb_s": bandwidth_gb_s, "floor_ms": floor_ms, "batch": batch,
+            "forwards": rows}
 
 
 def markdown(report: dict) -> str:
@@ -135,6 +139,9 @@ def markdown(report: dict) -> str:
     settings = report["settings"]
     head = "| new tokens | " + " | ".join(f"{name}: ms | floors | steps" for name in settings) + " |"
     lines += [head, "|---:|" + "---:|---:|---:|" * len(settings)]
+    if any(s.get("batch", 1) > 1 for s in settings.values()):
+        lines[-2:-2] = ["A setting `xB` verifies the new tokens for each of B sequences at once (B x n tokens per "
+                        "forward), in steps of one sequence's 1-token step.", ""]
     for i, n in enumerate(report["tokens"]):
         cells = []
         for setting in settings.values():
