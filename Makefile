@@ -7,6 +7,7 @@
 #   make medusa     train Medusa-1 heads for SmolLM2 and benchmark them next to EAGLE
 #   make selfdistill  a drafter on SmolLM2's own replies to ShareGPT prompts, against the demo's
 #   make analysis   after make demo: notebooks/feature_error.ipynb on its run (analysis-tiny: the toy's)
+#   make batch      every method at batch sizes 1-16 against vanilla at the same size (EAGLE-1's Table 7)
 # On the toy target (not yet re-measured on SmolLM2):
 #   make ablations  EAGLE-1's ablations (inputs, noise, data), table + notebook
 #   make specinfer  SpecInfer's boost-tuned SSMs, merged, benchmarked
@@ -14,7 +15,7 @@ PY := .venv/bin/python
 STAMP := .venv/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 RUNS := runs
 
-.PHONY: install artifacts smollm2 distill selfdistill demo demo-artifacts demo-long demo-tiny medusa medusa-tiny specinfer ablations analysis analysis-tiny test test-slow lint clean-runs gpu-wheels gpu-bench gpu-bench-smoke
+.PHONY: install artifacts smollm2 distill selfdistill demo demo-artifacts demo-long demo-tiny batch medusa medusa-tiny specinfer ablations analysis analysis-tiny test test-slow lint clean-runs gpu-wheels gpu-bench gpu-bench-smoke
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv .venv
@@ -148,6 +149,23 @@ selfdistill: demo-artifacts
 		'benchmark.methods=[vanilla,eagle@$(MACHINE_TREE)%$(DEMO_VOCAB)]' benchmark.out_dir=$(RUNS)/bench/selfdistill_sharegpt
 	$(PY) decode.py mode=benchmark benchmark.num_prompts=$(DEMO_PROMPTS) eagle.drafter=$(SD_DRAFTER) \
 		'benchmark.methods=[vanilla,eagle@$(MACHINE_TREE)%$(DEMO_VOCAB)]' benchmark.out_dir=$(RUNS)/bench/selfdistill_own
+
+# Batches on SmolLM2 after the demo's artifacts (EAGLE-1's Table 7): the target's forwards for B
+# sequences at once against its 1-token step, a tree chosen per batch size (tree_search.batch_sizes:
+# machine_b<B>.yaml), then every method at each size against vanilla at the same size, in float32
+# (vanilla also in bf16, the plain decoding that may win at large batches on an AMX CPU).
+BATCH_SIZES := [1,2,4,8,16]
+BATCH_TREES := $(RUNS)/tree_search/batch_smollm2
+BATCH_METHODS := vanilla,vanilla:dynamic,"eagle@$(BATCH_TREES)/machine_b{B}.yaml%$(DEMO_VOCAB)","eagle%$(DEMO_VOCAB)",draft,prompt_lookup,hf_generate
+BATCH_SEARCH := $(PY) decode.py mode=tree_search eagle.draft_vocab=$(DEMO_VOCAB) tree_search.num_prompts=2 tree_search.compare=false \
+	max_new_tokens=48 tree_search.sizes=[3,4,6,10,15,25] tree_search.cost_tokens=32 tree_search.batch_sizes=$(BATCH_SIZES) \
+	'benchmark.dtypes={eagle:float32}' tree_search.out_dir=$(BATCH_TREES)
+batch: demo-artifacts
+	$(PY) decode.py mode=floor floor.settings=[dynamic] floor.tokens=[1,4,7,11,16,26] floor.batch_sizes=$(BATCH_SIZES) \
+		floor.out_dir=$(RUNS)/floor/batch_smollm2
+	$(call stage,a tree per batch size,test -e $(BATCH_TREES)/machine_b16.yaml,$(BATCH_SEARCH))
+	$(PY) decode.py mode=batch batch.sizes=$(BATCH_SIZES) batch.num_prompts=16 'batch.methods=[$(BATCH_METHODS)]' \
+		'batch.dtypes=["vanilla:dynamic=bfloat16","eagle=float32"]' batch.out_dir=$(RUNS)/bench_batch/smollm2
 
 medusa-tiny: artifacts
 	$(call stage,Medusa heads,test -e $(RUNS)/medusa_tiny/medusa/config.json,$(PY) train.py experiment=medusa_tiny)
