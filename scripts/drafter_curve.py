@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 from eagle.bench.benchmark import encode_prompt  # noqa: E402
 from eagle.bench.evalsets import load_eval_set  # noqa: E402
 from eagle.bench.methods import MethodContext, build_method  # noqa: E402
+from eagle.hardware import set_threads  # noqa: E402
 from eagle.models.checkpoint import load_drafter, save_drafter  # noqa: E402
 from eagle.sampling import SamplingPolicy  # noqa: E402
 from eagle.target import load_target  # noqa: E402
@@ -70,11 +71,12 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=10, help="MT-bench first turns")
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--extra", nargs="*", default=[], help="more drafter folders (LABEL=DIR) on the same curve")
+    parser.add_argument("--threads", default="auto", help="torch threads: auto (the idle cores) or a number")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     out = args.out or args.run / "curve"
     out.mkdir(parents=True, exist_ok=True)
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+    set_threads(args.threads)
 
     target, tokenizer = load_target(args.target)
     final = args.run / "drafter"
