@@ -21,6 +21,7 @@ Output (in `out_dir`): batch.json, batch.md, batch.png.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -183,6 +184,12 @@ def _report(runs: list[dict], cfg: BatchConfig, complete: bool) -> dict:
             "threads": torch.get_num_threads(), "date": time.strftime("%Y-%m-%d %H:%M:%S")}
 
 
+def short(label: str) -> str:
+    """A method label with a tree file's path cut to its name (`eagle@runs/x/machine_b{B}.yaml%4096`
+    -> `eagle@machine_b{B}%4096`), for tables and plots; the report keeps the whole label."""
+    return re.sub(r"@(?:[^@%:]*/)?([^/@%:]+?)(?:\.ya?ml)?(?=$|[%:])", r"@\1", label)
+
+
 def markdown(report: dict) -> str:
     lines = []
     for run in report["runs"]:
@@ -199,7 +206,7 @@ def markdown(report: dict) -> str:
             cells = [f"{run['sizes'][b][label]['speedup']:.2f}x (tau {run['sizes'][b][label]['tau']:.2f})"
                      for b in sizes]
             top = run["sizes"][largest][label]
-            lines.append(f"| {top['method'] if '{B}' not in label else label} | {run['dtypes'].get(label, '-')} | "
+            lines.append(f"| {short(label)} | {run['dtypes'].get(label, '-')} | "
                          + " | ".join(cells) + f" | {top['tokens_per_s']:.1f} | {top['vs_vanilla_b1']:.2f}x |")
         if float(run["temperature"]) == 0.0:
             for name, row in TABLE7.items():
@@ -211,7 +218,7 @@ def markdown(report: dict) -> str:
             lines += ["", "Against the fastest plain decoding at each batch size (" + ", ".join(plain) + "):", "",
                       "| method | " + " | ".join(f"B={b}" for b in sizes) + " |", "|---|" + "---:|" * len(sizes)]
             for label in labels:
-                lines.append(f"| {label} | " + " | ".join(f"{run['sizes'][b][label]['speedup_vs_fastest']:.2f}x"
+                lines.append(f"| {short(label)} | " + " | ".join(f"{run['sizes'][b][label]['speedup_vs_fastest']:.2f}x"
                                                        for b in sizes) + " |")
         lines += ["", "Where the round goes (ms per batch round: drafting of every sequence + the one "
                   "verification forward; that forward per token verified):", "",
@@ -223,7 +230,7 @@ def markdown(report: dict) -> str:
                 same = "" if r["identical_to_vanilla"] is None else f", {r['identical_to_vanilla']:.0%} same text"
                 cells.append(f"{r['draft_ms_per_round']:.1f} + {r['verify_ms_per_round']:.1f} "
                              f"({r['verify_ms_per_token']:.2f}/token{same})")
-            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+            lines.append(f"| {short(label)} | " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines)
 
@@ -243,18 +250,20 @@ def plot(report: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     runs = report["runs"]
-    fig, axes = plt.subplots(2, len(runs), figsize=(6 * len(runs), 7), squeeze=False)
+    fig, axes = plt.subplots(2, len(runs), figsize=(9 * len(runs), 7), squeeze=False)
     for col, run in enumerate(runs):
         sizes = [int(b) for b in run["sizes"]]
         labels = list(run["sizes"][str(sizes[0])])
         top, bottom = axes[0][col], axes[1][col]
         for label in labels:
-            top.plot(sizes, [run["sizes"][str(b)][label]["speedup"] for b in sizes], marker="o", label=label)
-            bottom.plot(sizes, [run["sizes"][str(b)][label]["tokens_per_s"] for b in sizes], marker="o", label=label)
+            dtype = run.get("dtypes", {}).get(label, "")
+            name = f"{short(label)} ({dtype})" if dtype else short(label)
+            top.plot(sizes, [run["sizes"][str(b)][label]["speedup"] for b in sizes], marker="o", label=name)
+            bottom.plot(sizes, [run["sizes"][str(b)][label]["tokens_per_s"] for b in sizes], marker="o", label=name)
         if float(run["temperature"]) == 0.0:
-            for name, row in TABLE7.items():
+            for (name, row), color in zip(TABLE7.items(), ("black", "gray")):
                 bs = [1, 2, 3, 4]
-                top.plot(bs, [row[b] for b in bs], ls="--", marker="x", label=f"EAGLE-1 paper: {name}")
+                top.plot(bs, [row[b] for b in bs], ls="--", marker="x", color=color, label=f"EAGLE-1 paper: {name} (GPU)")
         top.axhline(1.0, color="gray", lw=0.8, ls="--")
         top.set_title(f"T={run['temperature']:g}: speedup over vanilla at the same batch size")
         bottom.set_title("throughput")
@@ -264,7 +273,7 @@ def plot(report: dict, path: Path) -> None:
             ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
             ax.set_xlabel("batch size")
             ax.set_ylabel(ylabel)
-            ax.legend(fontsize=7)
+            ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
