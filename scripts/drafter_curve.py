@@ -6,8 +6,9 @@ behind each checkpoint.
     .venv/bin/python scripts/drafter_curve.py --run runs/drafter_smollm2_long \
         --trees eagle_default runs/tree_search/demo_smollm2/machine.yaml%4096 --prompts 10
 
-Decoding is greedy in float32, so every text is vanilla's and tau depends on the drafter alone,
-not on the machine's load (it can run beside other work). Tokens and minutes per checkpoint are
+Decoding is in float32, greedy by default, so every text is vanilla's and tau depends on the
+drafter alone, not on the machine's load (it can run beside other work); `--temperatures 0 1` adds
+sampled tau (each prompt seeded, the same draws for every checkpoint). Tokens and minutes per checkpoint are
 the run's totals (train_metrics.json) times step / steps. Writes curve.json, curve.md and
 curve.png into --out (default: <run>/curve).
 """
@@ -63,12 +64,17 @@ def split(tree: str) -> tuple[str, int | None]:
     return name, int(vocab) if pct else None
 
 
+def column_name(spec: str, temperature: float) -> str:
+    return spec if temperature == 0 else f"{spec} T={temperature:g}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run", type=Path, required=True, help="a drafter run folder (runs/<task_name>)")
     parser.add_argument("--target", type=Path, default=ROOT / "runs" / "smollm2" / "model")
     parser.add_argument("--trees", nargs="+", default=["eagle_default"], help="TREE or TREE%%K (a drafting vocabulary)")
     parser.add_argument("--prompts", type=int, default=10, help="MT-bench first turns")
+    parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0], help="0 is greedy")
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--extra", nargs="*", default=[], help="more drafter folders (LABEL=DIR) on the same curve")
     parser.add_argument("--threads", default="auto", help="torch threads: auto (the idle cores) or a number")
@@ -86,16 +92,20 @@ def main() -> None:
     prompts = [encode_prompt(tokenizer, p) for p in load_eval_set("mtbench", args.prompts)]
     ctx = MethodContext(target=target, tokenizer=tokenizer, target_path=str(args.target),
                         tree_dirs=(str(ROOT / "configs" / "tree"),))
-    greedy = SamplingPolicy()
+    columns = [(spec, t) for spec in args.trees for t in args.temperatures]
+    names = [column_name(spec, t) for spec, t in columns]
 
     def taus(drafter_dir: Path) -> dict[str, float]:
         result = {}
-        for spec in args.trees:
+        for spec, temperature in columns:
             tree, vocab = split(spec)
             method = build_method("eagle", ctx, {"eagle": {"drafter": str(drafter_dir), "tree": tree,
                                                            "draft_vocab": vocab}})
-            stats = [method.generate(p, args.new_tokens, greedy).stats for p in prompts]
-            result[spec] = sum(s.committed for s in stats) / max(sum(s.forwards for s in stats), 1)
+            policy = SamplingPolicy(temperature=temperature)
+            stats = [method.generate(p, args.new_tokens, policy, torch.Generator().manual_seed(i)).stats
+                     for i, p in enumerate(prompts)]
+            result[column_name(spec, temperature)] = (sum(s.committed for s in stats)
+                                                      / max(sum(s.forwards for s in stats), 1))
         return result
 
     rows = []
@@ -120,31 +130,32 @@ def main() -> None:
         rows.append(row)
         print(json.dumps(row), flush=True)
     (out / "curve.json").write_text(json.dumps({"prompts": args.prompts, "new_tokens": args.new_tokens,
-                                                "trees": args.trees, "rows": rows}, indent=2))
+                                                "trees": args.trees, "temperatures": args.temperatures,
+                                                "rows": rows}, indent=2))
     lines = ["| drafter | step | training tokens | CPU minutes | val top-1 (depth 1 / 2) | "
-             + " | ".join(f"tau {t}" for t in args.trees) + " |", "|---|---:|---:|---:|---|" + "---:|" * len(args.trees)]
+             + " | ".join(f"tau {n}" for n in names) + " |", "|---|---:|---:|---:|---|" + "---:|" * len(names)]
     for r in rows:
         v = r["val"]
         top = f"{v['val/top1_d1']:.3f} / {v['val/top1_d2']:.3f}" if "val/top1_d1" in v else "-"
         lines.append(f"| {r['label']} | {r['step']} | {r['tokens'] / 1e6:.2f}M | {r['cpu_minutes']:.1f} | {top} | "
-                     + " | ".join(f"{r['tau'][t]:.2f}" for t in args.trees) + " |")
+                     + " | ".join(f"{r['tau'][n]:.2f}" for n in names) + " |")
     (out / "curve.md").write_text("\n".join(lines) + "\n")
-    plot(rows, args.trees, out / "curve.png")
+    plot(rows, names, out / "curve.png")
     print("\n".join(lines))
     print(out.resolve())
 
 
-def plot(rows: list[dict], trees: list[str], path: Path) -> None:
+def plot(rows: list[dict], names: list[str], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    for tree in trees:
-        left.plot([r["tokens"] / 1e6 for r in rows], [r["tau"][tree] for r in rows], marker="o", label=f"tau, {tree}")
+    for name in names:
+        left.plot([r["tokens"] / 1e6 for r in rows], [r["tau"][name] for r in rows], marker="o", label=f"tau, {name}")
     left.set_xlabel("training tokens (M)")
-    left.set_ylabel("tau (MT-bench, greedy)")
+    left.set_ylabel("tau (MT-bench)")
     left.legend(fontsize=7)
     with_val = [r for r in rows if "val/top1_d1" in r["val"]]
     for depth in (1, 2, 3):
