@@ -2,7 +2,7 @@
 #   make demo   SmolLM2-135M-Instruct (shipped by a PyPI package): ShareGPT features, an EAGLE-1 drafter,
 #               the tree for this machine, every method benchmarked on MT-bench at T=0 and T=1
 #   make test   the test suite (what CI runs)
-#   make demo-long  the longer preset (2-3 hours): 4x the data, 7x the steps, 20 prompts per temperature
+#   make demo-long  the longer preset (2-3 hours): 4x the data, 7x the steps, tau by checkpoint, 20 prompts per temperature
 #   make demo-tiny  the same pipeline on the toy target (a 12-layer Llama trained here on the Python stdlib)
 #   make medusa     train Medusa-1 heads for SmolLM2 and benchmark them next to EAGLE
 #   make selfdistill  a drafter on SmolLM2's own replies to ShareGPT prompts, against the demo's
@@ -87,14 +87,17 @@ demo: demo-artifacts
 		'benchmark.dtypes=["vanilla:dynamic=bfloat16"]'
 
 # The longer preset (2-3 hours on 2 cores): 4,000 ShareGPT conversations cut at 1,024 tokens, the
-# drafter for 4,000 steps (configs/experiment/drafter_smollm2_long.yaml), the tree search and 20
-# MT-bench prompts per temperature. It reuses the demo's target and draft LM.
+# drafter for 4,000 steps (configs/experiment/drafter_smollm2_long.yaml), its tau at every 500 steps
+# (scripts/drafter_curve.py: curve.md/.png), the tree search and 20 MT-bench prompts per
+# temperature. It reuses the demo's target and draft LM.
 LONG_FEATURES := $(RUNS)/data/features/smollm2-sharegpt-long
 LONG_DRAFTER := $(RUNS)/drafter_smollm2_long/drafter
 LONG_TREE := $(RUNS)/tree_search/demo_long/machine.yaml
+LONG_CURVE := $(RUNS)/drafter_smollm2_long/curve
 demo-long: demo-artifacts
 	$(call stage,EAGLE features of 4000 ShareGPT conversations,grep -qs '"status": "complete"' $(LONG_FEATURES)/metadata.json,$(PY) -m data_gen max_len=1024 source.max_samples=4000 source.max_val_samples=64 name=smollm2-sharegpt-long)
 	$(call stage,EAGLE drafter (long),test -e $(LONG_DRAFTER)/config.json,$(PY) train.py experiment=drafter_smollm2_long)
+	$(call stage,how tau grows with training (every 500 steps; greedy and T=1),test -e $(LONG_CURVE)/curve.json,$(PY) scripts/drafter_curve.py --run $(RUNS)/drafter_smollm2_long --trees eagle_default --temperatures 0 1 --prompts 8 --extra demo=$(RUNS)/drafter_smollm2/drafter --out $(LONG_CURVE))
 	$(call stage,the tree for this machine (long drafter),test -e $(LONG_TREE),$(PY) decode.py mode=tree_search eagle.drafter=$(LONG_DRAFTER) eagle.draft_vocab=$(DEMO_VOCAB) tree_search.num_prompts=4 tree_search.compare=false max_new_tokens=64 tree_search.out_dir=$(RUNS)/tree_search/demo_long)
 	$(PY) decode.py mode=benchmark eagle.drafter=$(LONG_DRAFTER) benchmark.num_prompts=20 \
 		'benchmark.methods=[vanilla,eagle,eagle@$(LONG_TREE)%$(DEMO_VOCAB),draft,prompt_lookup,hf_generate,hf_assisted,hf_prompt_lookup]'
