@@ -152,16 +152,21 @@ def plot(rows: list[dict], names: list[str], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    for name in names:
-        left.plot([r["tokens"] / 1e6 for r in rows], [r["tau"][name] for r in rows], marker="o", label=f"tau, {name}")
+    labels = list(dict.fromkeys(r["label"] for r in rows))  # one line per run; an --extra drafter is a lone point
+    for i, label in enumerate(labels):
+        mine = [r for r in rows if r["label"] == label]
+        for j, name in enumerate(names):
+            left.plot([r["tokens"] / 1e6 for r in mine], [r["tau"][name] for r in mine], marker="os^v"[i % 4],
+                      color=f"C{j}", ls="-" if i == 0 else "none", label=f"tau, {name} ({label})")
+        with_val = [r for r in mine if "val/top1_d1" in r["val"]]
+        for depth in (1, 2, 3):
+            key = f"val/top1_d{depth}"
+            right.plot([r["cpu_minutes"] for r in with_val], [r["val"][key] for r in with_val], marker="os^v"[i % 4],
+                       color=f"C{depth - 1}", ls="-" if i == 0 else "none",
+                       label=f"validation top-1, depth {depth} ({label})")
     left.set_xlabel("training tokens (M)")
     left.set_ylabel("tau (MT-bench)")
     left.legend(fontsize=7)
-    with_val = [r for r in rows if "val/top1_d1" in r["val"]]
-    for depth in (1, 2, 3):
-        key = f"val/top1_d{depth}"
-        right.plot([r["cpu_minutes"] for r in with_val], [r["val"][key] for r in with_val], marker="o",
-                   label=f"validation top-1, depth {depth}")
     right.set_xlabel("CPU minutes of training")
     right.set_ylabel("agreement with the target")
     right.legend(fontsize=7)
