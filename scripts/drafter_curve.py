@@ -92,20 +92,20 @@ def main() -> None:
     prompts = [encode_prompt(tokenizer, p) for p in load_eval_set("mtbench", args.prompts)]
     ctx = MethodContext(target=target, tokenizer=tokenizer, target_path=str(args.target),
                         tree_dirs=(str(ROOT / "configs" / "tree"),))
-    columns = [(spec, t) for spec in args.trees for t in args.temperatures]
-    names = [column_name(spec, t) for spec, t in columns]
+    names = [column_name(spec, t) for spec in args.trees for t in args.temperatures]
 
     def taus(drafter_dir: Path) -> dict[str, float]:
         result = {}
-        for spec, temperature in columns:
+        for spec in args.trees:
             tree, vocab = split(spec)
             method = build_method("eagle", ctx, {"eagle": {"drafter": str(drafter_dir), "tree": tree,
-                                                           "draft_vocab": vocab}})
-            policy = SamplingPolicy(temperature=temperature)
-            stats = [method.generate(p, args.new_tokens, policy, torch.Generator().manual_seed(i)).stats
-                     for i, p in enumerate(prompts)]
-            result[column_name(spec, temperature)] = (sum(s.committed for s in stats)
-                                                      / max(sum(s.forwards for s in stats), 1))
+                                                           "draft_vocab": vocab}})  # the drafter loaded once per tree
+            for temperature in args.temperatures:
+                policy = SamplingPolicy(temperature=temperature)
+                stats = [method.generate(p, args.new_tokens, policy, torch.Generator().manual_seed(i)).stats
+                         for i, p in enumerate(prompts)]
+                result[column_name(spec, temperature)] = (sum(s.committed for s in stats)
+                                                          / max(sum(s.forwards for s in stats), 1))
         return result
 
     rows = []

@@ -630,7 +630,8 @@ def test_batch_mode_measures_every_method_at_each_size(models, tmp_path):
     assert run["sizes"]["1"]["vanilla"]["vs_vanilla_b1"] == pytest.approx(1.0)
     table = (out / "batch.md").read_text()
     assert "EAGLE-1 paper, Vicuna-7B" in table and "B=3" in table and "Against the fastest plain decoding" in table
-    assert "| eagle@machine_b{B} |" in table  # a tree file's path cut to its name in the tables and (out / "batch.png").stat().st_size > 0
+    assert "| eagle@machine_b{B} |" in table  # a tree file's path cut to its name in the tables
+    assert (out / "batch.png").stat().st_size > 0
 
 
 def test_batch_mode_refuses_methods_that_decode_one_sequence(models, tmp_path):
