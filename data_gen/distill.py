@@ -1,14 +1,14 @@
 """Hydra entry point of self-distillation: `python -m data_gen.distill [overrides]`.
 
-    python -m data_gen.distill                            # tiny preset (configs/distill.yaml)
-    python -m data_gen.distill temperature=0 name=target_tiny-python_stdlib-greedy
-    python -m data_gen.distill target_path=/models/llama name=llama-stdlib-t1 device=cuda \
+    python -m data_gen.distill                            # SmolLM2's replies to ShareGPT prompts (T=1)
+    python -m data_gen.distill temperature=0 name=smollm2-sharegpt-greedy
+    python -m data_gen.distill target_path=/models/llama name=llama-sharegpt-t1 device=cuda \
         num_prompts.train=null new_tokens=256 batch_size=64
-    python -m data_gen.distill data_gen=text source.path=/data/notes.jsonl   # prompts from another source
+    python -m data_gen.distill data_gen=text prompt_at=start source.path=/data/notes.jsonl   # a text corpus
 
 Loads the target (`target_path`), takes the first `prompt_len` tokens of each sample of the
-chosen source (`configs/data_gen/`: python_corpus by default; shorter samples are skipped)
-as prompts, and writes the target's sampled continuations with
+chosen source (`configs/data_gen/`), or with `prompt_at=reply` the tokens that end each
+conversation's first user turn (shorter samples are skipped), as prompts, and writes the target's sampled continuations with
 `eagle.data.distill.generate_distilled` to `out_dir` (format: eagle/data/distill.py).
 Rerunning an interrupted command resumes it. Tests call `generate(cfg)` with a composed config.
 """
@@ -18,6 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import hydra
+import numpy as np
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
@@ -31,12 +32,29 @@ from eagle.target import load_target
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def prompts_of(samples: dict[str, list[dict]], prompt_len: int) -> dict[str, list[list[int]]]:
-    """The first `prompt_len` tokens of every sample that has that many, per split."""
+def prompts_of(samples: dict[str, list[dict]], prompt_len: int, at: str = "start") -> dict[str, list[list[int]]]:
+    """Prompts of `prompt_len` tokens, one per sample that has them, per split.
+
+    at="start": a sample's first `prompt_len` tokens (a corpus: the target continues the text).
+    at="reply": the `prompt_len` tokens before a sample's first loss token (a chat conversation: the
+    end of its first user turn and the assistant header, so that the target writes its own reply).
+    Every prompt has the same length (the SSMs train on aligned rows); samples with fewer tokens
+    there are skipped.
+    """
     if prompt_len < 1:
         raise ValueError(f"prompt_len must be >= 1, got {prompt_len}")
-    return {split: [[int(t) for t in s["input_ids"][:prompt_len]] for s in rows if len(s["input_ids"]) >= prompt_len]
-            for split, rows in samples.items()}
+    if at not in ("start", "reply"):
+        raise ValueError(f"prompt_at must be 'start' or 'reply', got {at!r}")
+
+    def prompt(s: dict) -> list[int] | None:
+        ids = s["input_ids"]
+        end = len(ids) if at == "start" else int(np.argmax(s["loss_mask"])) if s["loss_mask"].any() else 0
+        if end < prompt_len:
+            return None
+        window = ids[:prompt_len] if at == "start" else ids[end - prompt_len: end]
+        return [int(t) for t in window]
+
+    return {split: [p for p in map(prompt, rows) if p is not None] for split, rows in samples.items()}
 
 
 def policy_of(cfg: DictConfig) -> SamplingPolicy:
@@ -54,7 +72,7 @@ def generate(cfg: DictConfig) -> dict:
     device = pick_device(cfg.device)
     model, tokenizer = load_target(cfg.target_path, dtype=resolve_dtype_name(cfg.target_dtype, device), device=device)
     samples = instantiate(cfg.source)(tokenizer=tokenizer, max_len=cfg.max_len)
-    prompts = prompts_of(samples, int(cfg.prompt_len))
+    prompts = prompts_of(samples, int(cfg.prompt_len), str(cfg.get("prompt_at", "start")))
     for split in ("train", "validation"):
         if not prompts.get(split):
             raise ValueError(f"no {split} prompts: the source made {len(samples.get(split, []))} {split} samples, "

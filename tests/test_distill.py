@@ -234,8 +234,8 @@ def test_load_refuses_a_missing_incomplete_or_damaged_folder(tmp_path, complete)
 
 def test_entry_point_writes_a_loadable_dataset(tmp_path, target_dir, capsys):
     out = tmp_path / "distilled"
-    overrides = [f"target_path={target_dir}", f"out_dir={out}", "target_dtype=float32", "device=cpu",
-                 "max_len=32", "prompt_len=8", "new_tokens=4", "num_prompts.train=6", "num_prompts.validation=2",
+    overrides = ["data_gen=python_corpus", "prompt_at=start", f"target_path={target_dir}", f"out_dir={out}",
+                 "target_dtype=float32", "device=cpu", "max_len=32", "prompt_len=8", "new_tokens=4", "num_prompts.train=6", "num_prompts.validation=2",
                  "shard_size=4", "batch_size=2", "progress=false", "source.max_files=24", "source.val_fraction=0.25"]
     meta = generate(compose_config("distill", overrides))
     assert meta["status"] == "complete" and meta["params"]["policy"] == {"temperature": 1.0, "top_k": 0, "top_p": 1.0}
@@ -249,3 +249,47 @@ def test_entry_point_writes_a_loadable_dataset(tmp_path, target_dir, capsys):
         assert all(len(r["input_ids"]) == 12 == len(r["target_argmax"]) and r["prompt_len"] == 8 for r in ds)
     # a second command with the same settings (same prompts, same plan) reuses every shard
     assert generate(compose_config("distill", overrides))["counts"]["shards_reused"] == 3
+
+
+def test_prompts_at_start_or_before_the_first_reply():
+    """prompt_at=start takes a sample's first tokens; prompt_at=reply the tokens that end its first
+    user turn (just before the first loss token), every prompt of one length, shorter ones skipped."""
+    import numpy as np
+
+    from data_gen.distill import prompts_of
+
+    def sample(n, reply_at):
+        mask = np.zeros(n, np.int8)
+        mask[reply_at:] = 1
+        return {"input_ids": np.arange(100, 100 + n, dtype=np.int32), "loss_mask": mask}
+
+    samples = {"train": [sample(20, 9), sample(20, 4), sample(6, 6)], "validation": [sample(12, 5)]}
+    assert prompts_of(samples, 5, "start") == {"train": [list(range(100, 105))] * 3,
+                                               "validation": [list(range(100, 105))]}
+    reply = prompts_of(samples, 5, "reply")
+    assert reply["train"] == [list(range(104, 109))]  # a 4-token first turn and a reply-less sample skipped
+    assert reply["validation"] == [list(range(100, 105))]
+    with pytest.raises(ValueError, match="prompt_at"):
+        prompts_of(samples, 5, "middle")
+
+
+def test_entry_point_distils_replies_to_sharegpt_prompts(tmp_path, target_dir):
+    """The default source: ShareGPT conversations rendered with the chat template; each row's
+    prompt ends with the assistant header, so the target's continuation is its own reply."""
+    from test_regenerate import sharegpt_file
+
+    source = sharegpt_file(tmp_path / "src.json", n=8)
+    out = tmp_path / "replies"
+    _, tokenizer = load_target(target_dir)
+    header = tokenizer.apply_chat_template([{"role": "user", "content": "x"}], add_generation_prompt=True,
+                                           tokenize=True, return_dict=True)["input_ids"]
+    tail = header[-3:]  # the last tokens of any rendered first turn with its generation prompt
+    meta = generate(compose_config("distill", [
+        f"source.path={source}", "source.val_fraction=0.25", f"target_path={target_dir}", f"out_dir={out}",
+        "target_dtype=float32", "device=cpu", "prompt_len=6", "new_tokens=4", "num_prompts.train=8",
+        "num_prompts.validation=8", "batch_size=4", "progress=false"]))
+    assert meta["status"] == "complete"
+    _, splits = load_distilled(out)
+    rows = [r for ds in splits.values() for r in ds]
+    assert len(rows) == 8 and all(r["prompt_len"] == 6 and len(r["input_ids"]) == 10 for r in rows)
+    assert all(r["input_ids"][3:6] == tail for r in rows)

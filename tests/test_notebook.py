@@ -78,39 +78,49 @@ def test_notebook_is_stored_without_outputs():
     assert "parameters" in nb.cells[1].metadata.get("tags", [])
 
 
-ABLATION_FACTORS = {"eagle1": ("shifted", 0.1, "target_tiny-python_stdlib"),
-                    "unshifted": ("unshifted", 0.1, "target_tiny-python_stdlib"),
-                    "feature_only": ("feature", 0.1, "target_tiny-python_stdlib"),
-                    "token_only": ("token", 0.1, "target_tiny-python_stdlib"),
-                    "no_noise": ("shifted", 0.0, "target_tiny-python_stdlib"),
-                    "self_distilled": ("shifted", 0.1, "target_tiny-distilled-t1"),
-                    "self_distilled_greedy": ("shifted", 0.1, "target_tiny-distilled-greedy")}
+ABLATION_FACTORS = {"eagle1": ("shifted", 0.1, None), "unshifted": ("unshifted", 0.1, None),
+                    "feature_only": ("feature", 0.1, None), "token_only": ("token", 0.1, None),
+                    "no_noise": ("shifted", 0.0, None), "self_distilled": ("shifted", 0.1, "self_distilled"),
+                    "self_distilled_greedy": ("shifted", 0.1, "self_distilled_greedy")}
+# experiment -> (its base recipe, steps, run folder, data of the base, the data options' dumps)
+ABLATION_RUNS = {
+    "eagle_ablation": ("drafter_smollm2", 300, "ablations", "smollm2-sharegpt",
+                       {"self_distilled": "smollm2-sharegpt-selfdistilled-t1",
+                        "self_distilled_greedy": "smollm2-sharegpt-selfdistilled"}),
+    "eagle_ablation_tiny": ("drafter_tiny", 250, "ablations_tiny", "target_tiny-python_stdlib",
+                            {"self_distilled": "target_tiny-distilled-t1",
+                             "self_distilled_greedy": "target_tiny-distilled-greedy"}),
+}
 
 
+@pytest.mark.parametrize("experiment", list(ABLATION_RUNS))
 @pytest.mark.parametrize("name", list(ABLATION_FACTORS))
-def test_each_ablation_differs_from_eagle1_in_one_factor_only(name):
-    """Every option of configs/ablation/ is drafter_tiny's recipe, shortened alike, with exactly
-    the factor it names changed (same seed, steps and everything else), in runs/ablations/<name>."""
+def test_each_ablation_differs_from_eagle1_in_one_factor_only(experiment, name):
+    """Every option of configs/ablation/ is the base drafter's recipe (SmolLM2's demo drafter, or the
+    toy's), shortened alike, with exactly the factor it names changed (same seed, steps and
+    everything else), in runs/<ablations>/<name>."""
     from omegaconf import OmegaConf
 
     def cfg(*overrides):
         c = OmegaConf.to_container(compose_train([*overrides, "paths.root_dir=/nowhere"]), resolve=True)
-        for key in ("task_name", "ablation", "paths"):
+        for key in ("task_name", "ablation", "ablation_data", "paths", "callbacks"):
             c.pop(key, None)
         return c
 
-    tiny = cfg("experiment=drafter_tiny")
-    run = compose_train(["experiment=eagle_ablation", f"ablation={name}", "paths.root_dir=/nowhere"])
-    assert run.paths.run_dir == f"/nowhere/runs/ablations/{name}" and run.ablation.name == name
-    got = cfg("experiment=eagle_ablation", f"ablation={name}")
+    base_name, steps, folder, base_data, dumps = ABLATION_RUNS[experiment]
+    base = cfg(f"experiment={base_name}")
+    run = compose_train([f"experiment={experiment}", f"ablation={name}", "paths.root_dir=/nowhere"])
+    assert run.paths.run_dir == f"/nowhere/runs/{folder}/{name}" and run.ablation.name == name
+    got = cfg(f"experiment={experiment}", f"ablation={name}")
     inputs, noise, data = ABLATION_FACTORS[name]
-    assert (got["model"]["inputs"], got["model"]["noise"], got["data"]["name"]) == (inputs, noise, data)
-    assert got["trainer"]["max_steps"] == 250 < tiny["trainer"]["max_steps"]
+    assert (got["model"]["inputs"], got["model"]["noise"]) == (inputs, noise)
+    assert got["data"]["name"] == (dumps[data] if data else base_data)
+    assert got["trainer"]["max_steps"] == steps < base["trainer"]["max_steps"]
     for key in ("inputs", "noise"):
-        got["model"].pop(key), tiny["model"].pop(key)
-    assert got["model"] == tiny["model"] and got["seed"] == tiny["seed"]
-    if not name.startswith("self_distilled"):
-        assert got["data"] == tiny["data"]
+        got["model"].pop(key), base["model"].pop(key, None)
+    assert got["model"] == base["model"] and got["seed"] == base["seed"]
+    if not data:
+        assert got["data"] == base["data"]
     for key in ("max_steps", "val_check_interval", "default_root_dir"):  # the run folder differs by design
-        got["trainer"].pop(key), tiny["trainer"].pop(key)
-    assert got["trainer"] == tiny["trainer"]
+        got["trainer"].pop(key), base["trainer"].pop(key)
+    assert got["trainer"] == base["trainer"]

@@ -60,7 +60,7 @@ def distilled(tmp_path_factory, target_dir) -> Path:
     """target_dir's own continuations of a few stdlib prompts (8 + 8 tokens per row)."""
     out = tmp_path_factory.mktemp("distill") / "rows"
     distill(compose_config("distill", [
-        f"target_path={target_dir}", f"out_dir={out}", "target_dtype=float32", "device=cpu", "max_len=32",
+        "data_gen=python_corpus", "prompt_at=start", f"target_path={target_dir}", f"out_dir={out}", "target_dtype=float32", "device=cpu", "max_len=32",
         "prompt_len=8", "new_tokens=8", "num_prompts.train=24", "num_prompts.validation=6", "batch_size=8",
         "progress=false", "source.max_files=24", "source.val_fraction=0.25"]))
     return out
@@ -128,15 +128,19 @@ def test_rows_covered_by_earlier_ssms_are_left_out(distilled, target_dir, noisy_
         datamodule(distilled, target_dir, [str(target_dir)])  # the target covers all of its own rows
 
 
-def ssm_overrides(tmp_path, distilled, target_dir, draft_dir, task):
-    return ["experiment=ssm_boost", f"task_name={task}", f"paths.runs_dir={tmp_path}",
+def ssm_overrides(tmp_path, distilled, target_dir, draft_dir, task, experiment="ssm_boost_tiny"):
+    """experiment=ssm_boost_tiny names the SSM's shape (SMALL_LM); ssm_boost (SmolLM2's) takes the
+    draft LM's own config."""
+    return [f"experiment={experiment}", f"task_name={task}", f"paths.runs_dir={tmp_path}",
             f"data.datamodule.distill_dir={distilled}", f"data.datamodule.tokenizer_path={target_dir}",
             f"model.init_from={draft_dir}", "trainer.max_steps=6", "trainer.val_check_interval=3",
-            "check_baseline=false", "trainer.enable_progress_bar=false", *SMALL_LM]
+            "check_baseline=false", "trainer.enable_progress_bar=false",
+            *(SMALL_LM if experiment == "ssm_boost_tiny" else [])]
 
 
-def test_ssm_boost_trains_from_the_draft_lm(tmp_path, distilled, target_dir, draft_dir):
-    metrics = train(compose_train(ssm_overrides(tmp_path, distilled, target_dir, draft_dir, "ssm_1")))
+@pytest.mark.parametrize("experiment", ["ssm_boost_tiny", "ssm_boost"])
+def test_ssm_boost_trains_from_the_draft_lm(tmp_path, distilled, target_dir, draft_dir, experiment):
+    metrics = train(compose_train(ssm_overrides(tmp_path, distilled, target_dir, draft_dir, "ssm_1", experiment)))
     assert metrics["steps"] == 6
     ssm, _ = load_target(tmp_path / "ssm_1" / "model", dtype=torch.float32)
     draft, _ = load_target(draft_dir, dtype=torch.float32)

@@ -120,7 +120,9 @@ class CausalLMModule(TrainableModule):
         samples: greedy completions of these prompts are printed and stored with the model.
         sample_tokens: new tokens per sample.
         init_from: a trained LM's folder to start from (fine-tuning, e.g. boost-tuning an SSM
-            from the draft LM): its weights must fit `model_config` exactly.
+            from the draft LM): its weights must fit `model_config` exactly. With `model_config`
+            null, the model is built from init_from's own config (a real model's many keys need
+            not be repeated in a YAML file).
         repetition: `{prompts, prompt_tokens, new_tokens, n}`: after training, the share of greedy
             continuations of held-out prompts that repeat an n-gram (`repetition_rate`), stored
             with the model; None skips it.
@@ -131,7 +133,7 @@ class CausalLMModule(TrainableModule):
 
     def __init__(
         self,
-        model_config: Mapping[str, Any],
+        model_config: Mapping[str, Any] | None,
         optim: Mapping[str, Any] | None = None,
         residual_init: str | None = None,
         samples: Sequence[str] = (),
@@ -145,7 +147,9 @@ class CausalLMModule(TrainableModule):
         self.tokenizer = None
         self.data_info: dict[str, Any] = {}
         self.unigram_loss = float("nan")
-        if "vocab_size" in model_config:  # complete (e.g. from a checkpoint's hparams): build it now
+        if model_config is None and not init_from:
+            raise ValueError("model_config is null: set it, or init_from (a model folder whose config is taken)")
+        if model_config is not None and "vocab_size" in model_config:  # complete (a checkpoint's hparams): build now
             self._build(dict(model_config))
 
     def _build(self, model_config: dict[str, Any]) -> None:
@@ -165,7 +169,11 @@ class CausalLMModule(TrainableModule):
         if self.model is not None:
             return
         tok = self.tokenizer
-        config = {**self.hparams.model_config, "vocab_size": len(tok), "bos_token_id": tok.bos_token_id,
+        base = self.hparams.model_config
+        if base is None:  # init_from's own config (its keys, as for_model takes them)
+            base = {k: v for k, v in AutoConfig.from_pretrained(self.hparams.init_from).to_dict().items()
+                    if k not in ("architectures", "transformers_version", "dtype", "torch_dtype")}
+        config = {**base, "vocab_size": len(tok), "bos_token_id": tok.bos_token_id,
                   "eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id}
         self.hparams.model_config = config
         self._build(config)
