@@ -26,6 +26,7 @@ from eagle.data.distill import (
 from eagle.sampling import SamplingPolicy, seeded_generator
 from eagle.target import load_target
 from helpers.configs import compose_config
+from helpers.data import sharegpt_file
 from helpers.decoding import hf_greedy
 from helpers.models import make_tiny_model, small_tokenizer
 from helpers.stats import POLICIES, chi2_pvalue, exact_joint
@@ -276,8 +277,6 @@ def test_prompts_at_start_or_before_the_first_reply():
 def test_entry_point_distils_replies_to_sharegpt_prompts(tmp_path, target_dir):
     """The default source: ShareGPT conversations rendered with the chat template; each row's
     prompt ends with the assistant header, so the target's continuation is its own reply."""
-    from test_regenerate import sharegpt_file
-
     source = sharegpt_file(tmp_path / "src.json", n=8)
     out = tmp_path / "replies"
     _, tokenizer = load_target(target_dir)

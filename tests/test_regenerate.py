@@ -11,16 +11,7 @@ from data_gen.conversations import iter_sharegpt, sharegpt_samples
 from eagle.data.regenerate import RegenerateError, regenerate
 from eagle.sampling import SamplingPolicy
 from eagle.target import load_target
-
-PROMPTS = ["def add(a, b):", "import os", "class Point:", "for i in range(3):", "print('hello')"]
-
-
-def sharegpt_file(path, n=5):
-    turns = [("human", None), ("gpt", "an answer written by someone else"), ("human", "and then?"), ("gpt", "more")]
-    records = [{"id": f"c{i}", "conversations": [{"from": who, "value": text or PROMPTS[i % len(PROMPTS)]}
-                                                 for who, text in turns]} for i in range(n)]
-    path.write_text(json.dumps(records))
-    return path
+from helpers.data import PROMPTS, sharegpt_file
 
 
 def run(target_dir, source, out, **kw):
