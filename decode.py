@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -47,7 +48,7 @@ from eagle.bench.methods import (
     method_dtype,
     method_settings,
 )
-from eagle.bench.precision import DtypeChoice, faster_dtype
+from eagle.bench.precision import DtypeChoice, KernelChoice, faster_dtype, faster_kernels
 from eagle.bench.timing import project, random_target, time_methods, write_timing
 from eagle.bench.tree_search import (
     Candidate,
@@ -58,6 +59,7 @@ from eagle.bench.tree_search import (
     write_tree,
 )
 from eagle.cli import run_cli
+from eagle.decoding.kernels import PACKED_DTYPES, available_kernels, check_kernels, use_kernels
 from eagle.hardware import resolve_dtype_name, set_threads
 from eagle.sampling import SamplingPolicy, seeded_generator
 from eagle.target import load_target, resolve_dtype
@@ -84,6 +86,9 @@ class Methods:
         self._targets: dict[torch.dtype, tuple] = {}
         self._drafts: dict[tuple[str, torch.dtype], torch.nn.Module] = {}
         self.measured: dict[int, DtypeChoice] = {}  # tree width -> the dtype measured faster
+        self.kernels: dict[str, KernelChoice | str] = {}  # dtype -> the linear kernels of its models (cfg.kernels)
+        if cfg.kernels != "auto":  # a typo fails before anything is loaded
+            check_kernels(cfg.kernels, cfg.device)
 
     def dtype(self, spec: str, overrides: dict[str, str] | None = None, tree_dirs: tuple[str, ...] = ()) -> str:
         """The dtype `spec` runs in: its override, else the machine's choice (`method_dtype`),
@@ -108,13 +113,33 @@ class Methods:
         key = resolve_dtype(dtype)
         if key not in self._targets:
             self._targets[key] = load_target(self.cfg.target, dtype=key, device=self.cfg.device)
+            self._use_kernels(self._targets[key][0], dtype)
         return self._targets[key]
+
+    def _use_kernels(self, model: torch.nn.Module, dtype: str) -> None:
+        """`cfg.kernels` on a model of `dtype`: the setting named, or with auto the one measured
+        faster on the target in that dtype (eagle.bench.precision.faster_kernels); every model
+        of a dtype (target, draft LMs, drafters) then runs the same kernels."""
+        name = str(resolve_dtype(dtype)).removeprefix("torch.")
+        if name not in self.kernels:
+            kernels = self.cfg.kernels
+            choices = available_kernels(self.cfg.device)
+            if kernels != "auto":
+                self.kernels[name] = check_kernels(kernels, self.cfg.device)
+            elif len(choices) == 1 or resolve_dtype(dtype) not in PACKED_DTYPES:
+                self.kernels[name] = "default"  # nothing to choose: no packed products for this device or dtype
+            else:
+                self.kernels[name] = faster_kernels(model, kernels=choices)
+                print(f"[kernels] {name}: {self.kernels[name].describe()}", file=sys.stderr, flush=True)  # not in the text
+        choice = self.kernels[name]
+        use_kernels(model, choice if isinstance(choice, str) else choice.kernels)
 
     def _draft_lm(self, dtype: str):
         def load(path: str) -> torch.nn.Module:
             key = (str(path), resolve_dtype(dtype))
             if key not in self._drafts:
                 self._drafts[key], _ = load_target(path, dtype=key[1], device=self.cfg.device, with_tokenizer=False)
+                self._use_kernels(self._drafts[key], dtype)
             return self._drafts[key]
         return load
 
@@ -228,7 +253,7 @@ def benchmark(cfg: DictConfig, methods: Methods | None = None, names: list[str] 
     out_dir = Path(out_dir or bcfg.out_dir)
     run_benchmark(eval_sets, tokenizer, build, config, target_name=str(cfg.target), out_dir=out_dir,
                   device=cfg.device, reference=lambda dtype: methods.build("vanilla", dtype),
-                  dtype_choices=methods.measured)
+                  dtype_choices=methods.measured, kernels=methods.kernels)
     print((out_dir / "results.md").read_text())
     return out_dir
 
@@ -436,12 +461,16 @@ def floor(cfg: DictConfig) -> Path:
     from eagle.bench import floor as fl
 
     fcfg = cfg.floor
-    settings = {setting: setting.partition("+")[::2] for setting in fcfg.settings}  # name -> (runner, "compile" or "")
-    for setting, (kind, compiled) in settings.items():  # every setting checked before anything is loaded or timed
-        if kind not in ("dynamic", "static") or compiled not in ("", "compile"):
-            raise ValueError(f"floor.settings: {setting!r} is not dynamic, static or static+compile")
-        if compiled and kind != "static":
+    settings = {}  # name -> (runner, compiled, kernels): RUNNER[+compile][+onednn]
+    for setting in fcfg.settings:  # every setting checked before anything is loaded or timed
+        kind, *flags = setting.split("+")
+        if kind not in ("dynamic", "static") or not set(flags) <= {"compile", "onednn"} or len(set(flags)) < len(flags):
+            raise ValueError(f"floor.settings: {setting!r} is not RUNNER[+compile][+onednn] with RUNNER dynamic "
+                             "or static")
+        if "compile" in flags and kind != "static":
             raise ValueError("floor.settings: compile needs the static runner (static+compile)")
+        settings[setting] = (kind, "compile" in flags, check_kernels("onednn" if "onednn" in flags else "default",
+                                                                     cfg.device))
     dtype = resolve_dtype_name(fcfg.dtype, cfg.device, wide=False)
     target, _ = load_target(cfg.target, dtype=resolve_dtype(dtype), device=cfg.device, with_tokenizer=False)
     bandwidth = fl.read_bandwidth(cfg.device, megabytes=fcfg.buffer_mb)
@@ -450,7 +479,8 @@ def floor(cfg: DictConfig) -> Path:
               "tokens": list(fcfg.tokens), "bandwidth_gb_s": bandwidth, "weight_bytes": fl.weight_bytes(target),
               "torch": torch.__version__, "settings": {}}
     report["floor_ms"] = report["weight_bytes"] / (bandwidth * 1e9) * 1e3
-    for setting, (kind, compiled) in settings.items():
+    for setting, (kind, compiled, kernels) in settings.items():
+        use_kernels(target, kernels)
         make = fl.runner_factory(target, kind, "default" if compiled else None, max_len=fcfg.max_len)
         step = None
         for batch in sorted({1, *(int(b) for b in fcfg.batch_sizes)}):  # a batch's forwards: B x n tokens

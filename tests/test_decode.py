@@ -95,6 +95,28 @@ def test_benchmark_every_method_writes_report(models, tmp_path):
         [ln for ln in table.splitlines() if ln.startswith("| medusa_typical")]
     for png in ("speedup.png", "tau.png", "acceptance.png", "speedup_vs_static.png"):
         assert (out / png).stat().st_size > 1000
+    measured = report["machine"]["kernels"]["float32"]  # kernels=auto: timed on the target at load
+    assert measured["kernels"] in ("default", "onednn") and set(measured["ms"]) == {"default", "onednn"}
+
+
+def test_packed_kernels_apply_to_every_method_and_keep_greedy_texts(models, tmp_path):
+    """kernels=onednn: the target, the drafter, the draft LM and HF's peers all run packed
+    products, and every method's greedy text is vanilla's (on the same kernels)."""
+    from decode import decode
+
+    names = ["vanilla", "eagle", "eagle:static", "draft", "medusa", "hf_generate", "hf_assisted"]
+    out = tmp_path / "bench"
+    decode(decode_cfg(models, tmp_path, "mode=benchmark", "kernels=onednn", "benchmark.temperatures=[0.0]",
+                      f"benchmark.eval_sets=[{models / 'prompts.jsonl'}]", f"benchmark.out_dir={out}",
+                      "benchmark.dtypes={eagle:float32,medusa:float32}", f"benchmark.methods=[{','.join(names)}]"))
+    report = json.loads((out / "results.json").read_text())
+    assert report["machine"]["kernels"] == {"float32": "onednn"}
+    assert "Linear kernels (eagle/decoding/kernels.py): float32 onednn" in (out / "results.md").read_text()
+    greedy = report["runs"][0]["methods"]
+    for name in names[1:]:
+        assert greedy[name]["identical_to_reference"] == 1.0, name
+    with pytest.raises(ValueError, match="unknown kernels"):  # before anything is loaded
+        decode(decode_cfg(models, tmp_path, "mode=benchmark", "kernels=fast"))
 
 
 def test_a_bf16_method_is_compared_with_bf16_and_fp32_vanilla(models, tmp_path):

@@ -92,15 +92,16 @@ def test_floor_mode_writes_its_report(target_dir, tmp_path, monkeypatch):
 
     out = tmp_path / "floor"
     cfg = compose_config("decode", [f"target={target_dir}", "mode=floor", "floor.tokens=[1,3]", "floor.context=8",
-                                    "floor.repeats=2", "floor.buffer_mb=8", "floor.settings=[dynamic,static]",
+                                    "floor.repeats=2", "floor.buffer_mb=8", "floor.settings=[dynamic,static+onednn]",
                                     "floor.batch_sizes=[3]", f"floor.out_dir={out}"])
     decode(cfg)
     report = json.loads((out / "floor.json").read_text())
-    assert set(report["settings"]) == {"dynamic", "static", "dynamic x3", "static x3"} and report["dtype"] == "float32"
+    assert set(report["settings"]) == {"dynamic", "static+onednn", "dynamic x3", "static+onednn x3"}
+    assert report["dtype"] == "float32"
     assert report["floor_ms"] == pytest.approx(report["weight_bytes"] / report["bandwidth_gb_s"] / 1e6)
     for setting in report["settings"].values():
         assert [r["tokens"] for r in setting["forwards"]] == [1, 3]
-    for kind in ("dynamic", "static"):  # 3 sequences' forwards in steps of one sequence's 1-token step
+    for kind in ("dynamic", "static+onednn"):  # 3 sequences' forwards in steps of one sequence's 1-token step
         one, three = report["settings"][kind]["forwards"], report["settings"][f"{kind} x3"]["forwards"]
         assert three[0]["steps"] == pytest.approx(three[0]["ms"] / one[0]["ms"])
         assert report["settings"][f"{kind} x3"]["batch"] == 3
@@ -111,7 +112,7 @@ def test_floor_mode_writes_its_report(target_dir, tmp_path, monkeypatch):
         raise AssertionError("the target was loaded before the settings were checked")
 
     monkeypatch.setattr(entry, "load_target", no_load)
-    for bad in ("dynamic+compile", "static+fast"):  # refused before anything is loaded or timed
+    for bad in ("dynamic+compile", "static+fast", "static+onednn+onednn", "onednn"):  # refused before anything is loaded or timed
         with pytest.raises(ValueError, match="floor.settings"):
             decode(compose_config("decode", [f"target={target_dir}", "mode=floor", "floor.tokens=[1]",
                                              "floor.buffer_mb=8", f"floor.settings=[dynamic,{bad}]",

@@ -174,7 +174,8 @@ def build_all(build: Callable[[str], tuple[Method, str]], names: Sequence[str]) 
 
 def run_benchmark(eval_sets: dict[str, list[Prompt]], tokenizer, build: Callable[[str], tuple[Method, str]],
                   cfg: BenchmarkConfig, target_name: str, out_dir: str | Path, device=None,
-                  reference: Callable[[str], Method] | None = None, dtype_choices: Mapping | None = None) -> dict:
+                  reference: Callable[[str], Method] | None = None, dtype_choices: Mapping | None = None,
+                  kernels: Mapping | None = None) -> dict:
     """Run every method on every eval set and temperature; write results into `out_dir`.
 
     Args:
@@ -186,6 +187,8 @@ def run_benchmark(eval_sets: dict[str, list[Prompt]], tokenizer, build: Callable
             does not time are decoded (untimed) with this.
         dtype_choices: tree width -> the `eagle.bench.precision.DtypeChoice` measured while
             `build` ran (read after building), stored under machine.dtype_measured.
+        kernels: dtype -> the linear kernels its models ran (a name, or the
+            `eagle.bench.precision.KernelChoice` measured), read after building; machine.kernels.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -239,21 +242,22 @@ def run_benchmark(eval_sets: dict[str, list[Prompt]], tokenizer, build: Callable
                          # what was decoded (and, greedy, compared): every method's new text per prompt
                          "texts": {k: [tokenizer.decode(t) for t in v] for k, v in outputs.items()}})
             # each finished (eval set, temperature) is on disk at once: a stopped run keeps it
-            write_report(_report(runs, cfg, device, dtype_choices, complete=False), out_dir)
+            write_report(_report(runs, cfg, device, dtype_choices, kernels, complete=False), out_dir)
     bar.close()
-    report = _report(runs, cfg, device, dtype_choices, complete=True)
+    report = _report(runs, cfg, device, dtype_choices, kernels, complete=True)
     write_report(report, out_dir)
     return report
 
 
 def _report(runs: list[dict], cfg: BenchmarkConfig, device: torch.device, dtype_choices: Mapping | None,
-            complete: bool) -> dict:
+            kernels: Mapping | None, complete: bool) -> dict:
     """The results.json of the runs so far; `status` says whether every one is in."""
     return {"status": "complete" if complete else "incomplete", "runs": runs,
             "config": asdict(cfg) | {"methods": list(cfg.methods), "temperatures": list(cfg.temperatures)},
             "machine": {"platform": platform.platform(), "processor": platform.processor(),
                         "torch": torch.__version__, "threads": torch.get_num_threads(), "device": str(device),
-                        "dtype_measured": {str(w): asdict(c) for w, c in (dtype_choices or {}).items()}},
+                        "dtype_measured": {str(w): asdict(c) for w, c in (dtype_choices or {}).items()},
+                        "kernels": {d: k if isinstance(k, str) else asdict(k) for d, k in (kernels or {}).items()}},
             "date": time.strftime("%Y-%m-%d %H:%M:%S")}
 
 
@@ -325,7 +329,10 @@ def _compare_texts(results: dict[str, MethodResult], outputs: dict[str, list[lis
 
 
 def markdown_table(report: dict) -> str:
-    lines = []
+    kernels = report.get("machine", {}).get("kernels") or {}
+    lines = [("Linear kernels (eagle/decoding/kernels.py): " + ", ".join(
+        f"{dtype} {k if isinstance(k, str) else k['kernels'] + ' (measured faster)'}" for dtype, k in kernels.items())
+        + "\n")] if kernels else []
     for run in report["runs"]:
         static = "vanilla:static" in run["methods"]  # the compiled/static baseline is in this run
         lines += [f"### {run['eval_set']}, temperature {run['temperature']:g} "

@@ -30,6 +30,7 @@ from torch import nn
 
 from eagle.acceptance import TypicalAcceptance
 from eagle.decoding.engine import Proposer, SpeculativeDecoder, check_fits
+from eagle.decoding.kernels import kernels_of, use_kernels
 from eagle.decoding.runners import RUNNERS, make_runner
 from eagle.decoding.stats import DecodeResult, DecodeStats, RoundStats
 from eagle.hardware import auto_dtype, resolve_dtype_name
@@ -353,6 +354,7 @@ def _eagle(ctx: MethodContext, info, s: EagleSettings, name, runner) -> Method:
         raise MethodError(f"method {name!r} needs a trained drafter (eagle.drafter=DIR) or, explicitly, "
                           "eagle.random=true")
     drafter.to(next(ctx.target.parameters()).dtype)
+    use_kernels(drafter, kernels_of(ctx.target))  # the drafter's own linears run the target's kernels
     if s.draft_vocab is not None:
         drafter.restrict_vocab(_draft_vocab(s, name, drafter.config.vocab_size))
     compile_mode = ctx.compile_mode if runner == "static" else None
@@ -391,6 +393,7 @@ def _medusa(ctx: MethodContext, info, s: MedusaSettings, name, runner) -> Method
     else:
         raise MethodError(f"method {name!r} needs trained Medusa heads (medusa.heads=DIR) or, explicitly, "
                           f"medusa.random=true")
+    use_kernels(heads, kernels_of(ctx.target))
     typical = TypicalAcceptance(s.typical_eps, s.typical_delta) if info.lossy else None
     return EngineMethod(name, info, ctx, runner, medusa_proposer(heads, template, proposal=s.proposal),
                         tuple(template.parents), typical=typical)

@@ -1,4 +1,5 @@
-"""Which dtype verifies faster on this machine: measured on the target, not assumed.
+"""Which dtype and which linear kernels verify faster on this machine: measured on the target,
+not assumed.
 
 A CPU with bf16 instructions does not make bf16 the faster choice for every model. With
 AMX, bf16 verified EAGLE's trees faster than fp32 (LOG.md); on an AVX512-BF16 CPU without
@@ -12,6 +13,12 @@ forward in each dtype and the faster one is used.
 The forward timed is the one a round makes: `width` new tokens (the tree and its root) on
 top of `prefix` cached ones, the cache cropped back after each; the dtypes take turns, so
 load on a shared machine falls on both alike, and the median of `reps` is compared.
+
+The same holds for the kernels of the linears (`eagle.decoding.kernels`): oneDNN's packed
+products took SmolLM2's float32 step from ~69 to ~55 ms on an AVX512 AMD EPYC, where MKL's
+few-row products run far below the memory's speed, but another CPU's MKL may be the faster one.
+`faster_kernels` times a 1-token step and a tree's verification with each kernel setting on the
+target itself (switched in place) and leaves it on the faster.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from eagle.decoding.kernels import KERNELS, use_kernels
 from eagle.decoding.kv_cache import crop, new_cache
 from eagle.target import target_forward
 
@@ -78,3 +86,49 @@ def faster_dtype(models: Mapping[str, nn.Module], width: int, prefix: int = 128,
             crop(caches[name], prefix)
     ms = {name: statistics.median(t) for name, t in times.items()}
     return DtypeChoice(dtype=min(ms, key=ms.get), width=width, ms=ms)
+
+
+@dataclass(frozen=True)
+class KernelChoice:
+    kernels: str  # the faster setting (eagle.decoding.kernels.KERNELS)
+    ms: dict[str, dict[int, float]]  # kernels -> tokens per forward -> median ms
+
+    def describe(self) -> str:
+        times = "; ".join(f"{name} " + ", ".join(f"{n} tokens {ms:.1f} ms" for n, ms in by_width.items())
+                          for name, by_width in self.ms.items())
+        return f"{self.kernels} (measured here: {times})"
+
+
+@torch.inference_mode()
+def faster_kernels(model: nn.Module, widths: tuple[int, ...] = (1, 26), prefix: int = 128, reps: int = 5,
+                   warmup: int = 2, seed: int = 0, kernels: tuple[str, ...] = KERNELS,
+                   clock: Callable[[], float] = time.perf_counter) -> KernelChoice:
+    """Time forwards of each of `widths` new tokens after `prefix` cached ones with each kernel
+    setting on `model` (a 1-token step and a tree's verification, by default), and leave `model`
+    on the setting whose medians sum to the least. The settings take turns by repeat, as the
+    dtypes do in `faster_dtype`."""
+    if not kernels or any(w < 1 for w in widths) or prefix < 1:
+        raise ValueError(f"faster_kernels needs kernels, widths >= 1 and prefix >= 1, got {kernels}, {widths}, {prefix}")
+    device = next(model.parameters()).device
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, int(model.config.vocab_size), (1, prefix + max(widths)), generator=g).to(device)
+    cache = new_cache(prefix + max(widths))
+    target_forward(model, ids[:, :prefix], cache, logits_slice=slice(-1, None))
+    times: dict[str, dict[int, list[float]]] = {k: {w: [] for w in widths} for k in kernels}
+    for rep in range(warmup + reps):
+        for name in kernels:
+            use_kernels(model, name)
+            for width in widths:
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                t0 = clock()
+                target_forward(model, ids[:, prefix:prefix + width], cache)
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                if rep >= warmup:
+                    times[name][width].append(1000 * (clock() - t0))
+                crop(cache, prefix)
+    ms = {name: {w: statistics.median(t) for w, t in by_width.items()} for name, by_width in times.items()}
+    best = min(ms, key=lambda name: sum(ms[name].values()))
+    use_kernels(model, best)
+    return KernelChoice(kernels=best, ms=ms)

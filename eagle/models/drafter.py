@@ -39,6 +39,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from eagle.decoding.kernels import PackedLinear, restricted_linear
 from eagle.decoding.masks import causal_mask
 from eagle.target import LogitTransform, TargetIdentity, check_shape, embeddings, lm_head
 
@@ -204,7 +205,7 @@ class EagleDrafter(nn.Module):
         self.logit_transform = logit_transform or LogitTransform()
         # (ids (K,), the head's rows (K, H), their bias (K,) | None) when drafting from a reduced
         # vocabulary (`restrict_vocab`), else None; a copy, not registered, never saved
-        self._draft_head: tuple[Tensor, Tensor, Tensor | None] | None = None
+        self._draft_head: tuple[Tensor, nn.Linear] | None = None  # (ids (K,), the head's K rows)
 
     @classmethod
     def on_target(cls, config: DrafterConfig, model: nn.Module) -> EagleDrafter:
@@ -320,8 +321,7 @@ class EagleDrafter(nn.Module):
             raise ValueError("a draft vocabulary must not repeat a token")
         head = self.lm_head
         ids = ids.to(head.weight.device, torch.long)
-        bias = getattr(head, "bias", None)
-        self._draft_head = (ids, head.weight[ids].contiguous(), None if bias is None else bias[ids].contiguous())
+        self._draft_head = (ids, restricted_linear(head, ids))  # runs the head's kernels (eagle.decoding.kernels)
 
     @property
     def draft_vocab(self) -> Tensor | None:
@@ -335,11 +335,12 @@ class EagleDrafter(nn.Module):
         hidden = hidden.to(w.device, w.dtype)
         if self._draft_head is None:
             return self.logit_transform(self.lm_head(hidden))
-        ids, rows, bias = self._draft_head
-        if rows.dtype != w.dtype or rows.device != w.device:  # the target moved since: copy its rows anew
-            self.restrict_vocab(ids)
-            ids, rows, bias = self._draft_head
-        return self.logit_transform(torch.nn.functional.linear(hidden, rows, bias))  # (..., K)
+        ids, rows = self._draft_head
+        if (rows.weight.dtype != w.dtype or rows.weight.device != w.device
+                or isinstance(rows, PackedLinear) != isinstance(self.lm_head, PackedLinear)):
+            self.restrict_vocab(ids)  # the target moved or switched kernels since: copy its rows anew
+            ids, rows = self._draft_head
+        return self.logit_transform(rows(hidden))  # (..., K)
 
     @classmethod
     def random(cls, model: nn.Module, tokenizer=None, path: str | None = None, seed: int = 0,

@@ -1,0 +1,128 @@
+"""Which kernel multiplies a decoding pass's few rows by its weights, on a CPU.
+
+A decoding step multiplies 1 row (a verification: the tree's 4-64 rows) by every weight of
+the target: the products are bound by reading the weights, and a step cannot beat reading
+them once (`eagle.bench.floor`). PyTorch's `F.linear` runs those products at a fraction of the
+memory's speed on some CPUs: on a 2-core AMD EPYC (AVX512-BF16, no AMX) with torch 2.13's MKL,
+SmolLM2's 49,152 x 576 LM head took 10.4 ms for 1 row (11 GB/s against a streaming read of
+33 GB/s) and 19-21 ms for 4-16 rows, while oneDNN's product on the same weight packed once
+took 5.0-5.7 ms for 1 row and 4.7-4.9 ms for 4-8 rows (LOG.md, 2026-12-03). Kernels:
+
+  "default"  `F.linear` (PyTorch's own choice: MKL on x86 CPUs);
+  "onednn"   oneDNN's inner product on a weight reordered once into its blocked layout
+             (`torch.ops.mkldnn._reorder_linear_weight`, what Inductor's freezing does for
+             bf16 linears), for float32 on a CPU. bf16 products already run on oneDNN
+             through `F.linear`, and packing them was slower there (SmolLM2 in bf16: a step
+             of 43 ms packed against 38 ms), so bf16 keeps `F.linear`.
+
+`use_kernels(model, "onednn")` switches every `nn.Linear` of a model in place: each stays the same
+module object with the same parameters (so a tied LM head stays tied, a drafter that holds the
+target's head sees the switch, and `state_dict` and `isinstance(m, nn.Linear)` are unchanged);
+only its forward changes. The packed copy of the weight is extra memory (one more copy of every
+linear weight) and is made again if the weight changes (its version counter, dtype or device).
+Whatever needs gradients, another device or another dtype runs `F.linear` as before, so training
+is untouched. A packed product rounds differently from `F.linear` (as MKL's own kernels differ
+between 1 and 2 rows), so exactness holds against the target with the same kernels: a decoding
+run applies one kernel setting to every method alike, vanilla decoding included.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+KERNELS = ("default", "onednn")
+PACKED_DTYPES = (torch.float32,)
+# oneDNN packs a weight for a row count it is told: packed for 8 rows, the products of 1 to 64
+# rows all ran at or near their best (packed for 1 row, 4-64 rows ran up to 2x slower; LOG.md)
+PACK_ROWS = 8
+
+
+def onednn_available() -> bool:
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+def available_kernels(device: str | torch.device = "cpu") -> tuple[str, ...]:
+    """The settings that change anything on `device`: packed products exist for CPUs only."""
+    return KERNELS if torch.device(device).type == "cpu" and onednn_available() else ("default",)
+
+
+class PackedLinear(nn.Linear):
+    """An `nn.Linear` whose inference products on a CPU run oneDNN's kernel on a packed weight.
+
+    Not built directly: `use_kernels` switches an existing `nn.Linear` to this class.
+    """
+
+    _packed: Tensor | None
+    _packed_key: tuple | None
+
+    def _weight_key(self) -> tuple:
+        w = self.weight
+        return (w._version, w.data_ptr(), w.dtype, w.device)
+
+    def packed_weight(self) -> Tensor:
+        """The weight in oneDNN's layout, packed again whenever the weight changed."""
+        key = self._weight_key()
+        if self._packed is None or self._packed_key != key:
+            self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), PACK_ROWS)
+            self._packed_key = key
+        return self._packed
+
+    def _packable(self, x: Tensor) -> bool:
+        w = self.weight
+        return (not torch.compiler.is_compiling()  # compiled, Inductor packs the weights itself (freezing)
+                and x.device.type == "cpu" and w.device.type == "cpu" and x.dtype == w.dtype
+                and w.dtype in PACKED_DTYPES and x.numel() > 0
+                and not (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)))
+
+    def forward(self, x: Tensor) -> Tensor:  # (..., in) -> (..., out)
+        if not self._packable(x):
+            return F.linear(x, self.weight, self.bias)
+        rows = x.reshape(-1, self.in_features).contiguous()  # (N, in): oneDNN takes 2-d inputs
+        bias = None if self.bias is None else self.bias.detach()
+        y = torch.ops.mkldnn._linear_pointwise(rows, self.packed_weight(), bias, "none", [], "")  # (N, out)
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+
+def check_kernels(kernels: str, device: str | torch.device = "cpu") -> str:
+    """`kernels` if it runs on `device` here, else a ValueError that says why."""
+    if kernels not in KERNELS:
+        raise ValueError(f"unknown kernels {kernels!r}; choose one of {KERNELS}")
+    if kernels not in available_kernels(device):
+        raise ValueError(f"kernels={kernels} runs on a CPU with a PyTorch build that has oneDNN "
+                         f"(torch.backends.mkldnn), not on {device} here: use kernels=default")
+    return kernels
+
+
+def use_kernels(model: nn.Module, kernels: str = "default") -> nn.Module:
+    """Switch every `nn.Linear` of `model` to `kernels` in place (see the module docstring);
+    returns `model`. "default" switches packed linears back to plain ones."""
+    check_kernels(kernels, next(model.parameters()).device if kernels == "onednn" else "cpu")
+    for module in model.modules():
+        if kernels == "onednn" and type(module) is nn.Linear:
+            module.__class__ = PackedLinear  # the same object: every reference to it sees the switch
+            module._packed = module._packed_key = None
+        elif kernels == "default" and type(module) is PackedLinear:
+            module.__class__ = nn.Linear
+            del module._packed, module._packed_key
+    return model
+
+
+def kernels_of(model: nn.Module) -> str:
+    """The kernels `model`'s linears run: "onednn" when any is packed, else "default"."""
+    return "onednn" if any(isinstance(m, PackedLinear) for m in model.modules()) else "default"
+
+
+def restricted_linear(head: nn.Module, ids: Tensor) -> nn.Linear:
+    """A linear of `head`'s rows `ids` only (K, H), with the same kernels as `head` (a drafter's
+    head over a reduced drafting vocabulary)."""
+    bias = getattr(head, "bias", None)
+    rows = nn.Linear(head.weight.shape[1], ids.numel(), bias=bias is not None, device=head.weight.device,
+                     dtype=head.weight.dtype)
+    with torch.no_grad():
+        rows.weight.copy_(head.weight[ids])
+        if bias is not None:
+            rows.bias.copy_(bias[ids])
+    rows.requires_grad_(False)
+    return use_kernels(rows, "onednn") if isinstance(head, PackedLinear) else rows

@@ -1,0 +1,159 @@
+"""The linears' kernels (eagle/decoding/kernels.py): oneDNN's packed products compute what
+`F.linear` does, switch a model in place without changing what it is, step aside for training,
+compile and other dtypes, and decode exactly: greedy output identical to `generate` of the same
+target, for every method family. Which kernels are faster is measured, never asserted here."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from eagle.bench.precision import faster_kernels
+from eagle.decoding import make_runner
+from eagle.decoding.kernels import (
+    PackedLinear,
+    available_kernels,
+    check_kernels,
+    kernels_of,
+    restricted_linear,
+    use_kernels,
+)
+from eagle.models.drafter import EagleDrafter
+from eagle.models.medusa import MedusaHeads
+from eagle.proposers import (
+    DraftLM,
+    PromptLookupProposer,
+    TemplateProposer,
+    eagle_proposer,
+    medusa_proposer,
+)
+from helpers.decoding import greedy_cases, run_greedy_cases, tree
+from helpers.models import make_tiny_model
+
+pytestmark = pytest.mark.skipif("onednn" not in available_kernels("cpu"), reason="this PyTorch build has no oneDNN")
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("shape", [(1, 48), (2, 48), (8, 48), (26, 48), (64, 48), (2, 5, 48), (1, 1, 1, 48)])
+def test_packed_products_equal_f_linear(shape, bias):
+    torch.manual_seed(0)
+    linear = nn.Linear(48, 200, bias=bias)
+    x = torch.randn(shape)
+    with torch.inference_mode():
+        expected = F.linear(x, linear.weight, linear.bias)
+        use_kernels(linear, "onednn")
+        got = linear(x)
+    assert isinstance(linear, PackedLinear) and linear._packed is not None, "the packed kernel must have run"
+    assert got.shape == expected.shape == (*shape[:-1], 200)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_switching_keeps_the_module_its_parameters_and_a_tied_head():
+    model = make_tiny_model("llama", tie_word_embeddings=True)
+    head, keys = model.lm_head, list(model.state_dict())
+    use_kernels(model, "onednn")
+    assert kernels_of(model) == "onednn" and model.lm_head is head and isinstance(head, nn.Linear)
+    assert head.weight is model.model.embed_tokens.weight, "a tied head stays tied"
+    assert list(model.state_dict()) == keys and not any("packed" in k for k in model.state_dict())
+    use_kernels(model, "default")
+    assert kernels_of(model) == "default" and type(model.lm_head) is nn.Linear
+    assert not hasattr(model.lm_head, "_packed")
+
+
+def test_a_changed_weight_is_packed_again():
+    torch.manual_seed(0)
+    linear = use_kernels(nn.Linear(16, 24), "onednn").requires_grad_(False)
+    x = torch.randn(3, 16)
+    first = linear(x)
+    with torch.no_grad():
+        linear.weight.mul_(2.0)  # as load_state_dict or an optimizer step would change it
+    torch.testing.assert_close(linear(x), F.linear(x, linear.weight, linear.bias), rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(linear(x), first)
+
+
+def test_training_bf16_and_compile_take_f_linear():
+    torch.manual_seed(0)
+    linear = use_kernels(nn.Linear(16, 8), "onednn")
+    x = torch.randn(4, 16, requires_grad=True)
+    linear(x).sum().backward()  # gradients flow: the packed op has none, so it must not run
+    assert linear._packed is None and x.grad is not None and linear.weight.grad is not None
+    half = use_kernels(nn.Linear(16, 8).to(torch.bfloat16).requires_grad_(False), "onednn")
+    xb = torch.randn(4, 16, dtype=torch.bfloat16)
+    assert torch.equal(half(xb), F.linear(xb, half.weight, half.bias)) and half._packed is None
+    compiled = torch.compile(lambda t: linear(t), backend="eager")  # Dynamo traces F.linear
+    with torch.inference_mode():
+        torch.testing.assert_close(compiled(x.detach()), F.linear(x.detach(), linear.weight, linear.bias))
+
+
+def test_kernels_are_checked():
+    with pytest.raises(ValueError, match="unknown kernels"):
+        check_kernels("fast")
+    with pytest.raises(ValueError, match="kernels=onednn runs on a CPU"):
+        check_kernels("onednn", "cuda")
+    assert available_kernels("cuda") == ("default",)
+
+
+def test_a_restricted_head_runs_the_heads_kernels():
+    head = nn.Linear(16, 40, bias=True).requires_grad_(False)
+    ids = torch.tensor([3, 0, 39, 7])
+    assert type(restricted_linear(head, ids)) is nn.Linear
+    rows = restricted_linear(use_kernels(head, "onednn"), ids)
+    assert isinstance(rows, PackedLinear)
+    x = torch.randn(2, 16)
+    torch.testing.assert_close(rows(x), F.linear(x, head.weight, head.bias)[:, ids], rtol=1e-5, atol=1e-5)
+
+
+def test_faster_kernels_leaves_the_model_on_the_faster():
+    model = make_tiny_model("llama")
+    for fast in ("onednn", "default"):
+        def clock(fast=fast, now=[0.0]):  # noqa: B006 - the fake time: each forward costs 1 ms with the
+            now[0] += 1e-3 if kernels_of(model) == fast else 3e-3  # fast kernels, 3 ms with the others
+            return now[0]
+
+        choice = faster_kernels(model, widths=(1, 4), prefix=8, reps=2, warmup=1, clock=clock)
+        assert choice.kernels == fast and kernels_of(model) == fast
+        assert choice.ms[fast][4] == pytest.approx(1.0) and "measured here" in choice.describe()
+
+
+def _eagle(target, runner, vocab=False):
+    drafter = use_kernels(EagleDrafter.random(target, seed=1), kernels_of(target))
+    if vocab:
+        drafter.restrict_vocab(torch.arange(0, drafter.config.vocab_size, 2))
+        assert isinstance(drafter._draft_head[1], PackedLinear)
+    return eagle_proposer(drafter, tree("eagle_default"), cache=runner)
+
+
+def _draft(target, runner):
+    small = make_tiny_model("llama", seed=1, num_hidden_layers=1, vocab_size=target.config.vocab_size)
+    return TemplateProposer(DraftLM(use_kernels(small, kernels_of(target)), cache=runner), tree("eagle_default"))
+
+
+def _medusa(target, runner):
+    template = tree("medusa_default")
+    heads = use_kernels(MedusaHeads.random(target, template.depth, seed=2), kernels_of(target))
+    return medusa_proposer(heads, template)
+
+
+PROPOSERS = {
+    "vanilla": lambda t, r: None,
+    "prompt_lookup": lambda t, r: PromptLookupProposer(num_tokens=5, max_ngram=2),
+    "eagle": _eagle,
+    "eagle_vocab": lambda t, r: _eagle(t, r, vocab=True),
+    "draft_tree": _draft,
+    "medusa": _medusa,
+}
+
+
+@pytest.mark.parametrize("runner", ["dynamic", "static"])
+@pytest.mark.parametrize("name", list(PROPOSERS))
+def test_greedy_with_packed_kernels_identical_to_generate(name, runner):
+    """Every model of the run on packed products (target, drafter, draft LM, heads): greedy
+    output equals `generate` of the same packed target, token for token."""
+    target = use_kernels(make_tiny_model("llama"), "onednn")
+    proposer = PROPOSERS[name](target, runner)
+    kept = make_runner(runner, target, tree_size=proposer.max_nodes if proposer else 0)
+    run_greedy_cases(target, proposer, kept, greedy_cases(target, 8), f"onednn/{name}/{runner}")
+    assert all(m._packed is not None for m in target.modules() if isinstance(m, PackedLinear)), \
+        "every linear of the target must have run packed"
