@@ -57,6 +57,12 @@ def test_switching_keeps_the_module_its_parameters_and_a_tied_head():
     assert kernels_of(model) == "onednn" and model.lm_head is head and isinstance(head, nn.Linear)
     assert head.weight is model.model.embed_tokens.weight, "a tied head stays tied"
     assert list(model.state_dict()) == keys and not any("packed" in k for k in model.state_dict())
+    with torch.inference_mode():
+        model(torch.tensor([[1, 2, 3]]))
+    packed = model.lm_head._packed
+    use_kernels(model, "default", release=False)  # kept for a switch back (timing both kernels)
+    assert kernels_of(model) == "default" and type(model.lm_head) is nn.Linear
+    assert use_kernels(model, "onednn").lm_head.packed_weight() is packed
     use_kernels(model, "default")
     assert kernels_of(model) == "default" and type(model.lm_head) is nn.Linear
     assert not hasattr(model.lm_head, "_packed")
@@ -114,6 +120,8 @@ def test_faster_kernels_leaves_the_model_on_the_faster():
 
         choice = faster_kernels(model, widths=(1, 4), prefix=8, reps=2, warmup=1, clock=clock)
         assert choice.kernels == fast and kernels_of(model) == fast
+        packed = [hasattr(m, "_packed") for m in model.modules() if isinstance(m, nn.Linear)]
+        assert all(packed) if fast == "onednn" else not any(packed), "the loser's packed weights are freed"
         assert choice.ms[fast][4] == pytest.approx(1.0) and "measured here" in choice.describe()
 
 

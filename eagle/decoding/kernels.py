@@ -95,16 +95,19 @@ def check_kernels(kernels: str, device: str | torch.device = "cpu") -> str:
     return kernels
 
 
-def use_kernels(model: nn.Module, kernels: str = "default") -> nn.Module:
+def use_kernels(model: nn.Module, kernels: str = "default", release: bool = True) -> nn.Module:
     """Switch every `nn.Linear` of `model` to `kernels` in place (see the module docstring);
-    returns `model`. "default" switches packed linears back to plain ones."""
+    returns `model`. "default" switches packed linears back to plain ones and frees their packed
+    weights, unless `release` is False (a switch back to "onednn" then reuses them: timing both)."""
     check_kernels(kernels, next(model.parameters()).device if kernels == "onednn" else "cpu")
     for module in model.modules():
         if kernels == "onednn" and type(module) is nn.Linear:
             module.__class__ = PackedLinear  # the same object: every reference to it sees the switch
-            module._packed = module._packed_key = None
+            if not hasattr(module, "_packed"):
+                module._packed = module._packed_key = None
         elif kernels == "default" and type(module) is PackedLinear:
             module.__class__ = nn.Linear
+        if kernels == "default" and release and hasattr(module, "_packed") and type(module) is nn.Linear:
             del module._packed, module._packed_key
     return model
 
