@@ -474,9 +474,11 @@ def floor(cfg: DictConfig) -> Path:
     dtype = resolve_dtype_name(fcfg.dtype, cfg.device, wide=False)
     target, _ = load_target(cfg.target, dtype=resolve_dtype(dtype), device=cfg.device, with_tokenizer=False)
     bandwidth = fl.read_bandwidth(cfg.device, megabytes=fcfg.buffer_mb)
+    gflops = fl.peak_gflops(cfg.device, size=fcfg.peak_size, dtype=resolve_dtype(dtype))
     report = {"kind": "floor", "target": str(cfg.target), "dtype": dtype, "device": str(cfg.device),
               "threads": torch.get_num_threads(), "context": fcfg.context, "repeats": fcfg.repeats,
               "tokens": list(fcfg.tokens), "bandwidth_gb_s": bandwidth, "weight_bytes": fl.weight_bytes(target),
+              "peak_gflops": gflops, "peak_size": fcfg.peak_size, "flops_per_token": fl.linear_flops(target),
               "torch": torch.__version__, "settings": {}}
     report["floor_ms"] = report["weight_bytes"] / (bandwidth * 1e9) * 1e3
     for setting, (kind, compiled, kernels) in settings.items():
@@ -486,7 +488,7 @@ def floor(cfg: DictConfig) -> Path:
         for batch in sorted({1, *(int(b) for b in fcfg.batch_sizes)}):  # a batch's forwards: B x n tokens
             costs = fl.forward_costs(target, fcfg.tokens, fcfg.context, fcfg.repeats, make, seed=cfg.seed, batch=batch)
             name = setting if batch == 1 else f"{setting} x{batch}"
-            report["settings"][name] = fl.floor_report(target, bandwidth, costs, step, batch)
+            report["settings"][name] = fl.floor_report(target, bandwidth, costs, step, batch, gflops)
             step = step or costs.get(1)
             print(f"[floor] {name}: " + ", ".join(f"{n} tokens {ms:.1f} ms" for n, ms in costs.items()))
     return write_report(fcfg.out_dir, "floor", report, fl.markdown(report))

@@ -81,6 +81,17 @@ def test_the_report_counts_forwards_in_floors_and_steps():
     assert report["floor_ms"] == pytest.approx(2.0)
     assert [(r["tokens"], r["floors"], r["steps"]) for r in report["forwards"]] == \
         [(1, pytest.approx(2.0), pytest.approx(1.0)), (8, pytest.approx(3.0), pytest.approx(1.5))]
+    assert all(r["roof_ms"] == pytest.approx(2.0) for r in report["forwards"])  # no peak rate: the roof is the floor
+    flops = fl.linear_flops(target)
+    assert flops == 2 * sum(m.weight.numel() for m in target.modules() if isinstance(m, torch.nn.Linear))
+    # at a peak rate where one token's arithmetic takes 0.5 ms, 8 tokens take 4 ms: above the 2 ms floor
+    fast = fl.floor_report(target, nbytes / 1e9 / 2e-3, {1: 4.0, 8: 6.0}, gflops=flops / 1e9 / 0.5e-3)
+    assert [r["roof_ms"] for r in fast["forwards"]] == [pytest.approx(2.0), pytest.approx(4.0)]
+    assert fast["forwards"][1]["roofs"] == pytest.approx(1.5)
+
+
+def test_peak_rate_is_positive():
+    assert fl.peak_gflops(size=64, repeats=2) > 0
 
 
 def test_bandwidth_is_a_positive_rate():
@@ -92,7 +103,7 @@ def test_floor_mode_writes_its_report(target_dir, tmp_path, monkeypatch):
 
     out = tmp_path / "floor"
     cfg = compose_config("decode", [f"target={target_dir}", "mode=floor", "floor.tokens=[1,3]", "floor.context=8",
-                                    "floor.repeats=2", "floor.buffer_mb=8", "floor.settings=[dynamic,static+onednn]",
+                                    "floor.repeats=2", "floor.buffer_mb=8", "floor.peak_size=64", "floor.settings=[dynamic,static+onednn]",
                                     "floor.batch_sizes=[3]", f"floor.out_dir={out}"])
     decode(cfg)
     report = json.loads((out / "floor.json").read_text())
@@ -106,6 +117,7 @@ def test_floor_mode_writes_its_report(target_dir, tmp_path, monkeypatch):
         assert three[0]["steps"] == pytest.approx(three[0]["ms"] / one[0]["ms"])
         assert report["settings"][f"{kind} x3"]["batch"] == 3
     assert "| 3 |" in (out / "floor.md").read_text() and "x3" in (out / "floor.md").read_text()
+    assert report["peak_gflops"] > 0 and "roof ms" in (out / "floor.md").read_text()
     import decode as entry
 
     def no_load(*args, **kwargs):

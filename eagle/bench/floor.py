@@ -8,6 +8,11 @@ tree of n tokens should cost about one step. This module measures both sides on 
   bandwidth      `read_bandwidth`: the best of a few streaming reads (a sum) of a buffer several
                  times larger than any cache, with the threads the decoding uses;
   floor          the target's weight bytes / that bandwidth (`weight_bytes`);
+  roof           a forward of n tokens also does n x 2 x (linear weights) FLOP (`linear_flops`), at
+                 most at the machine's peak rate (`peak_gflops`: a large square product), so it
+                 cannot beat max(floor, n x FLOP per token / peak): on 2 CPU cores the arithmetic
+                 of ~20 tokens of a 135M target already outweighs reading its weights, and a wide
+                 tree's verification is bound by arithmetic, not memory;
   forward costs  `forward_costs`: the target's verification of n = 1, 2, 4, ... new tokens after a
                  fixed context, through the engine's own runner (a tree of n nodes, so the tree
                  mask is paid as in a round), each the median of a few repeats, in milliseconds
@@ -26,6 +31,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
+from eagle.decoding.kernels import available_kernels, use_kernels
 from eagle.decoding.runners import TargetRunner, make_runner
 
 FORWARD_TOKENS = (1, 2, 4, 8, 16, 26, 64)  # 26: EAGLE-1's default tree with its root
@@ -35,6 +41,12 @@ def weight_bytes(model: nn.Module) -> int:
     """Bytes one decoding step reads: every parameter once (`parameters()` yields a tied
     embedding and LM head once)."""
     return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def linear_flops(model: nn.Module) -> int:
+    """FLOP of one token through the model's linears (2 per weight: a multiply and an add), the
+    LM head included; attention over the context and the elementwise operations are left out."""
+    return 2 * sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
 
 
 def _best_seconds(fn: Callable[[], object], repeats: int, sync: Callable[[], None]) -> float:
@@ -61,6 +73,22 @@ def read_bandwidth(device: str | torch.device = "cpu", megabytes: int = 1024, re
     buffer = torch.ones(megabytes * 2**20 // 4, dtype=torch.float32, device=device)
     seconds = _best_seconds(lambda: buffer.sum(), repeats, _sync(device))
     return buffer.numel() * 4 / seconds / 1e9
+
+
+@torch.inference_mode()
+def peak_gflops(device: str | torch.device = "cpu", size: int = 1024, repeats: int = 5,
+                dtype: torch.dtype = torch.float32) -> float:
+    """GFLOP/s of the fastest of `repeats` products of `size` rows through a `size` x `size`
+    linear in `dtype`, with torch's current threads, under each linear kernel this device has
+    (`eagle.decoding.kernels`; on a 2-core AVX-512 EPYC oneDNN's reached 185 GFLOP/s where
+    `F.linear` reached 133): bound by arithmetic (2 size^3 FLOP on 3 size^2 numbers), the best
+    rate the linears can reach here."""
+    device = torch.device(device)
+    linear = nn.Linear(size, size, bias=False, device=device, dtype=dtype).requires_grad_(False)
+    x = torch.randn(size, size, device=device).to(dtype)
+    seconds = min(_best_seconds(lambda k=kernels: use_kernels(linear, k)(x), repeats, _sync(device))
+                  for kernels in available_kernels(device))
+    return 2 * size**3 / seconds / 1e9
 
 
 def binary_tree(n: int) -> tuple[int, ...]:
@@ -116,17 +144,27 @@ def forward_costs(target: nn.Module, tokens: Sequence[int] = FORWARD_TOKENS, con
     return costs
 
 
+def roof_ms(tokens: int, floor_ms: float, flops_per_token: int, gflops: float | None) -> float:
+    """The least a forward of `tokens` new tokens can cost: reading the weights once, or doing
+    its linears' arithmetic at the peak rate, whichever takes longer (the floor without a rate)."""
+    return max(floor_ms, tokens * flops_per_token / (gflops * 1e9) * 1e3) if gflops else floor_ms
+
+
 def floor_report(target: nn.Module, bandwidth_gb_s: float, costs: dict[int, float], step: float | None = None,
-                 batch: int = 1) -> dict:
-    """The figures of one setting: weight bytes, the floor, and each forward in ms, in floors and
-    in 1-token steps (`step`: of one sequence, for a batch's forwards; default: its own 1-token)."""
-    nbytes = weight_bytes(target)
+                 batch: int = 1, gflops: float | None = None) -> dict:
+    """The figures of one setting: weight bytes, the floor, and each forward in ms, in floors, in
+    roofs (`roof_ms` at the peak rate `gflops`, when measured) and in 1-token steps (`step`: of
+    one sequence, for a batch's forwards; default: its own 1-token)."""
+    nbytes, flops = weight_bytes(target), linear_flops(target)
     floor_ms = nbytes / (bandwidth_gb_s * 1e9) * 1e3
     step = step if step is not None else costs.get(1)
-    rows = [{"tokens": n, "ms": ms, "floors": ms / floor_ms, "steps": ms / step if step else None}
-            for n, ms in costs.items()]
+    rows = []
+    for n, ms in costs.items():
+        roof = roof_ms(n * batch, floor_ms, flops, gflops)
+        rows.append({"tokens": n, "ms": ms, "floors": ms / floor_ms, "roof_ms": roof, "roofs": ms / roof,
+                     "steps": ms / step if step else None})
     return {"weight_bytes": nbytes, "bandwidth_gb_s": bandwidth_gb_s, "floor_ms": floor_ms, "batch": batch,
-            "forwards": rows}
+            "flops_per_token": flops, "peak_gflops": gflops, "forwards": rows}
 
 
 def markdown(report: dict) -> str:
@@ -135,10 +173,13 @@ def markdown(report: dict) -> str:
              f"{report['device']})", "",
              f"Weights: {report['weight_bytes'] / 1e6:.0f} MB, read once per step. Streaming read bandwidth: "
              f"{report['bandwidth_gb_s']:.1f} GB/s. Floor of one step: **{report['floor_ms']:.1f} ms**. "
-             f"Forwards after {report['context']} tokens of context, median of {report['repeats']}.", ""]
+             f"Arithmetic: {report['flops_per_token'] / 1e9:.2f} GFLOP per token in the linears, at most "
+             f"{report['peak_gflops']:.0f} GFLOP/s here (a {report['peak_size']}^2 product), so a forward of n "
+             f"tokens cannot beat its roof, max(floor, n x GFLOP per token / peak). Forwards after "
+             f"{report['context']} tokens of context, median of {report['repeats']}.", ""]
     settings = report["settings"]
-    head = "| new tokens | " + " | ".join(f"{name}: ms | floors | steps" for name in settings) + " |"
-    lines += [head, "|---:|" + "---:|---:|---:|" * len(settings)]
+    head = "| new tokens | roof ms | " + " | ".join(f"{name}: ms | floors | roofs | steps" for name in settings) + " |"
+    lines += [head, "|---:|---:|" + "---:|---:|---:|---:|" * len(settings)]
     if any(s.get("batch", 1) > 1 for s in settings.values()):
         lines[-2:-2] = ["A setting `xB` verifies the new tokens for each of B sequences at once (B x n tokens per "
                         "forward), in steps of one sequence's 1-token step.", ""]
@@ -147,6 +188,7 @@ def markdown(report: dict) -> str:
         for setting in settings.values():
             row = setting["forwards"][i]
             steps = "-" if row["steps"] is None else f"{row['steps']:.2f}"
-            cells.append(f"{row['ms']:.1f} | {row['floors']:.2f} | {steps}")
-        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+            cells.append(f"{row['ms']:.1f} | {row['floors']:.2f} | {row['roofs']:.2f} | {steps}")
+        roof = next(iter(settings.values()))["forwards"][i]["roof_ms"]  # of one sequence's n tokens
+        lines.append(f"| {n} | {roof:.1f} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

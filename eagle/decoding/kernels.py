@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 KERNELS = ("default", "onednn")
-PACKED_DTYPES = (torch.float32,)
+PACKED_DTYPES = (torch.float32,)  # what `PackedLinear.forward` packs (its checks spell it out)
 # oneDNN packs a weight for a row count it is told: packed for 8 rows, the products of 1 to 64
 # rows all ran at or near their best (packed for 1 row, 4-64 rows ran up to 2x slower; LOG.md)
 PACK_ROWS = 8
@@ -57,32 +57,26 @@ class PackedLinear(nn.Linear):
     _packed: Tensor | None
     _packed_key: tuple | None
 
-    def _weight_key(self) -> tuple:
-        w = self.weight
-        return (w._version, w.data_ptr(), w.dtype, w.device)
-
     def packed_weight(self) -> Tensor:
-        """The weight in oneDNN's layout, packed again whenever the weight changed."""
-        key = self._weight_key()
+        """The weight in oneDNN's layout, packed again whenever the weight changed: in place (its
+        version counter; a weight made under inference mode has none) or for new storage (a
+        `.to()` or a load swaps the parameter's data)."""
+        w = self.weight
+        key = (0 if w.is_inference() else w._version, w.data_ptr())
         if self._packed is None or self._packed_key != key:
-            self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), PACK_ROWS)
+            self._packed = torch.ops.mkldnn._reorder_linear_weight(w.detach(), PACK_ROWS)
             self._packed_key = key
         return self._packed
 
-    def _packable(self, x: Tensor) -> bool:
-        w = self.weight
-        return (not torch.compiler.is_compiling()  # compiled, Inductor packs the weights itself (freezing)
-                and x.device.type == "cpu" and w.device.type == "cpu" and x.dtype == w.dtype
-                and w.dtype in PACKED_DTYPES and x.numel() > 0
-                and not (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)))
-
     def forward(self, x: Tensor) -> Tensor:  # (..., in) -> (..., out)
-        if not self._packable(x):
-            return F.linear(x, self.weight, self.bias)
-        rows = x.reshape(-1, self.in_features).contiguous()  # (N, in): oneDNN takes 2-d inputs
+        w = self.weight  # this runs ~200 times a step: the checks are the cheap ones, most likely first
+        if (x.dtype != torch.float32 or w.dtype != torch.float32 or not (x.is_cpu and w.is_cpu)
+                or (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad))
+                or torch.compiler.is_compiling()  # compiled, Inductor packs the weights itself (freezing)
+                or not x.numel()):
+            return F.linear(x, w, self.bias)
         bias = None if self.bias is None else self.bias.detach()
-        y = torch.ops.mkldnn._linear_pointwise(rows, self.packed_weight(), bias, "none", [], "")  # (N, out)
-        return y.reshape(*x.shape[:-1], self.out_features)
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight(), bias, "none", [], "")  # any leading dims
 
 
 def check_kernels(kernels: str, device: str | torch.device = "cpu") -> str:
