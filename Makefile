@@ -220,7 +220,7 @@ specinfer-tiny: distill-tiny
 	$(call stage,SSM 2 (rows SSM 1 does not cover),test -e $(RUNS)/ssm_tiny_boost_2/model/eagle_target.json,$(TINY_SSM) task_name=ssm_tiny_boost_2 $(TINY_COVERED_2))
 	$(call stage,SSM 3 (rows SSMs 1-2 do not cover),test -e $(RUNS)/ssm_tiny_boost_3/model/eagle_target.json,$(TINY_SSM) task_name=ssm_tiny_boost_3 $(TINY_COVERED_3))
 	$(call stage,baseline SSM (all rows; the three SSMs' steps),test -e $(RUNS)/ssm_tiny_all/model/eagle_target.json,$(TINY_SSM) task_name=ssm_tiny_all trainer.max_steps=450 trainer.val_check_interval=150)
-	$(PY) decode.py $(TINY) mode=coverage coverage.distill_dir=$(TINY_DISTILL) coverage.baseline=$(RUNS)/ssm_tiny_all/model \
+	$(PY) decode.py $(TINY) mode=coverage coverage.distill_dir=$(TINY_DISTILL) coverage.threshold=0.6 coverage.baseline=$(RUNS)/ssm_tiny_all/model \
 		'coverage.also=[$(RUNS)/draft_lm_tiny/model]' $(TINY_SSMS) coverage.out_dir=$(RUNS)/specinfer_tiny/coverage
 	$(PY) decode.py $(TINY) mode=benchmark draft.model=$(RUNS)/ssm_tiny_all/model $(TINY_SSMS) benchmark.out_dir=$(RUNS)/specinfer_tiny/bench \
 		'benchmark.methods=[vanilla,draft,draft@specinfer_221,specinfer_merge,specinfer_merge@specinfer_221,eagle]'
