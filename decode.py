@@ -481,6 +481,8 @@ def floor(cfg: DictConfig) -> Path:
               "peak_gflops": gflops, "peak_size": fcfg.peak_size, "flops_per_token": fl.linear_flops(target),
               "torch": torch.__version__, "settings": {}}
     report["floor_ms"] = report["weight_bytes"] / (bandwidth * 1e9) * 1e3
+    if fcfg.product_rows:
+        report["products"] = fl.product_costs(target, [int(n) for n in fcfg.product_rows], repeats=fcfg.repeats)
     for setting, (kind, compiled, kernels) in settings.items():
         use_kernels(target, kernels)
         make = fl.runner_factory(target, kind, "default" if compiled else None, max_len=fcfg.max_len)

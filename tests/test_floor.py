@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from eagle.bench import floor as fl
+from eagle.decoding.kernels import kernels_of
 from eagle.decoding.runners import DynamicRunner, StaticRunner
 from eagle.tree import Tree
 from helpers.configs import compose_config
@@ -94,6 +95,17 @@ def test_peak_rate_is_positive():
     assert fl.peak_gflops(size=64, repeats=2) > 0
 
 
+def test_products_are_timed_per_shape_and_kernel_and_leave_the_kernels():
+    target = make_tiny_model("llama")  # q/o 32 x 32, k/v 16 x 32, gate/up 64 x 32, down 32 x 64, head 96 x 32
+    costs = fl.product_costs(target, rows=(1, 3), repeats=1, kernels=("default", "onednn"))
+    shapes = {tuple(c["shape"]): c["linears"] for c in costs}
+    assert shapes == {(32, 32): 4, (16, 32): 4, (64, 32): 4, (32, 64): 2, (96, 32): 1}
+    assert len(costs) == 5 * 2 * 2 and all(c["ms"] > 0 and c["gb_s"] > 0 for c in costs)
+    assert kernels_of(target) == "default"
+    table = fl.products_markdown(costs)
+    assert "| 96 x 32 | 1 | 3 |" in table and "onednn: ms (GB/s)" in table
+
+
 def test_bandwidth_is_a_positive_rate():
     assert fl.read_bandwidth(megabytes=8, repeats=2) > 0
 
@@ -103,7 +115,8 @@ def test_floor_mode_writes_its_report(target_dir, tmp_path, monkeypatch):
 
     out = tmp_path / "floor"
     cfg = compose_config("decode", [f"target={target_dir}", "mode=floor", "floor.tokens=[1,3]", "floor.context=8",
-                                    "floor.repeats=2", "floor.buffer_mb=8", "floor.peak_size=64", "floor.settings=[dynamic,static+onednn]",
+                                    "floor.repeats=2", "floor.buffer_mb=8", "floor.peak_size=64", "floor.product_rows=[1,2]",
+                                    "floor.settings=[dynamic,static+onednn]",
                                     "floor.batch_sizes=[3]", f"floor.out_dir={out}"])
     decode(cfg)
     report = json.loads((out / "floor.json").read_text())
@@ -118,6 +131,7 @@ def test_floor_mode_writes_its_report(target_dir, tmp_path, monkeypatch):
         assert report["settings"][f"{kind} x3"]["batch"] == 3
     assert "| 3 |" in (out / "floor.md").read_text() and "x3" in (out / "floor.md").read_text()
     assert report["peak_gflops"] > 0 and "roof ms" in (out / "floor.md").read_text()
+    assert {c["rows"] for c in report["products"]} == {1, 2} and "linears | rows" in (out / "floor.md").read_text()
     import decode as entry
 
     def no_load(*args, **kwargs):

@@ -19,9 +19,10 @@ took 5.0-5.7 ms for 1 row and 4.7-4.9 ms for 4-8 rows (LOG.md, 2026-12-03). Kern
 module object with the same parameters (so a tied LM head stays tied, a drafter that holds the
 target's head sees the switch, and `state_dict` and `isinstance(m, nn.Linear)` are unchanged);
 only its forward changes. The packed copy of the weight is extra memory (one more copy of every
-linear weight) and is made again if the weight changes (its version counter, dtype or device).
+linear weight) and is made again if the weight changes (its version counter or its storage).
 Whatever needs gradients, another device or another dtype runs `F.linear` as before, so training
-is untouched. A packed product rounds differently from `F.linear` (as MKL's own kernels differ
+is untouched; so does a pass under `torch.compile`, where Inductor's freezing packs the weights
+its own way. A packed product rounds differently from `F.linear` (as MKL's own kernels differ
 between 1 and 2 rows), so exactness holds against the target with the same kernels: a decoding
 run applies one kernel setting to every method alike, vanilla decoding included.
 """
