@@ -202,7 +202,8 @@ specinfer: demo-artifacts distill
 	$(call stage,baseline SSM (all rows; the three SSMs' steps),test -e $(RUNS)/ssm_all/model/eagle_target.json,$(SSM) task_name=ssm_all trainer.max_steps=192 trainer.val_check_interval=64)
 	$(PY) decode.py mode=coverage 'coverage.also=[$(RUNS)/draft_lm_smollm2/model]'
 	$(PY) decode.py mode=benchmark draft.model=$(RUNS)/ssm_all/model benchmark.out_dir=$(RUNS)/specinfer/bench benchmark.num_prompts=$(DEMO_PROMPTS) \
-		'benchmark.methods=[vanilla,draft,draft@specinfer_221,specinfer_merge,specinfer_merge@specinfer_221,eagle@$(MACHINE_TREE)%$(DEMO_VOCAB)]'
+		'benchmark.methods=[vanilla,vanilla:dynamic,draft,draft@specinfer_221,specinfer_merge,specinfer_merge@specinfer_221,eagle@$(MACHINE_TREE)%$(DEMO_VOCAB)]' \
+		'benchmark.dtypes=["vanilla:dynamic=bfloat16"]'
 
 # The toy target's SpecInfer (its figures: LOG.md): its continuations of corpus prompts, SSMs from its draft LM.
 TINY_DISTILL := $(RUNS)/data/distill/target_tiny-python_stdlib-t1

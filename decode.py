@@ -59,7 +59,14 @@ from eagle.bench.tree_search import (
     write_tree,
 )
 from eagle.cli import run_cli
-from eagle.decoding.kernels import PACKED_DTYPES, available_kernels, check_kernels, use_kernels
+from eagle.decoding.kernels import (
+    PACKED_DTYPES,
+    available_kernels,
+    check_kernels,
+    free_memory_bytes,
+    packed_bytes,
+    use_kernels,
+)
 from eagle.hardware import resolve_dtype_name, set_threads
 from eagle.sampling import SamplingPolicy, seeded_generator
 from eagle.target import load_target, resolve_dtype
@@ -128,6 +135,10 @@ class Methods:
                 self.kernels[name] = check_kernels(kernels, self.cfg.device)
             elif len(choices) == 1 or resolve_dtype(dtype) not in PACKED_DTYPES:
                 self.kernels[name] = "default"  # nothing to choose: no packed products for this device or dtype
+            elif (free := free_memory_bytes()) is not None and packed_bytes(model) > free / 2:
+                self.kernels[name] = "default"  # a 7B float32 target on a CPU: a second copy may not fit
+                print(f"[kernels] {name}: default (packing the linears would take {packed_bytes(model) / 1e9:.1f} GB "
+                      f"of the {free / 1e9:.1f} GB free; kernels=onednn forces it)", file=sys.stderr, flush=True)
             else:
                 self.kernels[name] = faster_kernels(model, kernels=choices)
                 print(f"[kernels] {name}: {self.kernels[name].describe()}", file=sys.stderr, flush=True)  # not in the text

@@ -16,7 +16,9 @@ from eagle.decoding.kernels import (
     PackedLinear,
     available_kernels,
     check_kernels,
+    free_memory_bytes,
     kernels_of,
+    packed_bytes,
     restricted_linear,
     use_kernels,
 )
@@ -29,6 +31,7 @@ from eagle.proposers import (
     eagle_proposer,
     medusa_proposer,
 )
+from helpers.configs import compose_config
 from helpers.decoding import greedy_cases, run_greedy_cases, tree
 from helpers.models import make_tiny_model
 
@@ -91,6 +94,29 @@ def test_training_bf16_and_compile_take_f_linear():
     compiled = torch.compile(lambda t: linear(t), backend="eager")  # Dynamo traces F.linear
     with torch.inference_mode():
         torch.testing.assert_close(compiled(x.detach()), F.linear(x.detach(), linear.weight, linear.bias))
+
+
+def test_packed_bytes_count_float32_linears_and_free_memory_is_known_here():
+    model = make_tiny_model("llama", tie_word_embeddings=False)
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    assert packed_bytes(model) == sum(m.weight.numel() * 4 for m in linears) > 0
+    assert packed_bytes(model.to(torch.bfloat16)) == 0  # bf16 is never packed
+    free = free_memory_bytes()
+    assert free is None or free > 0
+
+
+def test_auto_keeps_default_where_a_packed_copy_would_not_fit(monkeypatch, tmp_path, capsys):
+    """kernels=auto on a CPU whose free memory could not hold a second copy of the linears (a 7B
+    float32 target): default kernels, said, and nothing is packed or timed."""
+    import decode as entry
+
+    model = make_tiny_model("llama")
+    monkeypatch.setattr(entry, "free_memory_bytes", lambda: packed_bytes(model))  # half of it is too little
+    monkeypatch.setattr(entry, "faster_kernels", lambda *a, **k: pytest.fail("nothing may be timed"))
+    methods = entry.Methods(compose_config("decode", [f"paths.runs_dir={tmp_path}"]))
+    methods._use_kernels(model, "float32")
+    assert methods.kernels == {"float32": "default"} and kernels_of(model) == "default"
+    assert "packing the linears would take" in capsys.readouterr().err
 
 
 def test_kernels_are_checked():

@@ -29,6 +29,8 @@ run applies one kernel setting to every method alike, vanilla decoding included.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -78,6 +80,20 @@ class PackedLinear(nn.Linear):
             return F.linear(x, w, self.bias)
         bias = None if self.bias is None else self.bias.detach()
         return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight(), bias, "none", [], "")  # any leading dims
+
+
+def packed_bytes(model: nn.Module) -> int:
+    """Bytes the packed copies of `model`'s float32 linear weights take (what "onednn" adds)."""
+    return sum(m.weight.numel() * m.weight.element_size() for m in model.modules()
+               if isinstance(m, nn.Linear) and m.weight.dtype in PACKED_DTYPES)
+
+
+def free_memory_bytes() -> int | None:
+    """Memory this machine has free now (Linux: sysconf), or None where that is not known."""
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, OSError, ValueError):  # no sysconf, or not these names on this OS
+        return None
 
 
 def check_kernels(kernels: str, device: str | torch.device = "cpu") -> str:
