@@ -203,9 +203,9 @@ class EagleDrafter(nn.Module):
         # a plain tuple: not registered, so not in state_dict(), parameters() or .to()
         self._target_modules = (embed_tokens, lm_head)
         self.logit_transform = logit_transform or LogitTransform()
-        # (ids (K,), the head's rows (K, H), their bias (K,) | None) when drafting from a reduced
-        # vocabulary (`restrict_vocab`), else None; a copy, not registered, never saved
-        self._draft_head: tuple[Tensor, nn.Linear] | None = None  # (ids (K,), the head's K rows)
+        # (ids (K,), a linear of the head's K rows (K, H) on the head's kernels) when drafting from a
+        # reduced vocabulary (`restrict_vocab`), else None; a copy, not registered, never saved
+        self._draft_head: tuple[Tensor, nn.Linear] | None = None
 
     @classmethod
     def on_target(cls, config: DrafterConfig, model: nn.Module) -> EagleDrafter:
