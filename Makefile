@@ -134,7 +134,8 @@ demo-tiny: artifacts
 medusa: demo-artifacts
 	$(call stage,Medusa heads,test -e $(RUNS)/medusa_smollm2/medusa/config.json,$(PY) train.py experiment=medusa_smollm2)
 	$(PY) decode.py mode=benchmark benchmark.num_prompts=$(DEMO_PROMPTS) \
-		'benchmark.methods=[vanilla,eagle@$(MACHINE_TREE)%$(DEMO_VOCAB),medusa,medusa@$(MACHINE_TREE),medusa_typical]'
+		'benchmark.methods=[vanilla,vanilla:dynamic,eagle@$(MACHINE_TREE)%$(DEMO_VOCAB),medusa,medusa@$(MACHINE_TREE),medusa_typical]' \
+		'benchmark.dtypes=["vanilla:dynamic=bfloat16"]'
 
 # EAGLE's self-distilled data on SmolLM2: the target answers the first turns of SD_CONVS ShareGPT
 # conversations itself (greedy, at most SD_TOKENS tokens per reply), their features are dumped, and
