@@ -13,6 +13,7 @@
     python decode.py mode=profile                           # where EAGLE's round goes, part by part
     python decode.py mode=ablations                         # EAGLE-1's ablation drafters (make ablations)
     python decode.py mode=floor                             # the target's step against the memory floor
+    python decode.py mode=benchmark kernels=onednn          # the linears on oneDNN's packed products (auto: timed)
     python decode.py mode=batch batch.sizes=[1,2,4,8]       # every method at several batch sizes
     python decode.py "prompts=[a,b,c]" method=eagle         # several prompts at once, each streamed
 
