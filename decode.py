@@ -136,9 +136,9 @@ class Methods:
                 self.kernels[name] = check_kernels(kernels, self.cfg.device)
             elif len(choices) == 1 or resolve_dtype(dtype) not in PACKED_DTYPES:
                 self.kernels[name] = "default"  # nothing to choose: no packed products for this device or dtype
-            elif (free := free_memory_bytes()) is not None and packed_bytes(model) > free / 2:
+            elif (free := free_memory_bytes()) is not None and (extra := packed_bytes(model)) > free / 2:
                 self.kernels[name] = "default"  # a 7B float32 target on a CPU: a second copy may not fit
-                print(f"[kernels] {name}: default (packing the linears would take {packed_bytes(model) / 1e9:.1f} GB "
+                print(f"[kernels] {name}: default (packing the linears would take {extra / 1e9:.1f} GB "
                       f"of the {free / 1e9:.1f} GB free; kernels=onednn forces it)", file=sys.stderr, flush=True)
             else:
                 self.kernels[name] = faster_kernels(model, kernels=choices)

@@ -47,6 +47,21 @@ class DtypeChoice:
         return f"{self.dtype} (verifying {self.width} tokens, measured here: {times})"
 
 
+def _forward_ms(model: nn.Module, tokens: torch.Tensor, cache, prefix: int, clock: Callable[[], float]) -> float:
+    """Milliseconds of one forward of `tokens` on top of `cache`'s `prefix` tokens (a GPU's
+    kernels waited for), after which the cache is cropped back to `prefix`."""
+    device = tokens.device
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t0 = clock()
+    target_forward(model, tokens, cache)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    ms = 1000 * (clock() - t0)
+    crop(cache, prefix)
+    return ms
+
+
 @torch.inference_mode()
 def faster_dtype(models: Mapping[str, nn.Module], width: int, prefix: int = 128, reps: int = 10,
                  warmup: int = 3, seed: int = 0,
@@ -74,16 +89,9 @@ def faster_dtype(models: Mapping[str, nn.Module], width: int, prefix: int = 128,
     times: dict[str, list[float]] = {name: [] for name in models}
     for rep in range(warmup + reps):
         for name, model in models.items():
-            cuda = devices[name].type == "cuda"
-            if cuda:
-                torch.cuda.synchronize(devices[name])
-            t0 = clock()
-            target_forward(model, tokens[name], caches[name])
-            if cuda:
-                torch.cuda.synchronize(devices[name])
+            ms = _forward_ms(model, tokens[name], caches[name], prefix, clock)
             if rep >= warmup:
-                times[name].append(1000 * (clock() - t0))
-            crop(caches[name], prefix)
+                times[name].append(ms)
     ms = {name: statistics.median(t) for name, t in times.items()}
     return DtypeChoice(dtype=min(ms, key=ms.get), width=width, ms=ms)
 
@@ -119,15 +127,9 @@ def faster_kernels(model: nn.Module, widths: tuple[int, ...] = (1, 26), prefix: 
         for name in kernels:
             use_kernels(model, name, release=False)  # packed weights stay between turns: packing is not timed
             for width in widths:
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-                t0 = clock()
-                target_forward(model, ids[:, prefix:prefix + width], cache)
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
+                ms = _forward_ms(model, ids[:, prefix:prefix + width], cache, prefix, clock)
                 if rep >= warmup:
-                    times[name][width].append(1000 * (clock() - t0))
-                crop(cache, prefix)
+                    times[name][width].append(ms)
     ms = {name: {w: statistics.median(t) for w, t in by_width.items()} for name, by_width in times.items()}
     best = min(ms, key=lambda name: sum(ms[name].values()))
     use_kernels(model, best)  # on default, the packed weights are freed
