@@ -417,14 +417,27 @@ def test_drafter_cache_holds_committed_context_only(trained_llama, cache):
 
 
 @pytest.mark.slow
-def test_compiled_static_decoding_identical_to_generate(trained_llama):
+@pytest.mark.parametrize("kernels", ["default", "onednn"])
+def test_compiled_static_decoding_identical_to_generate(trained_llama, kernels):
     """torch.compile (inductor on the CPU, ~20 s of compiling) of the static target and drafter
-    passes changes no token: vanilla and EAGLE, trees and chains, EOS inside a path."""
+    passes changes no token: vanilla and EAGLE, trees and chains, EOS inside a path; with the
+    linears frozen onto MKL's packed products or, on oneDNN kernels, onto oneDNN's (compiled with
+    dynamic shapes, eagle.decoding.compile)."""
+    from eagle.decoding.kernels import available_kernels, use_kernels
+
+    if kernels not in available_kernels("cpu"):
+        pytest.skip(f"no {kernels} kernels in this PyTorch build")
+    torch._dynamo.reset()  # fresh graphs (and recompile budget) for each kernels setting
     target, drafter = trained_llama
-    cases = greedy_cases(target, 6)
-    for name in ("eagle_default", "chain5"):
-        template = tree(name)
-        proposer = eagle_proposer(drafter, template, cache="static", compile_mode="default")
-        runner = StaticRunner(target, tree_size=template.num_nodes, compile_mode="default")
-        run_greedy_cases(target, proposer, runner, cases, f"compiled/{name}")
-    run_greedy_cases(target, None, StaticRunner(target, compile_mode="default"), cases, "compiled/vanilla")
+    use_kernels(target, kernels), use_kernels(drafter, kernels)
+    try:
+        cases = greedy_cases(target, 6)  # generate's own output, eager, on the same kernels
+        for name in ("eagle_default", "chain5"):
+            template = tree(name)
+            proposer = eagle_proposer(drafter, template, cache="static", compile_mode="default")
+            runner = StaticRunner(target, tree_size=template.num_nodes, compile_mode="default")
+            run_greedy_cases(target, proposer, runner, cases, f"compiled/{kernels}/{name}")
+        run_greedy_cases(target, None, StaticRunner(target, compile_mode="default"), cases,
+                         f"compiled/{kernels}/vanilla")
+    finally:
+        use_kernels(target, "default"), use_kernels(drafter, "default")

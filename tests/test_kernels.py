@@ -12,6 +12,7 @@ from torch import nn
 
 from eagle.bench.precision import faster_kernels
 from eagle.decoding import make_runner
+from eagle.decoding.compile import compile_static
 from eagle.decoding.kernels import (
     PackedLinear,
     available_kernels,
@@ -94,6 +95,64 @@ def test_training_bf16_and_compile_take_f_linear():
     compiled = torch.compile(lambda t: linear(t), backend="eager")  # Dynamo traces F.linear
     with torch.inference_mode():
         torch.testing.assert_close(compiled(x.detach()), F.linear(x.detach(), linear.weight, linear.bias))
+
+
+# the packed product a frozen compiled linear runs, by the kernels of its module (eagle.decoding.compile)
+FROZEN_OPS = {"default": "torch.ops.mkl._mkl_linear", "onednn": "torch.ops.mkldnn._linear_pointwise"}
+
+
+@pytest.mark.parametrize("kernels", list(FROZEN_OPS))
+def test_compiled_passes_freeze_their_linears_onto_the_modules_kernels(kernels):
+    """compile_static freezes the weights into the graph (Inductor's packed products, not `mm` on
+    weights passed in each call), on MKL's product for a module on the default kernels and on
+    oneDNN's for one on oneDNN (compiled with a symbolic row count), and computes what eager does."""
+    from torch._inductor.utils import run_and_get_code
+
+    if kernels == "default" and not torch._C.has_mkl:
+        pytest.skip("this PyTorch build has no MKL")
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = use_kernels(nn.Sequential(nn.Linear(64, 96), nn.ReLU(), nn.Linear(96, 32)).requires_grad_(False), kernels)
+    run = compile_static(model, "default", model)
+    x = torch.randn(1, 8, 64)
+    with torch.inference_mode():
+        out, code = run_and_get_code(run, x)
+        torch.testing.assert_close(out, model(x))
+        torch.testing.assert_close(run(x[:, :5]), model(x[:, :5]))  # another row count
+    code = "\n".join(code)
+    assert code.count(FROZEN_OPS[kernels]) >= 2, code
+    assert "extern_kernels.mm(" not in code and "extern_kernels.addmm(" not in code
+
+
+@pytest.mark.parametrize("kernels", list(FROZEN_OPS))
+def test_a_compiled_static_runner_scores_what_the_eager_one_does(kernels):
+    """Rounds of compiled static runners (frozen weights; vanilla's 1-token step and a small tree)
+    against eager ones on the same kernels: the same logits round after round, request after
+    request and runner after runner, so each round reads the KV that its own runner's prefill and
+    previous rounds wrote (a cache frozen into the graph with the weights, as Dynamo freezes
+    static-address tensors, would be the first runner's)."""
+    torch._dynamo.reset()
+    target = use_kernels(make_tiny_model("llama"), kernels)
+    vocab = target.config.vocab_size
+    gen = torch.Generator().manual_seed(0)
+    # (draft nodes, parents, the paths committed round after round)
+    shapes = [(0, (-1,), [[0]] * 6), (3, (-1, 0, 1, 0), [[0, 1, 2], [0], [0, 3], [0, 1]])]
+    for size, parents, paths in shapes:
+        runners = [make_runner("static", target, tree_size=size, max_len=None, compile_mode=mode)
+                   for mode in (None, "default")]
+        for prompt_len in (40, 12, 30):
+            if prompt_len == 30:  # a new compiled runner of the same shape reuses the graph, with its own cache
+                runners[1] = make_runner("static", target, tree_size=size, max_len=None, compile_mode="default")
+            prompt = torch.randint(0, vocab, (1, prompt_len), generator=gen)
+            with torch.inference_mode():
+                for runner in runners:
+                    runner.prefill(prompt, prompt_len + 24)
+                for path in paths:
+                    tokens = torch.randint(0, vocab, (1, len(parents)), generator=gen)
+                    eager, compiled = (runner.verify(tokens, [parents]) for runner in runners)
+                    torch.testing.assert_close(compiled.logits, eager.logits, atol=1e-4, rtol=1e-4)
+                    for runner in runners:
+                        runner.commit([path])
 
 
 def test_packed_bytes_count_float32_linears_and_free_memory_is_known_here():

@@ -5,29 +5,54 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+from torch import nn
+
+from eagle.decoding.kernels import kernels_of
 
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # torch.compile modes that capture CUDA graphs
 
 
-def compile_static(fn: Callable, mode: str | None) -> Callable:
-    """`fn` compiled for fixed shapes (a new shape compiles a new graph, never a dynamic one).
+def compile_static(fn: Callable, mode: str | None, module: nn.Module | None = None) -> Callable:
+    """`fn` compiled for fixed shapes; on a CPU, with `module`'s weights frozen into the graph.
 
-    mode None returns `fn` unchanged (eager). The weights are frozen into the graph (Inductor's
-    `freezing`): the passes only decode, and frozen float32 linears on a CPU run as MKL products on
-    weights packed once, faster than `F.linear` from 1 to 26 rows (LOG.md, 2026-12-02: on SmolLM2
-    a forward of 8 tokens took 59 ms compiled unfrozen, 43 ms frozen).
-    A model whose weights change after its first compiled call must be compiled again.
-    With CUDA graphs ("reduce-overhead") each call
-    starts a new graph step and its tensor outputs are cloned: a later replay overwrites a
-    graph's outputs, and callers keep some (features, drafted hidden states) across calls.
+    mode None returns `fn` unchanged (eager). `module` is the model `fn` runs.
+
+    On a CPU the weights are frozen (Inductor's `freezing`): the passes only decode, and frozen
+    float32 linears run as products on weights packed once. Which packed product Inductor picks
+    depends on the row count: MKL's where it is fixed, oneDNN's where it is symbolic. MKL's
+    few-row products are fast on some CPUs and 3-4x slower than oneDNN's from 2 rows on others
+    (LOG.md, 2026-12-02 and 2026-12-03), which is what `eagle.decoding.kernels` chooses by
+    measurement: when `module`'s linears run on oneDNN (`kernels_of`), `fn` is compiled with
+    dynamic shapes so that its frozen linears do too (one graph serves every row count above 1;
+    a single row stays its own graph, where MKL's product is as fast). Otherwise every new shape
+    compiles a new graph, never a dynamic one.
+
+    Dynamo decides whether parameters are frozen constants from Inductor's global `freezing` flag
+    when it traces (torch 2.13 ignores a `freezing` compile option there), so every call runs with
+    that flag patched on: tracing happens inside a call, on the first one and on any recompile.
+    Dynamo freezes static-address tensors with the weights, which is why a CPU's static caches are
+    not marked so (`eagle.decoding.static_cache`). A model whose weights change after its first
+    compiled call must be compiled again.
+
+    Elsewhere nothing is frozen; with CUDA graphs ("reduce-overhead") each call starts a new
+    graph step and its tensor outputs are cloned: a later replay overwrites a graph's outputs,
+    and callers keep some (features, drafted hidden states) across calls.
     """
     if mode is None:
         return fn
-    # torch.compile takes a mode or options, not both: the mode's own options, plus freezing
-    from torch._inductor import list_mode_options  # Inductor only loads when something compiles
+    # Inductor only loads when something compiles
+    from torch._inductor import config as inductor_config
+    from torch._inductor import list_mode_options
 
-    options = {**list_mode_options(mode), "freezing": True}
-    compiled = torch.compile(fn, dynamic=False, options=options)
+    on_cpu = module is not None and next(module.parameters()).device.type == "cpu"
+    dynamic = on_cpu and kernels_of(module) == "onednn"
+    compiled = torch.compile(fn, dynamic=dynamic, options=list_mode_options(mode) or None)
+    if on_cpu:
+        def frozen(*args):
+            with inductor_config.patch(freezing=True):
+                return compiled(*args)
+
+        return frozen
     if mode not in CUDA_GRAPH_MODES:
         return compiled
 

@@ -202,7 +202,7 @@ class StaticRunner(TargetRunner):
         self.cache: StaticKVCache | None = None
         self.window = sliding_window(target.config)
         self.compiled = compile_mode is not None
-        self._forward = compile_static(self._scores, compile_mode)
+        self._forward = compile_static(self._scores, compile_mode, target)
         # slots moved per commit: the longest path (padded); vanilla decoding never moves anything
         self.moves = self.width if tree_size else 0
         self._src = self._dst = torch.zeros(0, dtype=torch.long, device=self.device)  # the pending move

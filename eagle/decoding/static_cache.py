@@ -64,9 +64,12 @@ class StaticKVCache:
         shape = (self.batch, kv_heads, self.max_len, head_dim)
         self.keys[layer] = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.values[layer] = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        for t in (self.keys[layer], self.values[layer]):
-            # fixed addresses: compiled graphs (and CUDA graphs) mutate them in place, never copy them
-            torch._dynamo.mark_static_address(t)
+        if self.device.type != "cpu":
+            for t in (self.keys[layer], self.values[layer]):
+                # fixed addresses: CUDA graphs mutate them in place, never copy them. Not on a CPU, where
+                # compiled passes freeze their weights (eagle.decoding.compile): Dynamo freezes every
+                # static-address tensor with them, as a constant, and the cache's writes would be lost
+                torch._dynamo.mark_static_address(t)
 
     def fits(self, num_layers: int, max_len: int, dtype: torch.dtype, device, batch: int = 1) -> bool:
         return (len(self.keys) == num_layers and self.max_len == max_len and self.dtype == dtype

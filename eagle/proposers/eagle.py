@@ -57,7 +57,7 @@ class EagleDraftModel:
         self.drafter, self.cache, self.pass_shape, self.compile_mode = drafter, cache, pass_shape, compile_mode
         self._rows: RowsDraftCache | None = None  # a batch drafted in one pass (built on first use)
         self.needs_parent_tokens = drafter.needs_prev_ids  # TemplateProposer passes them to `step`
-        self._scores_fixed = compile_static(self._scores, compile_mode)
+        self._scores_fixed = compile_static(self._scores, compile_mode, drafter)
 
     @property
     def dtype(self) -> torch.dtype:
