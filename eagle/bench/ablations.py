@@ -13,6 +13,8 @@ table this module builds:
     no_noise        f_{t-1} + shifted token    none      corpus features
     self_distilled  f_{t-1} + shifted token    U(-.1,.1) the target's own continuations (T=1)
     self_distilled_greedy  (the same)          U(-.1,.1) the target's greedy continuations (T=0)
+    sharegpt_replies  (the same)               U(-.1,.1) the fixed data's own replies to the prompts the
+                                                         self-distilled options answer (their control)
 
 Error margins: tau and speedup get 95% bootstrap intervals over prompts (each resample keeps a
 prompt's vanilla and drafter runs together, so the speedup's interval includes the timing noise
@@ -35,7 +37,8 @@ import torch
 
 # EAGLE-1 (Li et al., 2024), ablation of the drafter's inputs on Vicuna-7B, MT-bench, T=0: speedup
 PAPER_SPEEDUP = {"shifted": 2.8, "feature": 1.9, "token": 1.5}
-ORDER = ("eagle1", "unshifted", "feature_only", "token_only", "no_noise", "self_distilled", "self_distilled_greedy")
+ORDER = ("eagle1", "unshifted", "feature_only", "token_only", "no_noise", "sharegpt_replies", "self_distilled",
+         "self_distilled_greedy")
 
 
 @dataclass
@@ -121,8 +124,10 @@ def ablation_report(variants: Sequence[Variant], bench: Mapping[str, Any], label
 
 
 def ordering(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """The input ablation's order at T=0 next to the paper's (shifted > feature > token)."""
-    by_inputs = {r["inputs"]: r for r in rows if r["noise"] > 0 and not r["name"].startswith("self_distilled")}
+    """The input ablation's order at T=0 next to the paper's (shifted > feature > token), among the
+    drafters trained on EAGLE-1's data (the data options' drafters share its inputs)."""
+    ref = next((r for r in rows if r["name"] == "eagle1"), rows[0] if rows else None)
+    by_inputs = {r["inputs"]: r for r in rows if r["noise"] > 0 and r["data"] == ref["data"]}
     out = {}
     for run_i, run in enumerate(rows[0]["runs"] if rows else []):
         if run["temperature"] != 0:

@@ -9,6 +9,11 @@ sampled under a `SamplingPolicy` (greedy at temperature 0) up to `max_new_tokens
 its turn. The output is a ShareGPT JSONL file, so the usual feature dump reads it like the
 original (`python -m data_gen source.path=<file>`: chat template, loss on the replies).
 
+`replies="source"` writes the source's own replies instead, cut at `max_new_tokens` of the
+target's tokens, for exactly the conversations and turns a regeneration keeps: the control of a
+data ablation (same prompts, same reply budget; only who wrote the replies differs). A conversation
+whose kept user turn has no reply in the source is skipped and counted.
+
 Generation is Hugging Face's batched `generate` with left padding (`batch_size` conversations
 at once); a reply cut at `max_new_tokens` is kept and counted. Batch b is sampled after
 `torch.manual_seed(seed + b)` (generate draws from torch's default generator), so its replies
@@ -52,6 +57,28 @@ def user_turns(messages: list[dict], max_turns: int) -> tuple[list[dict], list[s
     system = [m for m in messages[:1] if m["role"] == "system"]
     users = [m["content"] for m in messages if m["role"] == "user"][:max_turns]
     return system, users
+
+
+def source_replies(messages: list[dict], max_turns: int) -> list[str]:
+    """The source's assistant reply to each of the first `max_turns` user turns, up to the first
+    user turn that has none (a conversation that ends on a user turn)."""
+    out: list[str] = []
+    for i, m in enumerate(messages):
+        if m["role"] != "user" or len(out) == max_turns:
+            continue
+        nxt = messages[i + 1] if i + 1 < len(messages) else None
+        if nxt is None or nxt["role"] != "assistant":
+            break
+        out.append(nxt["content"])
+    return out
+
+
+def cut_reply(tokenizer, text: str, max_new_tokens: int) -> tuple[str, bool]:
+    """`text` cut at `max_new_tokens` of the tokenizer's tokens, and whether it was cut."""
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if len(ids) <= max_new_tokens:
+        return text, False
+    return tokenizer.decode(ids[:max_new_tokens], skip_special_tokens=True).strip(), True
 
 
 def to_sharegpt(cid: str, system: list[dict], users: list[str], replies: list[str], cut: int) -> dict:
@@ -133,12 +160,17 @@ def _count(path: Path) -> dict[str, int]:
 def regenerate(model: nn.Module, tokenizer, conversations: Iterable[dict], out_path: str | Path,
                max_new_tokens: int, policy: SamplingPolicy, batch_size: int = 8, max_turns: int = 1,
                max_prompt_tokens: int = 1024, seed: int = 0, source: Any = None, overwrite: bool = False,
-               progress: bool = True, total: int | None = None) -> dict:
-    """Write the target's replies to `conversations` as ShareGPT JSONL to `out_path` (see the
-    module docstring); returns the plan sidecar's contents with its counts."""
+               progress: bool = True, total: int | None = None, replies: str = "target") -> dict:
+    """Write the target's replies to `conversations` (or with `replies="source"` the source's own,
+    cut alike) as ShareGPT JSONL to `out_path` (see the module docstring); returns the plan
+    sidecar's contents with its counts."""
     if max_new_tokens < 1 or batch_size < 1 or max_turns < 1:
         raise RegenerateError(f"max_new_tokens, batch_size and max_turns must be >= 1, got {max_new_tokens}, "
                               f"{batch_size}, {max_turns}")
+    if replies not in ("target", "source"):
+        raise RegenerateError(f"replies must be 'target' (the target writes them) or 'source' (the source's own), "
+                              f"got {replies!r}")
+    from_source = replies == "source"
     from tqdm.auto import tqdm
 
     out_path = Path(out_path)
@@ -148,6 +180,9 @@ def regenerate(model: nn.Module, tokenizer, conversations: Iterable[dict], out_p
             "policy": {"temperature": policy.temperature, "top_k": policy.top_k, "top_p": policy.top_p},
             "batch_size": batch_size, "max_turns": max_turns, "max_prompt_tokens": max_prompt_tokens, "seed": seed,
             "dtype": str(next(model.parameters()).dtype).removeprefix("torch."), "source": source}
+    if from_source:  # no sampling: the policy, seed and dtype play no part (the key is absent for "target",
+        # so files regenerated before the option existed keep their plan)
+        plan.update(replies="source", policy=None, seed=None, dtype=None)
     if out_path.exists() and not overwrite:
         if not meta_path.exists():
             raise RegenerateError(f"{out_path} exists and was not written by a regeneration (no {meta_path.name}); "
@@ -159,21 +194,27 @@ def regenerate(model: nn.Module, tokenizer, conversations: Iterable[dict], out_p
         out_path.unlink()
     out_path.parent.mkdir(parents=True, exist_ok=True)
     done = _whole_batches(out_path, batch_size)
-    long_prompts = 0
-    stop = _stop_ids(model, tokenizer)
+    long_prompts = no_reply = 0
+    stop = None if from_source else _stop_ids(model, tokenizer)
 
-    def usable() -> Iterator[tuple[str, list[dict], list[str]]]:
-        nonlocal long_prompts
+    def usable() -> Iterator[tuple[str, list[dict], list[str], list[str]]]:
+        nonlocal long_prompts, no_reply
         for conv in conversations:
             system, users = user_turns(conv["messages"], max_turns)
             if not users:
                 continue
+            answers = source_replies(conv["messages"], max_turns) if from_source else []
+            if from_source:
+                users = users[: len(answers)]  # the turns the source answers
+                if not users:
+                    no_reply += 1
+                    continue
             first = tokenizer.apply_chat_template(system + [{"role": "user", "content": users[0]}], tokenize=True,
                                                   add_generation_prompt=True, return_dict=False)  # token ids
             if len(first) > max_prompt_tokens:
                 long_prompts += 1
                 continue
-            yield conv["id"], system, users
+            yield conv["id"], system, users, answers
 
     items = usable()
     skipped = sum(1 for _ in islice(items, done))  # the batches a previous run wrote (the plan fixes their order)
@@ -181,24 +222,29 @@ def regenerate(model: nn.Module, tokenizer, conversations: Iterable[dict], out_p
         raise RegenerateError(f"{out_path} holds {done} conversations, more than the {skipped} asked for now "
                               f"(or than the source holds)")
     meta_path.write_text(json.dumps({"plan": plan, "status": "incomplete"}, indent=2) + "\n")
-    bar = tqdm(total=total, initial=done, desc="regenerating replies", unit="conv", disable=not progress)
+    bar = tqdm(total=total, initial=done, desc="copying the source's replies" if from_source else "regenerating replies",
+               unit="conv", disable=not progress)
     with out_path.open("a") as f:
         b = done // batch_size
         while batch := list(islice(items, batch_size)):
             torch.manual_seed(seed + b)  # generate samples from torch's default generator
-            chats = [list(system) for _, system, _ in batch]
-            replies: list[list[str]] = [[] for _ in batch]
+            chats = [list(system) for _, system, _, _ in batch]
+            written: list[list[str]] = [[] for _ in batch]
             cut = [0] * len(batch)
-            for turn in range(max(len(users) for _, _, users in batch)):
-                rows = [i for i, (_, _, users) in enumerate(batch) if turn < len(users)]
+            for turn in range(max(len(users) for _, _, users, _ in batch)):
+                rows = [i for i, (_, _, users, _) in enumerate(batch) if turn < len(users)]
                 for i in rows:
                     chats[i].append({"role": "user", "content": batch[i][2][turn]})
-                texts, was_cut = reply_batch(model, tokenizer, [chats[i] for i in rows], max_new_tokens, policy, stop)
+                if from_source:
+                    texts, was_cut = zip(*(cut_reply(tokenizer, batch[i][3][turn], max_new_tokens) for i in rows))
+                else:
+                    texts, was_cut = reply_batch(model, tokenizer, [chats[i] for i in rows], max_new_tokens, policy,
+                                                 stop)
                 for i, text, c in zip(rows, texts, was_cut):
                     chats[i].append({"role": "assistant", "content": text})
-                    replies[i].append(text)
+                    written[i].append(text)
                     cut[i] += c
-            for (cid, system, users), reply, c in zip(batch, replies, cut):
+            for (cid, system, users, _), reply, c in zip(batch, written, cut):
                 f.write(json.dumps(to_sharegpt(cid, system, users, reply, c)) + "\n")
             f.flush()
             os.fsync(f.fileno())  # a batch is on disk before the next starts: a crash loses at most one
@@ -206,6 +252,8 @@ def regenerate(model: nn.Module, tokenizer, conversations: Iterable[dict], out_p
             b += 1
     bar.close()
     counts = {**_count(out_path), "long_prompts_skipped": long_prompts}
+    if from_source:
+        counts["unanswered_skipped"] = no_reply
     if counts["cut_replies"]:
         log.warning("%s: %d of %d replies reached max_new_tokens=%d before their end of turn (kept, cut)",
                     out_path, counts["cut_replies"], counts["replies"], max_new_tokens)
