@@ -196,34 +196,39 @@ def regenerate(model: nn.Module, tokenizer, conversations: Iterable[dict], out_p
     done = _whole_batches(out_path, batch_size)
     long_prompts = no_reply = 0
     stop = None if from_source else _stop_ids(model, tokenizer)
+    # counts every conversation read from the source (`total` of them are asked for), skipped ones too
+    bar = tqdm(total=total, desc="copying the source's replies" if from_source else "regenerating replies",
+               unit="conv", disable=not progress)
 
     def usable() -> Iterator[tuple[str, list[dict], list[str], list[str]]]:
         nonlocal long_prompts, no_reply
         for conv in conversations:
             system, users = user_turns(conv["messages"], max_turns)
             if not users:
+                bar.update()
                 continue
             answers = source_replies(conv["messages"], max_turns) if from_source else []
             if from_source:
                 users = users[: len(answers)]  # the turns the source answers
                 if not users:
                     no_reply += 1
+                    bar.update()
                     continue
             first = tokenizer.apply_chat_template(system + [{"role": "user", "content": users[0]}], tokenize=True,
                                                   add_generation_prompt=True, return_dict=False)  # token ids
             if len(first) > max_prompt_tokens:
                 long_prompts += 1
+                bar.update()
                 continue
             yield conv["id"], system, users, answers
 
     items = usable()
     skipped = sum(1 for _ in islice(items, done))  # the batches a previous run wrote (the plan fixes their order)
+    bar.update(skipped)
     if skipped < done:
         raise RegenerateError(f"{out_path} holds {done} conversations, more than the {skipped} asked for now "
                               f"(or than the source holds)")
     meta_path.write_text(json.dumps({"plan": plan, "status": "incomplete"}, indent=2) + "\n")
-    bar = tqdm(total=total, initial=done, desc="copying the source's replies" if from_source else "regenerating replies",
-               unit="conv", disable=not progress)
     with out_path.open("a") as f:
         b = done // batch_size
         while batch := list(islice(items, batch_size)):
