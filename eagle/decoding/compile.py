@@ -13,7 +13,8 @@ CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # torch.compile modes th
 
 
 def compile_static(fn: Callable, mode: str | None, module: nn.Module | None = None) -> Callable:
-    """`fn` compiled for fixed shapes; on a CPU, with `module`'s weights frozen into the graph.
+    """`fn` compiled (one graph per shape, but see the row count below); on a CPU with `module`'s
+    weights frozen into the graph.
 
     mode None returns `fn` unchanged (eager). `module` is the model `fn` runs.
 
