@@ -207,8 +207,9 @@ def regenerate(model: nn.Module, tokenizer, conversations: Iterable[dict], out_p
             if not users:
                 bar.update()
                 continue
-            answers = source_replies(conv["messages"], max_turns) if from_source else []
+            answers: list[str] = []
             if from_source:
+                answers = source_replies(conv["messages"], max_turns)
                 users = users[: len(answers)]  # the turns the source answers
                 if not users:
                     no_reply += 1

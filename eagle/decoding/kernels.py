@@ -22,9 +22,10 @@ only its forward changes. The packed copy of the weight is extra memory (one mor
 linear weight) and is made again if the weight changes (its version counter or its storage).
 Whatever needs gradients, another device or another dtype runs `F.linear` as before, so training
 is untouched; so does a pass under `torch.compile`, where Inductor's freezing packs the weights
-itself, onto oneDNN too when the module is on these kernels (`eagle.decoding.compile`). A packed product rounds differently from `F.linear` (as MKL's own kernels differ
-between 1 and 2 rows), so exactness holds against the target with the same kernels: a decoding
-run applies one kernel setting to every method alike, vanilla decoding included.
+itself, onto oneDNN too when the module is on these kernels (`eagle.decoding.compile`). A packed
+product rounds differently from `F.linear` (as MKL's own kernels differ between 1 and 2 rows), so
+exactness holds against the target with the same kernels: a decoding run applies one kernel
+setting to every method alike, vanilla decoding included.
 """
 
 from __future__ import annotations
