@@ -37,7 +37,13 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from eagle.bench.benchmark import BenchmarkConfig, encode_prompt, run_benchmark, warm_up
+from eagle.bench.benchmark import (
+    BenchmarkConfig,
+    encode_prompt,
+    run_benchmark,
+    warm_up,
+    warmup_budget,
+)
 from eagle.bench.evalsets import Prompt, load_eval_set
 from eagle.bench.floor import weight_bytes
 from eagle.bench.methods import (
@@ -260,7 +266,8 @@ def benchmark(cfg: DictConfig, methods: Methods | None = None, names: list[str] 
         return methods.build(name, dtype, tree_dirs), dtype
 
     config = BenchmarkConfig(methods=tuple(names), temperatures=tuple(temperatures or bcfg.temperatures),
-                             max_new_tokens=cfg.max_new_tokens, warmup=bcfg.warmup, top_k=cfg.top_k,
+                             max_new_tokens=cfg.max_new_tokens, warmup=bcfg.warmup,
+                             warmup_tokens=bcfg.warmup_tokens, top_k=cfg.top_k,
                              top_p=cfg.top_p, seed=cfg.seed)
     out_dir = Path(out_dir or bcfg.out_dir)
     run_benchmark(eval_sets, tokenizer, build, config, target_name=str(cfg.target), out_dir=out_dir,
@@ -377,7 +384,8 @@ def measure_round_cost(cfg: DictConfig, methods: Methods, dtype: str, prompts: l
     longest = sorted(prompts, key=len, reverse=True)[:size]
 
     def per_round(method) -> tuple[float, float]:
-        method.generate_batch(longest, ts.cost_tokens, greedy)  # untimed: buffers at their largest
+        # untimed: kernels warm (and a static runner's buffers at their largest)
+        method.generate_batch(longest, warmup_budget(method, ts.cost_tokens, cfg.benchmark.warmup_tokens), greedy)
         result = summarise(method.name, size, [(method.generate_batch(g, ts.cost_tokens, greedy), 0.0) for g in groups])
         return result.draft_ms_per_round, result.verify_ms_per_round
 
@@ -656,7 +664,8 @@ def ablations(cfg: DictConfig) -> Path:
     eval_sets = {Path(name).stem: load_eval_set(name, acfg.num_prompts) for name in acfg.eval_sets}
     _, tokenizer = methods.target(dtype)
     config = BenchmarkConfig(methods=("vanilla", *drafters), temperatures=tuple(acfg.temperatures),
-                             max_new_tokens=cfg.max_new_tokens, warmup=cfg.benchmark.warmup, seed=cfg.seed)
+                             max_new_tokens=cfg.max_new_tokens, warmup=cfg.benchmark.warmup,
+                             warmup_tokens=cfg.benchmark.warmup_tokens, seed=cfg.seed)
     out_dir = Path(acfg.out_dir)
     bench = run_benchmark(eval_sets, tokenizer, build, config, target_name=str(cfg.target), out_dir=out_dir / "bench",
                           device=cfg.device, reference=lambda d: methods.build("vanilla", d))

@@ -161,11 +161,12 @@ def test_methods_decode_batches_through_the_registry():
         method = build_method(name, ctx, sections)
         method.eos_token_id = eos
         assert method.batches
+        assert method.static == name.endswith(":static")  # what the benchmark's warm-up reads
         got = [r.tokens for r in method.generate_batch(batch, budget, SamplingPolicy())]
         assert got == [method.generate(p, budget, SamplingPolicy()).tokens for p in batch], name
     for name in ("hf_assisted", "hf_prompt_lookup"):
         method = build_method(name, ctx, {"draft": {"model": "self"}})
-        assert not method.batches and not METHODS[name].engine
+        assert not method.batches and not METHODS[name].engine and not method.static
         with pytest.raises(MethodError, match="decode one sequence at a time"):
             method.generate_batch(batch[:2], 4, SamplingPolicy())
         assert len(method.generate_batch(batch[:1], 4, SamplingPolicy())) == 1  # a batch of one is one sequence

@@ -482,3 +482,18 @@ def test_the_shipped_sharegpt_file_is_the_default_and_is_read_to_its_cut(tokeniz
     out = sharegpt_samples(tokenizer, 64, None, max_samples=3, max_val_samples=1)
     assert len(out["train"]) == 3 and len(out["validation"]) == 1
     assert all(s["loss_mask"].sum() > 0 and s["loss_mask"][0] == 0 for s in out["train"])
+
+
+def test_batched_features_are_each_samples_own_hidden_state():
+    """A padded batch without logits gives every sample the post-norm hidden state its own
+    unpadded forward has, over its own length."""
+    model = make_tiny_model("llama")
+    g = torch.Generator().manual_seed(0)
+    samples = [{"input_ids": torch.randint(3, model.config.vocab_size, (n,), generator=g).numpy()} for n in (9, 4, 13)]
+    got = features_module.batch_features(model, samples, pad_id=0)
+    for s, f in zip(samples, got):
+        ids = torch.from_numpy(s["input_ids"].astype(np.int64))[None]
+        with torch.no_grad():
+            reference = model(input_ids=ids, output_hidden_states=True).hidden_states[-1][0]
+        assert f.shape == reference.shape
+        torch.testing.assert_close(f, reference, rtol=0, atol=1e-5)

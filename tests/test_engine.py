@@ -260,23 +260,37 @@ def test_a_compiled_static_runner_keeps_its_largest_cache():
     assert fixed.capacity == 300
 
 
-def test_warm_up_decodes_the_longest_prompt_for_the_whole_budget():
+def test_warm_up_decodes_the_longest_prompt_for_the_whole_budget_on_a_static_runner():
     """The warm-up request is the largest of the timed ones: a shorter one (16 tokens of the
     first prompt, as before) sized a static cache below the timed requests', whose new size
-    then compiled inside the timed region."""
+    then compiled inside the timed region. A growing cache takes the shorter warm-up asked for."""
     from eagle.bench.benchmark import warm_up
 
     calls = []
 
     class Recorder:
+        def __init__(self, static):
+            self.static = static
+
         def generate(self, ids, max_new_tokens, policy, generator=None):
             calls.append((len(ids), max_new_tokens))
 
-    warm_up(Recorder(), [[1] * 5, [1] * 40, [1] * 12], 128, SamplingPolicy())
-    assert calls == [(40, 128)]
+    prompts = [[1] * 5, [1] * 40, [1] * 12]
+    for static in (False, True):
+        warm_up(Recorder(static), prompts, 128, SamplingPolicy())
+        assert calls == [(40, 128)]
+        calls.clear()
+        warm_up(Recorder(static), prompts, 64, SamplingPolicy(), count=2)
+        assert calls == [(40, 64), (12, 64)]
+        calls.clear()
+    warm_up(Recorder(True), prompts, 128, SamplingPolicy(), tokens=32)
+    assert calls == [(40, 128)]  # static: the whole budget whatever is asked
     calls.clear()
-    warm_up(Recorder(), [[1] * 5, [1] * 40, [1] * 12], 64, SamplingPolicy(), count=2)
-    assert calls == [(40, 64), (12, 64)]
+    warm_up(Recorder(False), prompts, 128, SamplingPolicy(), count=2, tokens=32)
+    assert calls == [(40, 32), (12, 32)]
+    calls.clear()
+    warm_up(Recorder(False), prompts, 16, SamplingPolicy(), tokens=32)
+    assert calls == [(40, 16)]  # never beyond the timed budget
 
 
 def test_requests_that_cannot_be_served_are_refused_before_decoding():

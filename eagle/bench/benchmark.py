@@ -45,6 +45,8 @@ class BenchmarkConfig:
     temperatures: Sequence[float] = (0.0, 1.0)
     max_new_tokens: int = 128
     warmup: int = 1           # prompts decoded before timing each method (not recorded)
+    warmup_tokens: int | None = None  # new tokens per warm-up decode (None: max_new_tokens); static
+                                      # runners always warm up for max_new_tokens (`warm_up`)
     top_k: int = 0
     top_p: float = 1.0
     seed: int = 0
@@ -149,13 +151,25 @@ def summarise(method: Method, dtype: str, results: list[DecodeResult]) -> Method
 
 
 def warm_up(method: Method, prompts: Sequence[list[int]], max_new_tokens: int, policy: SamplingPolicy,
-            generator: torch.Generator | None = None, count: int = 1) -> None:
-    """Decode the `count` longest prompts for the full `max_new_tokens`, untimed: buffers reach
-    the size of the largest timed request, and under compile the graphs the timed decodes need
-    are built first (a static cache's size is part of its graph, and a compiled `StaticRunner`
-    keeps its largest cache: LOG.md, a shorter warm-up compiled inside the timed region)."""
+            generator: torch.Generator | None = None, count: int = 1, tokens: int | None = None) -> None:
+    """Decode the `count` longest prompts, untimed, for `tokens` new tokens (None: all
+    `max_new_tokens`).
+
+    A method on a static runner always decodes the full `max_new_tokens`: its buffers reach the
+    size of the largest timed request, and under compile the graphs the timed decodes need are
+    built first (a static cache's size is part of its graph, and a compiled `StaticRunner` keeps
+    its largest cache: LOG.md, a shorter warm-up compiled inside the timed region). Growing
+    caches run eagerly and are warm after a few dozen tokens (kernels chosen for every row
+    count a round verifies); the rest of a full-length warm-up is time the run spends untimed.
+    """
+    new = warmup_budget(method, max_new_tokens, tokens)
     for ids in sorted(prompts, key=len, reverse=True)[:count]:
-        method.generate(ids, max_new_tokens, policy, generator)
+        method.generate(ids, new, policy, generator)
+
+
+def warmup_budget(method: Method, max_new_tokens: int, tokens: int | None) -> int:
+    """New tokens of a warm-up decode before timed ones of `max_new_tokens` (`warm_up`)."""
+    return max_new_tokens if tokens is None or method.static else min(tokens, max_new_tokens)
 
 
 def build_all(build: Callable[[str], tuple[Method, str]], names: Sequence[str]) -> dict[str, tuple[Method, str]]:
@@ -207,7 +221,7 @@ def run_benchmark(eval_sets: dict[str, list[Prompt]], tokenizer, build: Callable
             for name in cfg.methods:
                 bar.set_postfix_str(f"{set_name} T={temperature} {name} warm-up")
                 warm_up(methods[name][0], encoded, cfg.max_new_tokens, policy, seeded_generator(cfg.seed, device),
-                        count=cfg.warmup)
+                        count=cfg.warmup, tokens=cfg.warmup_tokens)
             # Methods take turns prompt by prompt (in a rotating order), so a drift in the load
             # of a shared machine falls on every method alike rather than on whichever ran
             # during it. Each method keeps its own generator: its samples do not depend on the

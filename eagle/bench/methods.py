@@ -136,6 +136,12 @@ class Method:
         return False
 
     @property
+    def static(self) -> bool:
+        """Runs the target on a static runner: fixed buffers, and graphs (compiled or CUDA)
+        built for the cache size they first meet."""
+        return False
+
+    @property
     def lossless(self) -> bool:
         """Distribution-preserving by construction (proved by the test suite)."""
         return self.info.lossy is None
@@ -160,12 +166,17 @@ class EngineMethod(Method):
         super().__init__(name, info, ctx.target, ctx.eos, tree_parents)
         self.proposer, self.typical = proposer, typical
         compile_mode = ctx.compile_mode if runner == "static" else None
+        self.runner_kind = runner
         self.runner = make_runner(runner, ctx.target, tree_size=proposer.max_nodes if proposer else 0,
                                   max_len=ctx.static_max_len, compile_mode=compile_mode)
 
     @property
     def batches(self) -> bool:
         return True
+
+    @property
+    def static(self) -> bool:
+        return self.runner_kind == "static"
 
     def decoder(self, policy: SamplingPolicy) -> SpeculativeDecoder:
         return SpeculativeDecoder(self.target, self.proposer, policy, eos_token_id=self.eos_token_id,

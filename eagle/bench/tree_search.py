@@ -61,7 +61,10 @@ def position_paths(generate: Callable[[list[int], int], list[int]], probe: TreeT
     """
     out = []
     for t in range(len(text) - 1):
-        path = generate(prompt + text[:t], probe.depth + 2)  # room for a full-depth path + bonus
+        # A budget of 2 new tokens ends the decode after its first round: the round's accepted
+        # path is recorded whole even though only its first token is committed, and the rounds a
+        # longer budget would add cost a probe verification each (5-6 per position at tau ~1.6)
+        path = generate(prompt + text[:t], 2)
         out.append(tuple(probe.paths[i - 1] for i in path[1:]))
     return out
 

@@ -146,8 +146,11 @@ def batch_features(model: nn.Module, samples: Sequence[dict], pad_id: int) -> li
     """The target's features of each sample, (T_i, H) each, from one padded forward."""
     device = next(model.parameters()).device
     ids, mask = pad_batch(samples, pad_id)  # (B, T) each
-    # right padding: with a causal mask no real token attends to a pad, pads are dropped below
-    feats = target_forward(model, ids.to(device), attention_mask=mask.to(device)).features  # (B, T, H)
+    # right padding: with a causal mask no real token attends to a pad, pads are dropped below.
+    # No logits (an empty slice): the LM head over every position would add a fifth of a small
+    # target's arithmetic (SmolLM2's 49,152 x 576 head) and a (B, T, V) tensor nobody reads.
+    feats = target_forward(model, ids.to(device), attention_mask=mask.to(device),
+                           logits_slice=slice(0, 0)).features  # (B, T, H)
     return [feats[i, : s["input_ids"].size] for i, s in enumerate(samples)]
 
 

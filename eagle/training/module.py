@@ -304,6 +304,7 @@ class FrozenTargetModule(TrainableModule):
                                  "loaded (target_weights=head, or no setup): its features cannot be computed")
             device = embeddings(target).weight.device
             with torch.no_grad():
-                features = target_forward(target, batch["input_ids"].to(device),
-                                          attention_mask=batch["attention_mask"].to(device)).features
+                features = target_forward(target, batch["input_ids"].to(device),  # features only: no logits
+                                          attention_mask=batch["attention_mask"].to(device),
+                                          logits_slice=slice(0, 0)).features
         return features.to(self.device).float()
