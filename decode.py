@@ -306,20 +306,22 @@ def tree_search(cfg: DictConfig) -> Path:
     for c in found:
         write_tree(c, out / f"{c.tree.name}.yaml", source=f"{probe.name} over {len(prompts)} prompts")
         print(f"[tree search] {c.tree.summary()}: predicted tau {c.predicted_tau:.2f}")
-    cost, vanilla_ms = measure_round_cost(cfg, methods, dtype, prompts, found, out)
+    cost, vanilla_ms, dtypes = measure_round_cost(cfg, methods, prompts, found, out)
     ranking = choose_for_machine(found, cost, vanilla_ms)
     for r in ranking:
-        print(f"[tree search] {r['tree']}: predicted round {r['predicted_round_ms']:.1f} ms, "
+        r["dtype"] = dtypes[r["tree"]]
+        print(f"[tree search] {r['tree']}: predicted round {r['predicted_round_ms']:.1f} ms in {r['dtype']}, "
               f"speedup {r['predicted_speedup']:.2f}x (tau {r['predicted_tau']:.2f})")
     chosen = next(c for c in found if c.tree.name == ranking[0]["tree"])
     write_tree(chosen, out / "machine.yaml", source=f"{chosen.tree.name}, chosen by the cost model of this machine")
-    machine = {"chosen": chosen.tree.name, "vanilla_ms": vanilla_ms, "cost_model": cost.to_dict(), "ranking": ranking}
+    machine = {"chosen": chosen.tree.name, "vanilla_ms": vanilla_ms, "cost_model": cost.to_dict(), "ranking": ranking,
+               "dtypes": dtypes}  # of every tree the cost model measured
     print(f"[tree search] the tree for this machine: {chosen.tree.summary()} -> {out / 'machine.yaml'}")
     if ts.batch_sizes:  # the tree per batch size: a busier target wants a smaller one
         machine["batch"] = {}
         for size in sorted({int(b) for b in ts.batch_sizes}):
-            cost_b, vanilla_b = (cost, vanilla_ms) if size == 1 else measure_round_cost(
-                cfg, methods, dtype, prompts, found, out, size=size)
+            cost_b, vanilla_b, _ = (cost, vanilla_ms, dtypes) if size == 1 else measure_round_cost(
+                cfg, methods, prompts, found, out, size=size)
             ranked = choose_for_machine(found, cost_b, vanilla_b)
             pick = next(c for c in found if c.tree.name == ranked[0]["tree"])
             write_tree(pick, out / f"machine_b{size}.yaml",
@@ -331,7 +333,7 @@ def tree_search(cfg: DictConfig) -> Path:
     if ts.sampled_temperature:
         sample_prompts = [encode_prompt(tokenizer, p) for name in bcfg.eval_sets
                           for p in load_eval_set(name, ts.sampled_prompts)]
-        sampled = rank_sampled(cfg, methods, dtype, sample_prompts, found, out, float(ts.sampled_temperature))
+        sampled = rank_sampled(cfg, methods, sample_prompts, found, out, float(ts.sampled_temperature))
         best = next(c for c in found if c.tree.name == sampled["ranking"][0]["tree"])
         name = f"machine_t{sampled['temperature']:g}.yaml"
         write_tree(best, out / name, source=f"{best.tree.name}, the fastest decoded at T={sampled['temperature']:g}")
@@ -369,11 +371,19 @@ def tree_search(cfg: DictConfig) -> Path:
     return out
 
 
-def measure_round_cost(cfg: DictConfig, methods: Methods, dtype: str, prompts: list[list[int]],
-                       found: list, out: Path, size: int = 1):
+def tree_dtype(cfg: DictConfig, methods: Methods, out: Path, name: str) -> str:
+    """The dtype a benchmark decodes `eagle@<name>` in (a tree of `out`): on a CPU with bf16 the
+    faster one at that tree's width, measured (a small tree may verify faster in float32 than
+    EAGLE-1's 26 tokens do), so that the tree search ranks each tree at the cost it will run at."""
+    return methods.dtype(f"eagle@{name}", dtype_overrides(cfg.benchmark.dtypes), tree_dirs=(str(out),))
+
+
+def measure_round_cost(cfg: DictConfig, methods: Methods, prompts: list[list[int]],
+                       found: list, out: Path, size: int = 1) -> tuple[RoundCost, float, dict[str, str]]:
     """Rounds measured on chains and on the candidate trees (short greedy decodes of a few
-    batches of `size` prompts), fitted into a `RoundCost`; and the vanilla round on the same
-    batches. A batch round drafts every sequence's tree and verifies them all in one forward."""
+    batches of `size` prompts), each tree in the dtype it decodes in (`tree_dtype`), fitted
+    into a `RoundCost`; the vanilla round on the same batches; and the dtype of each tree.
+    A batch round drafts every sequence's tree and verifies them all in one forward."""
     from eagle.bench.batch import summarise
 
     ts, greedy = cfg.tree_search, SamplingPolicy()
@@ -389,14 +399,15 @@ def measure_round_cost(cfg: DictConfig, methods: Methods, dtype: str, prompts: l
         result = summarise(method.name, size, [(method.generate_batch(g, ts.cost_tokens, greedy), 0.0) for g in groups])
         return result.draft_ms_per_round, result.verify_ms_per_round
 
-    vanilla_ms = sum(per_round(methods.build("vanilla", dtype)))
-    measured = []
+    vanilla_ms = sum(per_round(methods.build("vanilla", methods.dtype("vanilla", dtype_overrides(cfg.benchmark.dtypes)))))
+    measured, dtypes = [], {}
     for tree in tqdm(trees, desc="cost model: rounds per tree", unit="tree"):
-        measured.append((tree, *per_round(methods.build(f"eagle@{tree.name}", dtype, tree_dirs=(str(out),)))))
-    return RoundCost.fit(measured), vanilla_ms
+        dtypes[tree.name] = tree_dtype(cfg, methods, out, tree.name)
+        measured.append((tree, *per_round(methods.build(f"eagle@{tree.name}", dtypes[tree.name], tree_dirs=(str(out),)))))
+    return RoundCost.fit(measured), vanilla_ms, dtypes
 
 
-def rank_sampled(cfg: DictConfig, methods: Methods, dtype: str, prompts: list[list[int]], found: list, out: Path,
+def rank_sampled(cfg: DictConfig, methods: Methods, prompts: list[list[int]], found: list, out: Path,
                  temperature: float) -> dict:
     """The candidates decoded at `temperature`, fastest first: the greedy search cannot see how
     siblings share a sampled round's residual, so this ranking is measured, not predicted.
@@ -404,8 +415,9 @@ def rank_sampled(cfg: DictConfig, methods: Methods, dtype: str, prompts: list[li
     prompt so that the machine's drift reaches every tree alike; ms per token of the rounds
     (prefill excluded). Sampled tau varies from prompt to prompt: more prompts, a steadier rank."""
     policy = SamplingPolicy(temperature=temperature)
-    runs = {"vanilla": methods.build("vanilla", dtype)} | {
-        c.tree.name: methods.build(f"eagle@{c.tree.name}", dtype, tree_dirs=(str(out),)) for c in found}
+    runs = {"vanilla": methods.build("vanilla", methods.dtype("vanilla", dtype_overrides(cfg.benchmark.dtypes)))} | {
+        c.tree.name: methods.build(f"eagle@{c.tree.name}", tree_dtype(cfg, methods, out, c.tree.name),
+                                   tree_dirs=(str(out),)) for c in found}
     seconds, committed, rounds = dict.fromkeys(runs, 0.0), dict.fromkeys(runs, 0), dict.fromkeys(runs, 0)
     for method in runs.values():
         warm_up(method, prompts, cfg.max_new_tokens, policy, seeded_generator(cfg.seed, cfg.device))

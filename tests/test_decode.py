@@ -510,6 +510,15 @@ def test_faster_dtype_times_each_model_and_picks_the_faster():
         assert choice.ms == {names[0]: pytest.approx(5.0), names[1]: pytest.approx(2.0)}
         assert f"{names[1]} (verifying 5 tokens" in choice.describe()
         assert f"{names[0]} 5.00 ms, {names[1]} 2.00 ms" in choice.describe()
+    # float32 is kept unless bf16 beats it by more than the margin (5%): a near-tie does not flip
+    for bf16_ms, want in ((4.8, "float32"), (4.7, "bfloat16")):
+        fp32, bf16 = make_tiny_model("llama"), make_tiny_model("llama")
+        fp32.model.register_forward_pre_hook(costs(0, 5.0))
+        bf16.model.register_forward_pre_hook(costs(0, bf16_ms))
+        choice = faster_dtype({"float32": fp32, "bfloat16": bf16}, width=3, prefix=4, reps=1, warmup=0,
+                              clock=lambda: now[0])
+        assert choice.dtype == want and choice.kept == (want == "float32"), bf16_ms
+        assert ("kept, within the margin" in choice.describe()) == choice.kept
     real = faster_dtype({"float32": make_tiny_model("llama")}, width=2, prefix=2, reps=1, warmup=0)
     assert real.dtype == "float32" and real.ms["float32"] > 0
     with pytest.raises(ValueError, match="at least one"):
@@ -551,6 +560,40 @@ def test_bf16_on_a_cpu_is_measured_not_assumed(models, tmp_path, monkeypatch, ca
     before = len(calls)
     monkeypatch.setattr(hardware, "cpu_has_fast_bf16", lambda: False)
     assert decode_module.Methods(decode_cfg(models, tmp_path)).dtype("eagle") == "float32" and len(calls) == before
+
+
+def test_the_tree_search_measures_each_tree_in_the_dtype_it_decodes_in(models, tmp_path, monkeypatch):
+    """On a CPU with bf16 the dtype is measured per tree width, and a small tree may verify faster
+    in float32 than EAGLE-1's 26 tokens: the cost model times every tree (and the sampled
+    ranking decodes it) in the dtype a benchmark of `eagle@<tree>` would choose."""
+    import decode as decode_module
+    from eagle import hardware
+    from eagle.bench.precision import DtypeChoice
+
+    def fake(models_, width, **_):  # float32 up to 4 tokens verified, bf16 beyond
+        return DtypeChoice("float32" if width <= 4 else "bfloat16", width, {"float32": 1.0, "bfloat16": 1.0})
+
+    monkeypatch.setattr(decode_module, "faster_dtype", fake)
+    monkeypatch.setattr(hardware, "cpu_has_fast_bf16", lambda: True)
+    built = []
+    real_build = decode_module.Methods.build
+    monkeypatch.setattr(decode_module.Methods, "build",
+                        lambda self, spec, dtype, *a, **k: built.append((spec, dtype)) or real_build(self, spec, dtype, *a, **k))
+    probe = tmp_path / "tiny_probe.yaml"
+    probe.write_text("kind: budget\nmax_depth: 3\nmax_rank_sum: 1\n")
+    out = tmp_path / "search"
+    decode_module.decode(decode_cfg(models, tmp_path, "mode=tree_search", f"tree_search.probe={probe}",
+                                    "tree_search.sizes=[2,4]", f"tree_search.out_dir={out}", "tree_search.compare=false",
+                                    "tree_search.sampled_temperature=1.0", "tree_search.sampled_prompts=1",
+                                    f"benchmark.eval_sets=[{models / 'prompts.jsonl'}]"))
+    machine = json.loads((out / "machine.json").read_text())
+    want = {"chain1": "float32", "chain3": "float32", "chain6": "bfloat16", "best2": "float32", "best4": "bfloat16"}
+    assert machine["dtypes"] == want  # widths 2, 4, 7, 3, 5
+    assert {r["tree"]: r["dtype"] for r in machine["ranking"]} == {"best2": "float32", "best4": "bfloat16"}
+    assert ("vanilla", "float32") in built
+    for name, dtype in want.items():  # the cost model's and the sampled ranking's methods
+        assert (f"eagle@{name}", dtype) in built
+    assert built.count(("eagle@best4", "bfloat16")) == 2 and ("eagle@best4", "float32") not in built
 
 
 def test_dtypes_as_label_strings_reach_labels_hydra_cannot_spell_as_keys(models, tmp_path):
