@@ -8,14 +8,15 @@
 #   make selfdistill  a drafter on SmolLM2's own replies to ShareGPT prompts, against the demo's
 #   make analysis   after make demo: notebooks/feature_error.ipynb on its run (analysis-tiny: the toy's)
 #   make batch      every method at batch sizes 1-16 against vanilla at the same size (EAGLE-1's Table 7)
-#   make ablations  EAGLE-1's ablations on SmolLM2 (inputs, noise; ablations-data: the data), one table
+#   make ablations  EAGLE-1's ablations on SmolLM2 (inputs, noise; ablations-data: the data;
+#                   ablations-loss: the token loss), one table
 #   make specinfer  SpecInfer's boost-tuned SSMs for SmolLM2, merged, benchmarked
 #   (ablations-tiny, specinfer-tiny, medusa-tiny: the same on the toy target)
 PY := .venv/bin/python
 STAMP := .venv/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 RUNS := runs
 
-.PHONY: install artifacts smollm2 features distill distill-tiny selfdistill selfdistill-data demo demo-artifacts demo-long demo-tiny batch medusa medusa-tiny specinfer specinfer-tiny ablations ablations-data ablations-tiny analysis analysis-tiny test test-slow lint clean-runs gpu-wheels gpu-bench gpu-bench-smoke
+.PHONY: install artifacts smollm2 features distill distill-tiny selfdistill selfdistill-data demo demo-artifacts demo-long demo-tiny batch medusa medusa-tiny specinfer specinfer-tiny ablations ablations-data ablations-loss ablations-tiny analysis analysis-tiny test test-slow lint clean-runs gpu-wheels gpu-bench gpu-bench-smoke
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv .venv
@@ -259,6 +260,15 @@ ablations-data: features selfdistill-data
 	$(call stage,EAGLE features of ShareGPT's replies,grep -qs '"status": "complete"' $(SD_SRC_FEATURES)/metadata.json,$(SD_DUMP) source.path=$(SD_SRC_FILE) name=smollm2-sharegpt-source)
 	$(call stage,three data ablation drafters (one Hydra multirun),test -e $(RUNS)/ablations/self_distilled_greedy/drafter/config.json,$(PY) train.py -m experiment=eagle_ablation ablation=$(DATA_ABLATIONS))
 	$(ABLATION_TABLE)
+
+# EAGLE-1's token loss over the whole vocabulary against the demo's 4,096 rows, at equal steps
+# (~5x the CPU time per step): the two drafters alone in one table (runs/ablations_loss/report)
+ablations-loss: features
+	$(call stage,EAGLE-1's drafter as the ablations train it,test -e $(RUNS)/ablations/eagle1/drafter/config.json,$(PY) train.py experiment=eagle_ablation ablation=eagle1)
+	$(call stage,the same with the whole-vocabulary loss,test -e $(RUNS)/ablations/whole_vocab_loss/drafter/config.json,$(PY) train.py experiment=eagle_ablation ablation=whole_vocab_loss)
+	mkdir -p $(RUNS)/ablations_loss && ln -sfn ../ablations/eagle1 $(RUNS)/ablations_loss/eagle1 \
+		&& ln -sfn ../ablations/whole_vocab_loss $(RUNS)/ablations_loss/whole_vocab_loss
+	$(ABLATION_TABLE) ablations.dir=$(RUNS)/ablations_loss ablations.out_dir=$(RUNS)/ablations_loss/report
 
 # The toy target's seven ablations (their figures: LOG.md), with its self-distilled continuations.
 TINY_ABLATIONS := eagle1,unshifted,feature_only,token_only,no_noise,self_distilled,self_distilled_greedy

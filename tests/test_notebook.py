@@ -82,7 +82,10 @@ ABLATION_FACTORS = {"eagle1": ("shifted", 0.1, None), "unshifted": ("unshifted",
                     "feature_only": ("feature", 0.1, None), "token_only": ("token", 0.1, None),
                     "no_noise": ("shifted", 0.0, None), "self_distilled": ("shifted", 0.1, "self_distilled"),
                     "self_distilled_greedy": ("shifted", 0.1, "self_distilled_greedy"),
-                    "sharegpt_replies": ("shifted", 0.1, "sharegpt_replies")}
+                    "sharegpt_replies": ("shifted", 0.1, "sharegpt_replies"),
+                    "whole_vocab_loss": ("shifted", 0.1, None)}
+# options that change the token loss: the rows it scores (None: the whole vocabulary)
+LOSS_FACTORS = {"whole_vocab_loss": None}
 # experiment -> (its base recipe, steps, run folder, data of the base, the data options' dumps)
 ABLATION_RUNS = {
     "eagle_ablation": ("drafter_smollm2", 300, "ablations", "smollm2-sharegpt",
@@ -113,6 +116,8 @@ def test_each_ablation_differs_from_eagle1_in_one_factor_only(experiment, name):
     if ABLATION_FACTORS[name][2] and ABLATION_FACTORS[name][2] not in dumps:
         pytest.skip(f"{experiment} has no {name} data (the toy's corpus prompts are not chat)")
     base = cfg(f"experiment={base_name}")
+    if name in LOSS_FACTORS and base["model"].get("loss_vocab") == LOSS_FACTORS[name]:
+        pytest.skip(f"{base_name} already trains with this loss")
     run = compose_train([f"experiment={experiment}", f"ablation={name}", "paths.root_dir=/nowhere"])
     assert run.paths.run_dir == f"/nowhere/runs/{folder}/{name}" and run.ablation.name == name
     got = cfg(f"experiment={experiment}", f"ablation={name}")
@@ -122,6 +127,8 @@ def test_each_ablation_differs_from_eagle1_in_one_factor_only(experiment, name):
     assert got["trainer"]["max_steps"] == steps < base["trainer"]["max_steps"]
     for key in ("inputs", "noise"):
         got["model"].pop(key), base["model"].pop(key, None)
+    if name in LOSS_FACTORS:
+        assert got["model"].pop("loss_vocab") == LOSS_FACTORS[name] != base["model"].pop("loss_vocab")
     assert got["model"] == base["model"] and got["seed"] == base["seed"]
     if not data:
         assert got["data"] == base["data"]

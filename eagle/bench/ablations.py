@@ -37,8 +37,8 @@ import torch
 
 # EAGLE-1 (Li et al., 2024), ablation of the drafter's inputs on Vicuna-7B, MT-bench, T=0: speedup
 PAPER_SPEEDUP = {"shifted": 2.8, "feature": 1.9, "token": 1.5}
-ORDER = ("eagle1", "unshifted", "feature_only", "token_only", "no_noise", "sharegpt_replies", "self_distilled",
-         "self_distilled_greedy")
+ORDER = ("eagle1", "unshifted", "feature_only", "token_only", "no_noise", "whole_vocab_loss", "sharegpt_replies",
+         "self_distilled", "self_distilled_greedy")
 
 
 @dataclass
@@ -53,6 +53,11 @@ class Variant:
     steps: int
     agreement: list[float] = field(default_factory=list)  # validation top-1 agreement, depth 1..
     positions: int = 0  # validation positions behind each agreement (depth 1)
+    loss_vocab: int | None = None  # the token loss's rows (model.loss_vocab); None: the whole vocabulary
+
+    @property
+    def loss(self) -> str:
+        return "whole vocabulary" if self.loss_vocab is None else f"{self.loss_vocab:,} rows"
 
 
 def find_variants(root: str | Path) -> list[Variant]:
@@ -69,7 +74,8 @@ def find_variants(root: str | Path) -> list[Variant]:
             name=metrics_path.parent.parent.name, drafter=metrics_path.parent,
             inputs=config.get("inputs", "shifted"), noise=float(model_cfg.get("noise", float("nan"))),
             data=str(metrics.get("config", {}).get("data", {}).get("name", "?")), steps=int(metrics.get("steps", 0)),
-            agreement=[metrics[f"val/top1_d{d}"] for d in depths], positions=int(metrics.get("val/tokens_d1", 0))))
+            agreement=[metrics[f"val/top1_d{d}"] for d in depths], positions=int(metrics.get("val/tokens_d1", 0)),
+            loss_vocab=model_cfg.get("loss_vocab")))
     if not variants:
         raise FileNotFoundError(f"no trained ablation drafters under {root} (make ablations trains them)")
     rank = {name: i for i, name in enumerate(ORDER)}
@@ -110,7 +116,7 @@ def ablation_report(variants: Sequence[Variant], bench: Mapping[str, Any], label
     named `labels[variant.name]`), and its validation agreement by depth (with margins)."""
     rows = []
     for v in variants:
-        row = {"name": v.name, "inputs": v.inputs, "noise": v.noise, "data": v.data, "steps": v.steps,
+        row = {"name": v.name, "inputs": v.inputs, "noise": v.noise, "data": v.data, "loss": v.loss, "steps": v.steps,
                "agreement": v.agreement, "agreement_margin": [binomial_margin(p, v.positions) for p in v.agreement],
                "positions": v.positions, "runs": []}
         for run in bench["runs"]:
@@ -125,9 +131,11 @@ def ablation_report(variants: Sequence[Variant], bench: Mapping[str, Any], label
 
 def ordering(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """The input ablation's order at T=0 next to the paper's (shifted > feature > token), among the
-    drafters trained on EAGLE-1's data (the data options' drafters share its inputs)."""
+    drafters trained on EAGLE-1's data with its loss (the data and loss options' drafters share its
+    inputs)."""
     ref = next((r for r in rows if r["name"] == "eagle1"), rows[0] if rows else None)
-    by_inputs = {r["inputs"]: r for r in rows if r["noise"] > 0 and r["data"] == ref["data"]}
+    by_inputs = {r["inputs"]: r for r in rows
+                 if r["noise"] > 0 and r["data"] == ref["data"] and r.get("loss") == ref.get("loss")}
     out = {}
     for run_i, run in enumerate(rows[0]["runs"] if rows else []):
         if run["temperature"] != 0:
@@ -144,13 +152,13 @@ def markdown(report: Mapping[str, Any]) -> str:
     if not rows:
         return ""
     runs = rows[0]["runs"]
-    head = "| variant | inputs | noise | data | " + " | ".join(
+    head = "| variant | inputs | noise | data | token loss | " + " | ".join(
         f"tau T={r['temperature']:g} | speedup T={r['temperature']:g}" for r in runs) + " | top-1 agreement d1..d5 |"
     lines = [f"EAGLE-1 ablations ({runs[0]['eval_set']}, {runs[0]['num_prompts']} prompts; 95% intervals: "
              "bootstrap over prompts for tau and speedup, binomial over validation positions for agreement)", "",
              "Agreement is on each drafter's own validation split (corpus or self-distilled features): "
              "comparable across inputs and noise, not across data.", "",
-             head, "|---|---|---:|---|" + "---:|---:|" * len(runs) + "---|"]
+             head, "|---|---|---:|---|---|" + "---:|---:|" * len(runs) + "---|"]
     for r in rows:
         cells = []
         for run in r["runs"]:
@@ -158,7 +166,8 @@ def markdown(report: Mapping[str, Any]) -> str:
             cells.append(f"{run['tau']:.2f} [{tl:.2f}, {th:.2f}] | {run['speedup']:.2f}x [{sl:.2f}, {sh:.2f}]")
         agree = " / ".join(f"{a:.3f}" for a in r["agreement"])
         margin = max(r["agreement_margin"], default=float("nan"))
-        lines.append(f"| {r['name']} | {r['inputs']} | {r['noise']:g} | {r['data']} | " + " | ".join(cells)
+        lines.append(f"| {r['name']} | {r['inputs']} | {r['noise']:g} | {r['data']} | {r.get('loss', '?')} | "
+                     + " | ".join(cells)
                      + f" | {agree} (±{margin:.3f}) |")
     for eval_set, o in report["ordering"].items():
         lines += ["", f"Input ablation at T=0 on {eval_set}: ours {' > '.join(o['ours'])}; EAGLE-1 on Vicuna-7B "
