@@ -94,6 +94,15 @@ def test_report_orders_variants_and_compares_the_input_ordering_with_the_paper(t
     assert (out / "ablations.png").stat().st_size > 5000
 
 
+def test_a_table_without_the_input_ablation_states_no_ordering(tmp_path):
+    write_variant(tmp_path, "eagle1", "shifted", 0.1, "corpus", [0.8, 0.7])
+    write_variant(tmp_path, "whole_vocab_loss", "shifted", 0.1, "corpus", [0.8, 0.7], loss_vocab=None)
+    variants = abl.find_variants(tmp_path)
+    report = abl.ablation_report(variants, bench({"eagle[eagle1]": [0.5, 0.5], "eagle[whole_vocab_loss]": [0.5, 0.5]}),
+                                 {v.name: f"eagle[{v.name}]" for v in variants})
+    assert report["ordering"] == {} and "order" not in abl.markdown(report)
+
+
 def test_no_variants_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="make ablations"):
         abl.find_variants(tmp_path)

@@ -141,6 +141,8 @@ def ordering(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         if run["temperature"] != 0:
             continue
         speed = {k: r["runs"][run_i]["speedup"] for k, r in by_inputs.items()}
+        if len(speed) < 2:  # no input ablation in this table (e.g. make ablations-loss): no order to compare
+            continue
         ours = sorted((k for k in PAPER_SPEEDUP if k in speed), key=lambda k: -speed[k])
         out[run["eval_set"]] = {"ours": ours, "paper": sorted(PAPER_SPEEDUP, key=lambda k: -PAPER_SPEEDUP[k]),
                                 "agrees": ours == sorted(ours, key=lambda k: -PAPER_SPEEDUP[k])}
