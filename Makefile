@@ -262,7 +262,7 @@ ablations-data: features selfdistill-data
 	$(ABLATION_TABLE)
 
 # EAGLE-1's token loss over the whole vocabulary against the demo's 4,096 rows, at equal steps
-# (~5x the CPU time per step): the two drafters alone in one table (runs/ablations_loss/report)
+# (~8x the CPU time per step on a 2-core EPYC, LOG.md): the two drafters alone in one table (runs/ablations_loss/report)
 ablations-loss: features
 	$(call stage,EAGLE-1's drafter as the ablations train it,test -e $(RUNS)/ablations/eagle1/drafter/config.json,$(PY) train.py experiment=eagle_ablation ablation=eagle1)
 	$(call stage,the same with the whole-vocabulary loss,test -e $(RUNS)/ablations/whole_vocab_loss/drafter/config.json,$(PY) train.py experiment=eagle_ablation ablation=whole_vocab_loss)
