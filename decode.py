@@ -371,17 +371,18 @@ def tree_search(cfg: DictConfig) -> Path:
     return out
 
 
-def tree_dtype(cfg: DictConfig, methods: Methods, out: Path, name: str) -> str:
-    """The dtype a benchmark decodes `eagle@<name>` in (a tree of `out`): on a CPU with bf16 the
-    faster one at that tree's width, measured (a small tree may verify faster in float32 than
-    EAGLE-1's 26 tokens do), so that the tree search ranks each tree at the cost it will run at."""
-    return methods.dtype(f"eagle@{name}", dtype_overrides(cfg.benchmark.dtypes), tree_dirs=(str(out),))
+def bench_dtype(cfg: DictConfig, methods: Methods, out: Path, label: str) -> str:
+    """The dtype a benchmark decodes `label` in (`vanilla`, or `eagle@<tree of out>`): on a CPU
+    with bf16, for a tree the faster one at its width, measured (a small tree may verify faster
+    in float32 than EAGLE-1's 26 tokens do), so that the tree search ranks each tree at the cost
+    it will run at."""
+    return methods.dtype(label, dtype_overrides(cfg.benchmark.dtypes), tree_dirs=(str(out),))
 
 
 def measure_round_cost(cfg: DictConfig, methods: Methods, prompts: list[list[int]],
                        found: list, out: Path, size: int = 1) -> tuple[RoundCost, float, dict[str, str]]:
     """Rounds measured on chains and on the candidate trees (short greedy decodes of a few
-    batches of `size` prompts), each tree in the dtype it decodes in (`tree_dtype`), fitted
+    batches of `size` prompts), each tree in the dtype it decodes in (`bench_dtype`), fitted
     into a `RoundCost`; the vanilla round on the same batches; and the dtype of each tree.
     A batch round drafts every sequence's tree and verifies them all in one forward."""
     from eagle.bench.batch import summarise
@@ -399,10 +400,10 @@ def measure_round_cost(cfg: DictConfig, methods: Methods, prompts: list[list[int
         result = summarise(method.name, size, [(method.generate_batch(g, ts.cost_tokens, greedy), 0.0) for g in groups])
         return result.draft_ms_per_round, result.verify_ms_per_round
 
-    vanilla_ms = sum(per_round(methods.build("vanilla", methods.dtype("vanilla", dtype_overrides(cfg.benchmark.dtypes)))))
+    vanilla_ms = sum(per_round(methods.build("vanilla", bench_dtype(cfg, methods, out, "vanilla"))))
     measured, dtypes = [], {}
     for tree in tqdm(trees, desc="cost model: rounds per tree", unit="tree"):
-        dtypes[tree.name] = tree_dtype(cfg, methods, out, tree.name)
+        dtypes[tree.name] = bench_dtype(cfg, methods, out, f"eagle@{tree.name}")
         measured.append((tree, *per_round(methods.build(f"eagle@{tree.name}", dtypes[tree.name], tree_dirs=(str(out),)))))
     return RoundCost.fit(measured), vanilla_ms, dtypes
 
@@ -415,8 +416,8 @@ def rank_sampled(cfg: DictConfig, methods: Methods, prompts: list[list[int]], fo
     prompt so that the machine's drift reaches every tree alike; ms per token of the rounds
     (prefill excluded). Sampled tau varies from prompt to prompt: more prompts, a steadier rank."""
     policy = SamplingPolicy(temperature=temperature)
-    runs = {"vanilla": methods.build("vanilla", methods.dtype("vanilla", dtype_overrides(cfg.benchmark.dtypes)))} | {
-        c.tree.name: methods.build(f"eagle@{c.tree.name}", tree_dtype(cfg, methods, out, c.tree.name),
+    runs = {"vanilla": methods.build("vanilla", bench_dtype(cfg, methods, out, "vanilla"))} | {
+        c.tree.name: methods.build(f"eagle@{c.tree.name}", bench_dtype(cfg, methods, out, f"eagle@{c.tree.name}"),
                                    tree_dirs=(str(out),)) for c in found}
     seconds, committed, rounds = dict.fromkeys(runs, 0.0), dict.fromkeys(runs, 0), dict.fromkeys(runs, 0)
     for method in runs.values():
