@@ -9,7 +9,7 @@
 #   make analysis   after make demo: notebooks/feature_error.ipynb on its run (analysis-tiny: the toy's)
 #   make batch      every method at batch sizes 1-16 against vanilla at the same size (EAGLE-1's Table 7)
 #   make ablations  EAGLE-1's ablations on SmolLM2 (inputs, noise; ablations-data: the data;
-#                   ablations-loss: the token loss), one table
+#                   ablations-loss: the loss), one table
 #   make specinfer  SpecInfer's boost-tuned SSMs for SmolLM2, merged, benchmarked
 #   (ablations-tiny, specinfer-tiny, medusa-tiny: the same on the toy target)
 PY := .venv/bin/python
@@ -261,13 +261,16 @@ ablations-data: features selfdistill-data
 	$(call stage,three data ablation drafters (one Hydra multirun),test -e $(RUNS)/ablations/self_distilled_greedy/drafter/config.json,$(PY) train.py -m experiment=eagle_ablation ablation=$(DATA_ABLATIONS))
 	$(ABLATION_TABLE)
 
-# EAGLE-1's token loss over the whole vocabulary against the demo's 4,096 rows, at equal steps
-# (~8x the CPU time per step on a 2-core EPYC, LOG.md): the two drafters alone in one table (runs/ablations_loss/report)
+# EAGLE-1's loss against two changes of it, at equal steps, the three drafters alone in one table
+# (runs/ablations_loss/report): the token loss over the whole vocabulary instead of the demo's 4,096
+# rows (~8x the CPU time per step on a 2-core EPYC), and the loss unrolled to depth 2 over the
+# drafter's own features (~2x; LOG.md)
+LOSS_ABLATIONS := eagle1 whole_vocab_loss unrolled
 ablations-loss: features
 	$(call stage,EAGLE-1's drafter as the ablations train it,test -e $(RUNS)/ablations/eagle1/drafter/config.json,$(PY) train.py experiment=eagle_ablation ablation=eagle1)
 	$(call stage,the same with the whole-vocabulary loss,test -e $(RUNS)/ablations/whole_vocab_loss/drafter/config.json,$(PY) train.py experiment=eagle_ablation ablation=whole_vocab_loss)
-	mkdir -p $(RUNS)/ablations_loss && ln -sfn ../ablations/eagle1 $(RUNS)/ablations_loss/eagle1 \
-		&& ln -sfn ../ablations/whole_vocab_loss $(RUNS)/ablations_loss/whole_vocab_loss
+	$(call stage,the same with the loss unrolled to depth 2,test -e $(RUNS)/ablations/unrolled/drafter/config.json,$(PY) train.py experiment=eagle_ablation ablation=unrolled)
+	mkdir -p $(RUNS)/ablations_loss && for v in $(LOSS_ABLATIONS); do ln -sfn ../ablations/$$v $(RUNS)/ablations_loss/$$v || exit 1; done
 	$(ABLATION_TABLE) ablations.dir=$(RUNS)/ablations_loss ablations.out_dir=$(RUNS)/ablations_loss/report
 
 # The toy target's seven ablations (their figures: LOG.md), with its self-distilled continuations.

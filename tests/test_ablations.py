@@ -31,13 +31,13 @@ def test_binomial_margin():
     assert abl.binomial_margin(1.0, 100) == 0.0
 
 
-def write_variant(root, name, inputs, noise, data, top1, loss_vocab=4096):
+def write_variant(root, name, inputs, noise, data, top1, loss_vocab=4096, **model):
     d = root / name / "drafter"
     d.mkdir(parents=True)
     (d / "config.json").write_text(json.dumps({"inputs": inputs}))
     metrics = {f"val/top1_d{i + 1}": a for i, a in enumerate(top1)}
     metrics.update({"val/tokens_d1": 4000, "steps": 250,
-                    "config": {"model": {"noise": noise, "loss_vocab": loss_vocab}, "data": {"name": data}}})
+                    "config": {"model": {"noise": noise, "loss_vocab": loss_vocab, **model}, "data": {"name": data}}})
     (d / "train_metrics.json").write_text(json.dumps(metrics))
 
 
@@ -62,16 +62,17 @@ def test_report_orders_variants_and_compares_the_input_ordering_with_the_paper(t
     write_variant(tmp_path, "sharegpt_replies", "shifted", 0.1, "same-prompts", [0.6, 0.5])
     # a loss option: EAGLE-1's inputs and data with another loss, left out of the input ordering too
     write_variant(tmp_path, "whole_vocab_loss", "shifted", 0.1, "corpus", [0.9, 0.8], loss_vocab=None)
+    write_variant(tmp_path, "unrolled", "shifted", 0.1, "corpus", [0.9, 0.85], train_depth=2, depth_decay=0.8)
     variants = abl.find_variants(tmp_path)
     assert [v.name for v in variants] == ["eagle1", "feature_only", "token_only", "no_noise", "whole_vocab_loss",
-                                          "sharegpt_replies"]
-    assert [v.loss for v in variants[3:5]] == ["4,096 rows", "whole vocabulary"]
+                                          "unrolled", "sharegpt_replies"]
+    assert [v.loss for v in variants[3:6]] == ["4,096 rows", "whole vocabulary", "4,096 rows, depths 1-2 (x0.8 each)"]
     assert variants[0].agreement == [0.8, 0.7] and variants[0].positions == 4000
     labels = {v.name: f"eagle[{v.name}]" for v in variants}
     # feature alone faster than feature + shifted token: not the paper's order
     report = abl.ablation_report(variants, bench({"eagle[eagle1]": [0.5, 0.5], "eagle[feature_only]": [0.4, 0.4],
                                                   "eagle[token_only]": [0.8, 0.8], "eagle[no_noise]": [0.5, 0.5],
-                                                  "eagle[whole_vocab_loss]": [0.1, 0.1],
+                                                  "eagle[whole_vocab_loss]": [0.1, 0.1], "eagle[unrolled]": [0.1, 0.1],
                                                   "eagle[sharegpt_replies]": [0.1, 0.1]}),
                                  labels)
     o = report["ordering"]["humaneval"]
@@ -82,7 +83,7 @@ def test_report_orders_variants_and_compares_the_input_ordering_with_the_paper(t
     assert row["runs"][0]["speedup_ci"] == pytest.approx((2.0, 2.0))
     report = abl.ablation_report(variants, bench({"eagle[eagle1]": [0.3, 0.3], "eagle[feature_only]": [0.4, 0.4],
                                                   "eagle[token_only]": [0.8, 0.8], "eagle[no_noise]": [0.5, 0.5],
-                                                  "eagle[whole_vocab_loss]": [0.9, 0.9],
+                                                  "eagle[whole_vocab_loss]": [0.9, 0.9], "eagle[unrolled]": [0.9, 0.9],
                                                   "eagle[sharegpt_replies]": [0.9, 0.9]}),
                                  labels)
     assert report["ordering"]["humaneval"]["agrees"]
@@ -90,6 +91,7 @@ def test_report_orders_variants_and_compares_the_input_ordering_with_the_paper(t
     text = (out / "ablations.md").read_text()
     assert "| eagle1 | shifted | 0.1 | corpus | 4,096 rows | 3.00 [3.00, 3.00] | 3.33x [3.33, 3.33]" in text
     assert "| whole_vocab_loss | shifted | 0.1 | corpus | whole vocabulary |" in text
+    assert "| unrolled | shifted | 0.1 | corpus | 4,096 rows, depths 1-2 (x0.8 each) |" in text
     assert "the same order" in text
     assert (out / "ablations.png").stat().st_size > 5000
 

@@ -83,9 +83,9 @@ ABLATION_FACTORS = {"eagle1": ("shifted", 0.1, None), "unshifted": ("unshifted",
                     "no_noise": ("shifted", 0.0, None), "self_distilled": ("shifted", 0.1, "self_distilled"),
                     "self_distilled_greedy": ("shifted", 0.1, "self_distilled_greedy"),
                     "sharegpt_replies": ("shifted", 0.1, "sharegpt_replies"),
-                    "whole_vocab_loss": ("shifted", 0.1, None)}
-# options that change the token loss: the rows it scores (None: the whole vocabulary)
-LOSS_FACTORS = {"whole_vocab_loss": None}
+                    "whole_vocab_loss": ("shifted", 0.1, None), "unrolled": ("shifted", 0.1, None)}
+# options that change the loss: the model key and its value (loss_vocab None: the whole vocabulary)
+LOSS_FACTORS = {"whole_vocab_loss": ("loss_vocab", None), "unrolled": ("train_depth", 2)}
 # experiment -> (its base recipe, steps, run folder, data of the base, the data options' dumps)
 ABLATION_RUNS = {
     "eagle_ablation": ("drafter_smollm2", 300, "ablations", "smollm2-sharegpt",
@@ -116,7 +116,7 @@ def test_each_ablation_differs_from_eagle1_in_one_factor_only(experiment, name):
     if ABLATION_FACTORS[name][2] and ABLATION_FACTORS[name][2] not in dumps:
         pytest.skip(f"{experiment} has no {name} data (the toy's corpus prompts are not chat)")
     base = cfg(f"experiment={base_name}")
-    if name in LOSS_FACTORS and base["model"].get("loss_vocab") == LOSS_FACTORS[name]:
+    if name in LOSS_FACTORS and base["model"].get(LOSS_FACTORS[name][0]) == LOSS_FACTORS[name][1]:
         pytest.skip(f"{base_name} already trains with this loss")
     run = compose_train([f"experiment={experiment}", f"ablation={name}", "paths.root_dir=/nowhere"])
     assert run.paths.run_dir == f"/nowhere/runs/{folder}/{name}" and run.ablation.name == name
@@ -128,7 +128,8 @@ def test_each_ablation_differs_from_eagle1_in_one_factor_only(experiment, name):
     for key in ("inputs", "noise"):
         got["model"].pop(key), base["model"].pop(key, None)
     if name in LOSS_FACTORS:
-        assert got["model"].pop("loss_vocab") == LOSS_FACTORS[name] != base["model"].pop("loss_vocab")
+        key, value = LOSS_FACTORS[name]
+        assert got["model"].pop(key) == value != base["model"].pop(key)
     assert got["model"] == base["model"] and got["seed"] == base["seed"]
     if not data:
         assert got["data"] == base["data"]

@@ -348,6 +348,54 @@ def test_the_token_loss_over_a_reduced_vocabulary(tmp_path, target_dir, features
         EagleDrafterModule(str(target_dir), loss_vocab=0)
 
 
+def test_the_loss_unrolled_over_the_drafters_own_features(tmp_path, target_dir, features_dir):
+    """train_depth=2: the training loss adds, weighted by depth_decay, the loss of a second pass
+    that reads the first pass's predictions (shifted one position, as drafting feeds them) at
+    the positions with a predicted step behind them; depth 1 stays EAGLE-1's loss, gradients
+    reach the first pass through the second, validation is unchanged, and train.py takes it."""
+    batch = collate([FeatureShards(features_dir, "train")[i] for i in range(3)])
+    one = EagleDrafterModule(str(target_dir), noise=0.0, seed=3)
+    two = EagleDrafterModule(str(target_dir), noise=0.0, seed=3, train_depth=2, depth_decay=0.5)
+    out1, out2 = one.model_step(batch, train=True), two.model_step(batch, train=True)
+    torch.testing.assert_close(out2["feat_loss"], out1["feat_loss"])  # depth 1's terms are EAGLE-1's
+    torch.testing.assert_close(out2["tok_loss"], out1["tok_loss"])
+
+    # the second pass, by hand: position t reads the first pass's prediction at t-1
+    v = shift_batch(batch["input_ids"], batch["features"].float(), batch["loss_mask"])
+    drafter = two.drafter
+    f1 = drafter(v["features_in"], v["input_ids"], prev_ids=v["prev_ids"])
+    fed = torch.cat([v["features_in"][:, :1], f1[:, :-1]], dim=1)
+    f2 = drafter(fed, v["input_ids"], prev_ids=v["prev_ids"])
+    m = v["weight"].clone()
+    m[:, 0] = 0  # position 0 has no predicted step behind it
+    with torch.no_grad():
+        target_logits = two.head(v["target"])
+
+    def loss(f, mask):
+        return (metrics.masked_mean(metrics.feature_error(f, v["target"]), mask)
+                + 0.1 * metrics.masked_mean(metrics.soft_cross_entropy(two.head(f), target_logits), mask))
+
+    by_hand = loss(f1, v["weight"]) + 0.5 * loss(f2, m)
+    torch.testing.assert_close(out2["loss"], by_hand, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(out2["loss"] - out1["loss"], 0.5 * loss(f2, m), rtol=1e-4, atol=1e-5)
+
+    # the second pass's loss trains the first pass too (no stop-gradient between them)
+    w = drafter.fc.weight
+    grad = torch.autograd.grad(out2["loss"], w)[0]
+    torch.testing.assert_close(grad, torch.autograd.grad(by_hand, w, retain_graph=True)[0], rtol=1e-4, atol=1e-6)
+    f2_stopped = drafter(torch.cat([v["features_in"][:, :1], f1[:, :-1].detach()], dim=1), v["input_ids"],
+                         prev_ids=v["prev_ids"])
+    assert not torch.allclose(grad, torch.autograd.grad(loss(f1, v["weight"]) + 0.5 * loss(f2_stopped, m), w)[0],
+                              rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(two.model_step(batch, train=False)["loss"], one.model_step(batch, train=False)["loss"])
+
+    assert math.isfinite(train(drafter_cfg(tmp_path, target_dir, features_dir, "debug=fdr",
+                                           "model.train_depth=2"))["val/loss"])
+    for bad in ({"train_depth": 0}, {"train_depth": 1.5}, {"depth_decay": 0.0}, {"depth_decay": 1.5}):
+        with pytest.raises(ValueError, match="train_depth must be|depth_decay must be"):
+            EagleDrafterModule(str(target_dir), **bad)
+
+
 def test_a_run_that_ends_on_a_validation_is_not_validated_again(tmp_path, target_dir, features_dir, monkeypatch):
     """fit() validated the final step: its metrics are the report's, no second pass over the
     validation data (minutes on a real target); a run that ends between validations runs one."""

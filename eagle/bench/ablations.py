@@ -16,6 +16,11 @@ table this module builds:
     sharegpt_replies  (the same)               U(-.1,.1) the fixed data's own replies to the prompts the
                                                          self-distilled options answer (their control)
 
+Two options change the loss rather than the drafter's inputs or data (the "loss" column):
+`whole_vocab_loss` scores EAGLE-1's token loss over the whole LM head where the recipe uses the
+data's most frequent tokens, and `unrolled` adds the loss of a second pass fed the drafter's own
+features (`model.train_depth=2`, EAGLE-3's training-time test in its simplest form).
+
 Error margins: tau and speedup get 95% bootstrap intervals over prompts (each resample keeps a
 prompt's vanilla and drafter runs together, so the speedup's interval includes the timing noise
 of both); agreement by depth gets a binomial 95% interval over the validation positions, which
@@ -37,8 +42,8 @@ import torch
 
 # EAGLE-1 (Li et al., 2024), ablation of the drafter's inputs on Vicuna-7B, MT-bench, T=0: speedup
 PAPER_SPEEDUP = {"shifted": 2.8, "feature": 1.9, "token": 1.5}
-ORDER = ("eagle1", "unshifted", "feature_only", "token_only", "no_noise", "whole_vocab_loss", "sharegpt_replies",
-         "self_distilled", "self_distilled_greedy")
+ORDER = ("eagle1", "unshifted", "feature_only", "token_only", "no_noise", "whole_vocab_loss", "unrolled",
+         "sharegpt_replies", "self_distilled", "self_distilled_greedy")
 
 
 @dataclass
@@ -54,10 +59,13 @@ class Variant:
     agreement: list[float] = field(default_factory=list)  # validation top-1 agreement, depth 1..
     positions: int = 0  # validation positions behind each agreement (depth 1)
     loss_vocab: int | None = None  # the token loss's rows (model.loss_vocab); None: the whole vocabulary
+    train_depth: int = 1  # depths the loss unrolls the drafter to (model.train_depth; 1 = EAGLE-1)
+    depth_decay: float = 0.8  # their weights' base (model.depth_decay)
 
     @property
     def loss(self) -> str:
-        return "whole vocabulary" if self.loss_vocab is None else f"{self.loss_vocab:,} rows"
+        rows = "whole vocabulary" if self.loss_vocab is None else f"{self.loss_vocab:,} rows"
+        return rows if self.train_depth == 1 else f"{rows}, depths 1-{self.train_depth} (x{self.depth_decay:g} each)"
 
 
 def find_variants(root: str | Path) -> list[Variant]:
@@ -75,7 +83,8 @@ def find_variants(root: str | Path) -> list[Variant]:
             inputs=config.get("inputs", "shifted"), noise=float(model_cfg.get("noise", float("nan"))),
             data=str(metrics.get("config", {}).get("data", {}).get("name", "?")), steps=int(metrics.get("steps", 0)),
             agreement=[metrics[f"val/top1_d{d}"] for d in depths], positions=int(metrics.get("val/tokens_d1", 0)),
-            loss_vocab=model_cfg.get("loss_vocab")))
+            loss_vocab=model_cfg.get("loss_vocab"), train_depth=int(model_cfg.get("train_depth", 1)),
+            depth_decay=float(model_cfg.get("depth_decay", 0.8))))
     if not variants:
         raise FileNotFoundError(f"no trained ablation drafters under {root} (make ablations trains them)")
     rank = {name: i for i, name in enumerate(ORDER)}
@@ -154,7 +163,7 @@ def markdown(report: Mapping[str, Any]) -> str:
     if not rows:
         return ""
     runs = rows[0]["runs"]
-    head = "| variant | inputs | noise | data | token loss | " + " | ".join(
+    head = "| variant | inputs | noise | data | loss | " + " | ".join(
         f"tau T={r['temperature']:g} | speedup T={r['temperature']:g}" for r in runs) + " | top-1 agreement d1..d5 |"
     lines = [f"EAGLE-1 ablations ({runs[0]['eval_set']}, {runs[0]['num_prompts']} prompts; 95% intervals: "
              "bootstrap over prompts for tau and speedup, binomial over validation positions for agreement)", "",

@@ -27,7 +27,8 @@ class EagleDrafterModule(FrozenTargetModule):
     """EAGLE-1 drafter training against a frozen target.
 
     Loss = w_feat * SmoothL1(f_hat, f) + w_tok * CE(lm_head(f_hat), softmax(lm_head(f))), both
-    masked means over the weighted positions. Its baseline is a drafter that returns its input
+    masked means over the weighted positions (plus, with `train_depth` > 1, the same terms for the
+    drafter fed its own features, weighted by depth). Its baseline is a drafter that returns its input
     feature f_{t-1} unchanged: a trained drafter must agree with the target more often.
 
     Args:
@@ -42,6 +43,16 @@ class EagleDrafterModule(FrozenTargetModule):
         smooth_l1_beta: SmoothL1's switch point from quadratic to linear.
         val_depth: validation agreement at depths 1..val_depth (each depth one drafter pass).
         val_topk: the k of the top-k agreements reported besides top-1.
+        train_depth: depths the training loss unrolls the drafter to. 1 is EAGLE-1: every
+            position is trained on the target's own (noised) features. d > 1 also feeds the
+            drafter its own predictions, as drafting does past the first token, and adds their
+            losses against the target's features at depths 2..d (`metrics.unroll`, the
+            validation's unroll: the depth-k pass reads depth k-1 predictions at every position,
+            so its context is all predicted where drafting's prefix is the target's own; a
+            pessimistic stand-in for EAGLE-3's training-time test, without its attention masks).
+            Each depth costs about one more drafter forward and backward per step.
+        depth_decay: weight of depth k's loss is depth_decay ** (k - 1), summed, not averaged
+            (EAGLE-3's training code: 0.8), so depth 1 keeps EAGLE-1's loss and scale.
         loss_vocab: train the token loss over the K most frequent tokens of the training data
             only (both distributions renormalised over them; FR-Spec's drafting vocabulary):
             the V x H head is most of a training step on a small target (49,152 x 576 on the
@@ -74,9 +85,15 @@ class EagleDrafterModule(FrozenTargetModule):
         target_weights: str = "auto",
         target_device_map: str | dict | None = None,
         loss_vocab: int | None = None,
+        train_depth: int = 1,
+        depth_decay: float = 0.8,
     ) -> None:
         if val_depth < 1:
             raise ValueError(f"val_depth must be >= 1, got {val_depth}")
+        if isinstance(train_depth, bool) or not isinstance(train_depth, int) or train_depth < 1:
+            raise ValueError(f"train_depth must be an integer >= 1, got {train_depth!r}")
+        if not 0 < depth_decay <= 1:
+            raise ValueError(f"depth_decay must be in (0, 1], got {depth_decay}")
         if loss_vocab is not None and loss_vocab < 1:
             raise ValueError(f"loss_vocab must be a number of tokens >= 1 or null, got {loss_vocab}")
         super().__init__(target_path, target_dtype, optim or {"lr": 3e-5}, target_weights, target_device_map)
@@ -115,7 +132,10 @@ class EagleDrafterModule(FrozenTargetModule):
             # U(-a, a) on the drafter's input features: it learns to draft from its own,
             # imperfect features (EAGLE's code scales a by 512/seq_len; we keep it constant)
             features_in = features_in + (torch.rand_like(features_in) * 2 - 1) * self.hparams.noise
-        f_hat = self.drafter(features_in, v["input_ids"], prev_ids=v["prev_ids"])  # (B, T-1, H)
+        depth = self.hparams.train_depth if train else 1  # validation unrolls on its own (validation_step)
+        f_hats = metrics.unroll(lambda f, x, p: self.drafter(f, x, prev_ids=p), features_in, v["input_ids"],
+                                v["prev_ids"], depth)  # depth x (B, T-1, H); depth 1: drafter(features_in)
+        f_hat = f_hats[0]
         head = self.loss_head if train else self.head  # validation scores the whole vocabulary
         with torch.no_grad():
             target_logits = head(v["target"])  # (B, T-1, V or K) p = softmax of this
@@ -126,6 +146,12 @@ class EagleDrafterModule(FrozenTargetModule):
         feat_loss = metrics.masked_mean(feat_err, w)
         tok_loss = metrics.masked_mean(tok_err, w)
         loss = self.hparams.w_feat * feat_loss + self.hparams.w_tok * tok_loss
+        for d, f_d in enumerate(f_hats[1:], start=2):  # the drafter fed its own features (train_depth > 1)
+            m = metrics.depth_mask(w, d)  # (B, T-1): positions whose input went through d-1 predicted steps
+            loss = loss + self.hparams.depth_decay ** (d - 1) * (
+                self.hparams.w_feat * metrics.masked_mean(
+                    metrics.feature_error(f_d, v["target"], beta=self.hparams.smooth_l1_beta), m)
+                + self.hparams.w_tok * metrics.masked_mean(metrics.soft_cross_entropy(head(f_d), target_logits), m))
         return {
             "loss": loss, "feat_loss": feat_loss, "tok_loss": tok_loss,
             "feat_sum": (feat_err * w).sum().detach(), "tok_sum": (tok_err * w).sum().detach(),
