@@ -66,7 +66,7 @@ def test_report_orders_variants_and_compares_the_input_ordering_with_the_paper(t
     variants = abl.find_variants(tmp_path)
     assert [v.name for v in variants] == ["eagle1", "feature_only", "token_only", "no_noise", "whole_vocab_loss",
                                           "unrolled", "sharegpt_replies"]
-    assert [v.loss for v in variants[3:6]] == ["4,096 rows", "whole vocabulary", "4,096 rows, depths 1-2 (x0.8 each)"]
+    assert [v.loss for v in variants[3:6]] == ["4,096 rows", "whole vocabulary", "4,096 rows, depths 1-2 (decay 0.8)"]
     assert variants[0].agreement == [0.8, 0.7] and variants[0].positions == 4000
     labels = {v.name: f"eagle[{v.name}]" for v in variants}
     # feature alone faster than feature + shifted token: not the paper's order
@@ -91,7 +91,7 @@ def test_report_orders_variants_and_compares_the_input_ordering_with_the_paper(t
     text = (out / "ablations.md").read_text()
     assert "| eagle1 | shifted | 0.1 | corpus | 4,096 rows | 3.00 [3.00, 3.00] | 3.33x [3.33, 3.33]" in text
     assert "| whole_vocab_loss | shifted | 0.1 | corpus | whole vocabulary |" in text
-    assert "| unrolled | shifted | 0.1 | corpus | 4,096 rows, depths 1-2 (x0.8 each) |" in text
+    assert "| unrolled | shifted | 0.1 | corpus | 4,096 rows, depths 1-2 (decay 0.8) |" in text
     assert "the same order" in text
     assert (out / "ablations.png").stat().st_size > 5000
 

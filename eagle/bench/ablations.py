@@ -65,7 +65,7 @@ class Variant:
     @property
     def loss(self) -> str:
         rows = "whole vocabulary" if self.loss_vocab is None else f"{self.loss_vocab:,} rows"
-        return rows if self.train_depth == 1 else f"{rows}, depths 1-{self.train_depth} (x{self.depth_decay:g} each)"
+        return rows if self.train_depth == 1 else f"{rows}, depths 1-{self.train_depth} (decay {self.depth_decay:g})"
 
 
 def find_variants(root: str | Path) -> list[Variant]:
