@@ -43,10 +43,9 @@ lint: install
 	.venv/bin/ruff check .
 
 # Each stage is skipped when its artifact says it is finished (delete runs/<stage> to redo it).
-define stage
-	@if $(2); then echo "[$@] $(1): already done, reusing it ($(2))"; \
-	else echo "[$@] $(1)"; $(3) || exit 1; fi
-endef
+# (stage_sh is its shell, also run side by side with others: scripts/side_by_side.py)
+stage_sh = if $(2); then echo "[$@] $(1): already done, reusing it ($(2))"; else echo "[$@] $(1)"; $(3) || exit 1; fi
+stage = @$(stage_sh)
 
 artifacts: install
 	$(call stage,target (12-layer Llama on the Python stdlib),test -e $(RUNS)/target_tiny/model/eagle_target.json,$(PY) train.py experiment=target_tiny)
@@ -81,8 +80,6 @@ smollm2: install
 features: smollm2
 	$(call stage,EAGLE features of $(DEMO_CONVS) ShareGPT conversations,grep -qs '"status": "complete"' $(SMOL_FEATURES)/metadata.json,$(PY) -m data_gen max_len=$(DEMO_LEN) source.max_samples=$(DEMO_CONVS) source.max_val_samples=32)
 
-# A stage as shell text (what `stage` runs), for scripts/side_by_side.py
-stage_sh = if $(2); then echo "[$@] $(1): already done, reusing it ($(2))"; else echo "[$@] $(1)"; $(3) || exit 1; fi
 # The drafter and the draft LM train side by side, each on half the cores: on 2 cores the pair took
 # 10.5 minutes against 12.5 one after the other on both (LOG.md, 2026-12-03); each also logs to its run folder.
 PAIR_THREADS := $(shell n=$$(( $$(nproc) / 2 )); [ $$n -lt 1 ] && n=1; echo $$n)

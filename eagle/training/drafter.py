@@ -135,23 +135,26 @@ class EagleDrafterModule(FrozenTargetModule):
         depth = self.hparams.train_depth if train else 1  # validation unrolls on its own (validation_step)
         f_hats = metrics.unroll(lambda f, x, p: self.drafter(f, x, prev_ids=p), features_in, v["input_ids"],
                                 v["prev_ids"], depth)  # depth x (B, T-1, H); depth 1: drafter(features_in)
-        f_hat = f_hats[0]
         head = self.loss_head if train else self.head  # validation scores the whole vocabulary
         with torch.no_grad():
             target_logits = head(v["target"])  # (B, T-1, V or K) p = softmax of this
-        draft_logits = head(f_hat)  # (B, T-1, V or K) q = softmax of this
+
+        def errors(f_hat: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+            """Per-position feature and token errors (B, T-1) of predicted features, and their logits."""
+            draft_logits = head(f_hat)  # (B, T-1, V or K) q = softmax of this
+            return (metrics.feature_error(f_hat, v["target"], beta=self.hparams.smooth_l1_beta),
+                    metrics.soft_cross_entropy(draft_logits, target_logits), draft_logits)
+
         w = v["weight"]
-        feat_err = metrics.feature_error(f_hat, v["target"], beta=self.hparams.smooth_l1_beta)  # (B, T-1)
-        tok_err = metrics.soft_cross_entropy(draft_logits, target_logits)  # (B, T-1)
+        feat_err, tok_err, draft_logits = errors(f_hats[0])
         feat_loss = metrics.masked_mean(feat_err, w)
         tok_loss = metrics.masked_mean(tok_err, w)
         loss = self.hparams.w_feat * feat_loss + self.hparams.w_tok * tok_loss
         for d, f_d in enumerate(f_hats[1:], start=2):  # the drafter fed its own features (train_depth > 1)
             m = metrics.depth_mask(w, d)  # (B, T-1): positions whose input went through d-1 predicted steps
+            feat_d, tok_d, _ = errors(f_d)
             loss = loss + self.hparams.depth_decay ** (d - 1) * (
-                self.hparams.w_feat * metrics.masked_mean(
-                    metrics.feature_error(f_d, v["target"], beta=self.hparams.smooth_l1_beta), m)
-                + self.hparams.w_tok * metrics.masked_mean(metrics.soft_cross_entropy(head(f_d), target_logits), m))
+                self.hparams.w_feat * metrics.masked_mean(feat_d, m) + self.hparams.w_tok * metrics.masked_mean(tok_d, m))
         return {
             "loss": loss, "feat_loss": feat_loss, "tok_loss": tok_loss,
             "feat_sum": (feat_err * w).sum().detach(), "tok_sum": (tok_err * w).sum().detach(),
