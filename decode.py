@@ -74,7 +74,7 @@ from eagle.decoding.kernels import (
     packed_bytes,
     use_kernels,
 )
-from eagle.hardware import resolve_dtype_name, set_threads
+from eagle.hardware import auto_dtype, resolve_dtype_name, set_threads
 from eagle.sampling import SamplingPolicy, seeded_generator
 from eagle.target import load_target, resolve_dtype
 from eagle.tree import TreeTemplate, resolve_tree
@@ -114,6 +114,9 @@ class Methods:
         if dtype != "bfloat16" or torch.device(self.cfg.device).type != "cpu" or explicit not in (None, "auto"):
             return dtype
         tree = getattr(method_settings(spec, self.sections), "tree", None) or self.cfg.eagle.tree
+        if searched := searched_dtype(tree):
+            print(f"[dtype] {spec}: {searched}, as the tree search that chose {tree} measured it")
+            return searched
         width = resolve_tree(tree, (*tree_dirs, str(TREE_DIR))).num_nodes + 1  # the root and the tree
         if width not in self.measured:
             choice = faster_dtype({name: self.target(name)[0] for name in ("float32", "bfloat16")}, width)
@@ -170,6 +173,20 @@ class Methods:
 
     def build(self, name: str, dtype: str, tree_dirs: tuple[str, ...] = ()):
         return build_method(name, self.context(dtype, tree_dirs), self.sections)
+
+
+def searched_dtype(tree: str) -> str | None:
+    """The dtype the tree search timed `tree` in, where `tree` is the path of a file it wrote
+    (machine.yaml, or a candidate beside it, with their machine.json): the tree was chosen for
+    its round in that dtype, and timing the dtypes again minutes later on a shared machine can
+    decide otherwise (LOG.md). None for any other tree."""
+    path = Path(str(tree))
+    record = path.parent / "machine.json"
+    if path.suffix not in (".yaml", ".yml") or not path.is_file() or not record.is_file():
+        return None
+    machine = json.loads(record.read_text())
+    name = machine.get("chosen") if path.stem == "machine" else path.stem
+    return machine.get("dtypes", {}).get(name)
 
 
 def generate(cfg: DictConfig) -> None:
@@ -306,7 +323,9 @@ def tree_search(cfg: DictConfig) -> Path:
     for c in found:
         write_tree(c, out / f"{c.tree.name}.yaml", source=f"{probe.name} over {len(prompts)} prompts")
         print(f"[tree search] {c.tree.summary()}: predicted tau {c.predicted_tau:.2f}")
-    cost, vanilla_ms, dtypes = measure_round_cost(cfg, methods, prompts, found, out)
+    cost, plain_ms, dtypes = measure_round_cost(cfg, methods, prompts, found, out)
+    vanilla_ms = min(plain_ms.values())  # the fastest plain decoding: the benchmark's "vs fastest"
+    print("[tree search] plain decoding: " + ", ".join(f"{d} {ms:.1f} ms" for d, ms in plain_ms.items()))
     ranking = choose_for_machine(found, cost, vanilla_ms)
     for r in ranking:
         r["dtype"] = dtypes[r["tree"]]
@@ -314,14 +333,15 @@ def tree_search(cfg: DictConfig) -> Path:
               f"speedup {r['predicted_speedup']:.2f}x (tau {r['predicted_tau']:.2f})")
     chosen = next(c for c in found if c.tree.name == ranking[0]["tree"])
     write_tree(chosen, out / "machine.yaml", source=f"{chosen.tree.name}, chosen by the cost model of this machine")
-    machine = {"chosen": chosen.tree.name, "vanilla_ms": vanilla_ms, "cost_model": cost.to_dict(), "ranking": ranking,
-               "dtypes": dtypes}  # of every tree the cost model measured
+    machine = {"chosen": chosen.tree.name, "vanilla_ms": vanilla_ms, "vanilla_ms_by_dtype": plain_ms,
+               "cost_model": cost.to_dict(), "ranking": ranking, "dtypes": dtypes}  # of every tree the cost model measured
     print(f"[tree search] the tree for this machine: {chosen.tree.summary()} -> {out / 'machine.yaml'}")
     if ts.batch_sizes:  # the tree per batch size: a busier target wants a smaller one
         machine["batch"] = {}
         for size in sorted({int(b) for b in ts.batch_sizes}):
-            cost_b, vanilla_b, _ = (cost, vanilla_ms, dtypes) if size == 1 else measure_round_cost(
+            cost_b, plain_b, _ = (cost, plain_ms, dtypes) if size == 1 else measure_round_cost(
                 cfg, methods, prompts, found, out, size=size)
+            vanilla_b = min(plain_b.values())
             ranked = choose_for_machine(found, cost_b, vanilla_b)
             pick = next(c for c in found if c.tree.name == ranked[0]["tree"])
             write_tree(pick, out / f"machine_b{size}.yaml",
@@ -380,11 +400,17 @@ def bench_dtype(cfg: DictConfig, methods: Methods, out: Path, label: str) -> str
 
 
 def measure_round_cost(cfg: DictConfig, methods: Methods, prompts: list[list[int]],
-                       found: list, out: Path, size: int = 1) -> tuple[RoundCost, float, dict[str, str]]:
+                       found: list, out: Path, size: int = 1) -> tuple[RoundCost, dict[str, float], dict[str, str]]:
     """Rounds measured on chains and on the candidate trees (short greedy decodes of a few
     batches of `size` prompts), each tree in the dtype it decodes in (`bench_dtype`), fitted
-    into a `RoundCost`; the vanilla round on the same batches; and the dtype of each tree.
-    A batch round drafts every sequence's tree and verifies them all in one forward."""
+    into a `RoundCost`; the round of plain decoding on the same batches in each dtype a benchmark
+    compares (vanilla's own and, where bf16 is fast, bf16: the fastest is the "vs fastest"
+    baseline); and the dtype of each tree. A batch round drafts every sequence's tree and
+    verifies them all in one forward.
+
+    The methods take turns batch by batch, in an order rotated at each batch: on a shared
+    machine the same forward can cost 40% more a few minutes later (LOG.md), and timing one
+    tree after another let that drift rank the trees."""
     from eagle.bench.batch import summarise
 
     ts, greedy = cfg.tree_search, SamplingPolicy()
@@ -393,19 +419,23 @@ def measure_round_cost(cfg: DictConfig, methods: Methods, prompts: list[list[int
         write_tree(Candidate(tree, 0.0), out / f"{tree.name}.yaml", source="cost model calibration")
     groups = [[prompts[(i + j) % len(prompts)] for j in range(size)] for i in range(ts.cost_prompts)]
     longest = sorted(prompts, key=len, reverse=True)[:size]
-
-    def per_round(method) -> tuple[float, float]:
-        # untimed: kernels warm (and a static runner's buffers at their largest)
+    plain = list(dict.fromkeys([bench_dtype(cfg, methods, out, "vanilla"), auto_dtype(cfg.device, wide=True)]))
+    dtypes = {tree.name: bench_dtype(cfg, methods, out, f"eagle@{tree.name}") for tree in trees}
+    runs = {f"vanilla {d}": methods.build("vanilla", d) for d in plain} | {
+        tree.name: methods.build(f"eagle@{tree.name}", dtypes[tree.name], tree_dirs=(str(out),)) for tree in trees}
+    for method in runs.values():  # untimed: kernels warm (and a static runner's buffers at their largest)
         method.generate_batch(longest, warmup_budget(method, ts.cost_tokens, cfg.benchmark.warmup_tokens), greedy)
-        result = summarise(method.name, size, [(method.generate_batch(g, ts.cost_tokens, greedy), 0.0) for g in groups])
-        return result.draft_ms_per_round, result.verify_ms_per_round
-
-    vanilla_ms = sum(per_round(methods.build("vanilla", bench_dtype(cfg, methods, out, "vanilla"))))
-    measured, dtypes = [], {}
-    for tree in tqdm(trees, desc="cost model: rounds per tree", unit="tree"):
-        dtypes[tree.name] = bench_dtype(cfg, methods, out, f"eagle@{tree.name}")
-        measured.append((tree, *per_round(methods.build(f"eagle@{tree.name}", dtypes[tree.name], tree_dirs=(str(out),)))))
-    return RoundCost.fit(measured), vanilla_ms, dtypes
+    timed: dict[str, list] = {name: [] for name in runs}
+    names = list(runs)
+    for i, group in enumerate(tqdm(groups, desc=f"cost model: {len(names)} methods in turn", unit="batch")):
+        for name in names[i % len(names):] + names[: i % len(names)]:
+            timed[name].append((runs[name].generate_batch(group, ts.cost_tokens, greedy), 0.0))
+    per_round = {name: summarise(name, size, rows) for name, rows in timed.items()}
+    measured = [(tree, per_round[tree.name].draft_ms_per_round, per_round[tree.name].verify_ms_per_round)
+                for tree in trees]
+    plain_ms = {d: per_round[f"vanilla {d}"].draft_ms_per_round + per_round[f"vanilla {d}"].verify_ms_per_round
+                for d in plain}
+    return RoundCost.fit(measured), plain_ms, dtypes
 
 
 def rank_sampled(cfg: DictConfig, methods: Methods, prompts: list[list[int]], found: list, out: Path,

@@ -590,10 +590,66 @@ def test_the_tree_search_measures_each_tree_in_the_dtype_it_decodes_in(models, t
     want = {"chain1": "float32", "chain3": "float32", "chain6": "bfloat16", "best2": "float32", "best4": "bfloat16"}
     assert machine["dtypes"] == want  # widths 2, 4, 7, 3, 5
     assert {r["tree"]: r["dtype"] for r in machine["ranking"]} == {"best2": "float32", "best4": "bfloat16"}
-    assert ("vanilla", "float32") in built
+    # plain decoding timed in both dtypes a benchmark compares; the fastest is the predictions' baseline
+    assert ("vanilla", "float32") in built and ("vanilla", "bfloat16") in built
+    assert set(machine["vanilla_ms_by_dtype"]) == {"float32", "bfloat16"}
+    assert machine["vanilla_ms"] == min(machine["vanilla_ms_by_dtype"].values())
     for name, dtype in want.items():  # the cost model's and the sampled ranking's methods
         assert (f"eagle@{name}", dtype) in built
     assert built.count(("eagle@best4", "bfloat16")) == 2 and ("eagle@best4", "float32") not in built
+
+
+def test_the_cost_model_times_the_trees_in_turn(models, tmp_path, monkeypatch):
+    """The cost model's methods take turns batch by batch, in a rotated order, rather than one
+    tree after another: a shared machine's drift then reaches every tree and the baseline alike."""
+    import decode as decode_module
+    from eagle import hardware
+
+    monkeypatch.setattr(hardware, "cpu_has_fast_bf16", lambda: False)  # every method in float32: one vanilla
+    calls = []
+    real_build = decode_module.Methods.build
+
+    def build(self, spec, dtype, *a, **k):
+        method = real_build(self, spec, dtype, *a, **k)
+        real = method.generate_batch
+        method.generate_batch = lambda prompts, *b, **c: calls.append(spec) or real(prompts, *b, **c)
+        return method
+
+    monkeypatch.setattr(decode_module.Methods, "build", build)
+    probe = tmp_path / "tiny_probe.yaml"
+    probe.write_text("kind: budget\nmax_depth: 2\nmax_rank_sum: 1\n")
+    decode_module.decode(decode_cfg(models, tmp_path, "mode=tree_search", f"tree_search.probe={probe}",
+                                    "tree_search.sizes=[2]", f"tree_search.out_dir={tmp_path / 'search'}",
+                                    "tree_search.compare=false", "tree_search.cost_prompts=3",
+                                    "tree_search.cost_chains=[1,3]", "tree_search.cost_tokens=4",
+                                    f"benchmark.eval_sets=[{models / 'prompts.jsonl'}]"))
+    names = ["vanilla", "eagle@chain1", "eagle@chain3", "eagle@best2"]
+    assert calls[:4] == names  # one untimed warm-up each, then three batches, each method once per batch
+    assert calls[4:] == names + names[1:] + names[:1] + names[2:] + names[:2]
+
+
+def test_a_benchmark_decodes_the_searched_tree_in_the_dtype_it_was_chosen_in(models, tmp_path, monkeypatch, capsys):
+    """eagle@<dir>/machine.yaml (or a candidate beside it) takes the dtype in the tree search's
+    machine.json instead of timing the dtypes again; any other tree is timed as before."""
+    import decode as decode_module
+    from eagle import hardware
+    from eagle.bench.precision import DtypeChoice
+
+    calls = []
+    monkeypatch.setattr(decode_module, "faster_dtype",
+                        lambda models_, width, **_: calls.append(width) or DtypeChoice("float32", width, {"float32": 1.0}))
+    monkeypatch.setattr(hardware, "cpu_has_fast_bf16", lambda: True)
+    search = tmp_path / "search"
+    search.mkdir()
+    for name in ("best3", "best4", "machine", "other"):
+        (search / f"{name}.yaml").write_text("kind: chain\ngamma: 3\n")
+    (search / "machine.json").write_text(json.dumps({"chosen": "best3", "dtypes": {"best3": "bfloat16", "best4": "float32"}}))
+    methods = decode_module.Methods(decode_cfg(models, tmp_path))
+    assert methods.dtype(f"eagle@{search / 'machine.yaml'}") == "bfloat16"
+    assert methods.dtype(f"eagle@{search / 'best4.yaml'}") == "float32" and not calls
+    assert "as the tree search that chose" in capsys.readouterr().out
+    assert methods.dtype(f"eagle@{search / 'other.yaml'}") == "float32" and calls == [4]  # not in machine.json: timed
+    assert methods.dtype(f"eagle@{search / 'machine.yaml'}", {"eagle": "float32"}) == "float32"  # asked for
 
 
 def test_dtypes_as_label_strings_reach_labels_hydra_cannot_spell_as_keys(models, tmp_path):
