@@ -275,7 +275,7 @@ ablations-loss: features
 	$(call stage,the same with the whole-vocabulary loss,test -e $(RUNS)/ablations/whole_vocab_loss/drafter/config.json,$(PY) train.py experiment=eagle_ablation ablation=whole_vocab_loss)
 	$(call stage,the same with the loss unrolled to depth 2,test -e $(RUNS)/ablations/unrolled/drafter/config.json,$(PY) train.py experiment=eagle_ablation ablation=unrolled)
 	mkdir -p $(RUNS)/ablations_loss && for v in $(LOSS_ABLATIONS); do ln -sfn ../ablations/$$v $(RUNS)/ablations_loss/$$v || exit 1; done
-	$(ABLATION_TABLE) ablations.dir=$(RUNS)/ablations_loss ablations.out_dir=$(RUNS)/ablations_loss/report
+	$(ABLATION_TABLE) ablations.dir=$(RUNS)/ablations_loss
 
 # The toy target's seven ablations (their figures: LOG.md), with its self-distilled continuations.
 TINY_ABLATIONS := eagle1,unshifted,feature_only,token_only,no_noise,self_distilled,self_distilled_greedy
@@ -287,8 +287,7 @@ ablations-tiny: distill-tiny
 	$(call stage,greedy self-distillation (T=0),grep -qs '"status": "complete"' $(DISTILL_GREEDY)/metadata.json,$(TINY_DISTILL_CMD) temperature=0 name=target_tiny-python_stdlib-greedy)
 	$(call stage,EAGLE features of the greedy rows,grep -qs '"status": "complete"' $(GREEDY_FEATURES)/metadata.json,$(PY) -m data_gen data_gen=distilled target_path=$(RUNS)/target_tiny/model name=target_tiny-distilled-greedy source.path=$(DISTILL_GREEDY) max_len=256)
 	$(call stage,seven ablation drafters (one Hydra multirun),test -e $(RUNS)/ablations_tiny/self_distilled_greedy/drafter/config.json,$(PY) train.py -m experiment=eagle_ablation_tiny ablation=$(TINY_ABLATIONS))
-	$(PY) decode.py $(TINY) mode=ablations ablations.dir=$(RUNS)/ablations_tiny ablations.eval_sets=[humaneval] ablations.num_prompts=10 \
-		ablations.out_dir=$(RUNS)/ablations_tiny/report
+	$(PY) decode.py $(TINY) mode=ablations ablations.dir=$(RUNS)/ablations_tiny ablations.eval_sets=[humaneval] ablations.num_prompts=10
 	$(MAKE) --no-print-directory analysis-tiny
 
 # notebooks/feature_error.ipynb on the demo's run on SmolLM2 (analysis-tiny: the toy target's, with

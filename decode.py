@@ -184,7 +184,11 @@ def searched_dtype(tree: str) -> str | None:
     record = path.parent / "machine.json"
     if path.suffix not in (".yaml", ".yml") or not path.is_file() or not record.is_file():
         return None
-    machine = json.loads(record.read_text())
+    try:
+        machine = json.loads(record.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{record}, the tree search's record beside {path}, is not valid JSON ({err}): "
+                         "rerun the tree search, or delete it to time the dtypes here") from err
     name = machine.get("chosen") if path.stem == "machine" else path.stem
     return machine.get("dtypes", {}).get(name)
 

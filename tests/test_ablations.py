@@ -108,3 +108,13 @@ def test_a_table_without_the_input_ablation_states_no_ordering(tmp_path):
 def test_no_variants_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="make ablations"):
         abl.find_variants(tmp_path)
+
+
+def test_the_report_lands_beside_the_drafters_it_compares(tmp_path):
+    """ablations.out_dir follows ablations.dir: a table of other drafters never overwrites the
+    default one's report."""
+    from helpers.configs import compose_config
+
+    cfg = compose_config("decode", [f"paths.runs_dir={tmp_path}", f"ablations.dir={tmp_path / 'capacity'}"])
+    assert cfg.ablations.out_dir == str(tmp_path / "capacity" / "report")
+    assert compose_config("decode", [f"paths.runs_dir={tmp_path}"]).ablations.out_dir == str(tmp_path / "ablations" / "report")

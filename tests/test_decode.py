@@ -650,6 +650,9 @@ def test_a_benchmark_decodes_the_searched_tree_in_the_dtype_it_was_chosen_in(mod
     assert "as the tree search that chose" in capsys.readouterr().out
     assert methods.dtype(f"eagle@{search / 'other.yaml'}") == "float32" and calls == [4]  # not in machine.json: timed
     assert methods.dtype(f"eagle@{search / 'machine.yaml'}", {"eagle": "float32"}) == "float32"  # asked for
+    (search / "machine.json").write_text('{"chosen": "best3", "dtypes": {"best3": "bfl')  # cut off
+    with pytest.raises(ValueError, match="machine.json, the tree search's record .* is not valid JSON"):
+        methods.dtype(f"eagle@{search / 'machine.yaml'}")
 
 
 def test_dtypes_as_label_strings_reach_labels_hydra_cannot_spell_as_keys(models, tmp_path):
