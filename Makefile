@@ -178,7 +178,7 @@ BATCH_SIZES := [1,2,4,8,16]
 BATCH_TREES := $(RUNS)/tree_search/batch_smollm2
 BATCH_METHODS := vanilla,vanilla:dynamic,"eagle@$(BATCH_TREES)/machine_b{B}.yaml%$(DEMO_VOCAB)","eagle%$(DEMO_VOCAB)",draft,prompt_lookup,hf_generate
 BATCH_SEARCH := $(PY) decode.py mode=tree_search eagle.draft_vocab=$(DEMO_VOCAB) tree_search.num_prompts=2 tree_search.compare=false \
-	max_new_tokens=48 tree_search.sizes=[3,4,6,10,15,25] tree_search.cost_tokens=32 tree_search.batch_sizes=$(BATCH_SIZES) \
+	max_new_tokens=48 tree_search.sizes=[3,4,6,10,15,25] tree_search.cost_prompts=2 tree_search.cost_tokens=32 tree_search.batch_sizes=$(BATCH_SIZES) \
 	'benchmark.dtypes={eagle:float32}' tree_search.out_dir=$(BATCH_TREES)
 batch: demo-artifacts
 	$(PY) decode.py mode=floor floor.settings=[dynamic] floor.tokens=[1,4,7,11,16,26] floor.batch_sizes=$(BATCH_SIZES) \
