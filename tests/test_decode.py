@@ -628,6 +628,48 @@ def test_the_cost_model_times_the_trees_in_turn(models, tmp_path, monkeypatch):
     assert calls[4:] == names + names[1:] + names[:1] + names[2:] + names[:2]
 
 
+def test_the_sampled_ranking_takes_turns_against_the_fastest_plain_decoding(models, tmp_path, monkeypatch):
+    """tree_search.sampled_temperature decodes the candidates and plain decoding in every dtype a
+    benchmark compares (float32 and, with fast bf16, bf16) prompt by prompt, in an order rotated at
+    each prompt, and ranks the trees against the fastest plain decoding, as the benchmark does."""
+    import decode as decode_module
+    from eagle import hardware
+    from eagle.bench.precision import DtypeChoice
+
+    monkeypatch.setattr(hardware, "cpu_has_fast_bf16", lambda: True)  # plain decoding in float32 and bf16
+    monkeypatch.setattr(decode_module, "faster_dtype",  # every tree in float32, without timing it
+                        lambda models_, width, **_: DtypeChoice("float32", width, {"float32": 1.0}))
+    calls = []
+    real_build = decode_module.Methods.build
+
+    def build(self, spec, dtype, *a, **k):
+        method = real_build(self, spec, dtype, *a, **k)
+        real = method.generate
+        method.generate = lambda prompt, *b, **c: calls.append(f"{spec} {dtype}") or real(prompt, *b, **c)
+        return method
+
+    monkeypatch.setattr(decode_module.Methods, "build", build)
+    probe = tmp_path / "tiny_probe.yaml"
+    probe.write_text("kind: budget\nmax_depth: 2\nmax_rank_sum: 1\n")
+    out = tmp_path / "search"
+    decode_module.decode(decode_cfg(models, tmp_path, "mode=tree_search", f"tree_search.probe={probe}",
+                                    "tree_search.sizes=[2]", f"tree_search.out_dir={out}",
+                                    "tree_search.compare=false", "tree_search.cost_prompts=1",
+                                    "tree_search.cost_chains=[1,3]", "tree_search.cost_tokens=4",
+                                    "tree_search.sampled_temperature=1.0", "tree_search.sampled_prompts=3",
+                                    f"benchmark.eval_sets=[{models / 'prompts.jsonl'}]"))
+    names = ["vanilla float32", "vanilla bfloat16", "eagle@best2 float32"]
+    timed = calls[-9:]  # the sampled stage's last 9 decodes: 3 prompts x 3 methods, after its warm-ups
+    assert timed == names + names[1:] + names[:1] + names[2:] + names[:2]
+    sampled = json.loads((out / "machine.json").read_text())["sampled"]
+    by_dtype = sampled["vanilla_ms_per_token_by_dtype"]
+    assert set(by_dtype) == {"float32", "bfloat16"}
+    assert sampled["vanilla_ms_per_token"] == min(by_dtype.values())
+    assert sampled["vanilla_dtype"] == min(by_dtype, key=by_dtype.get)
+    (best,) = sampled["ranking"]
+    assert best["speedup"] == pytest.approx(sampled["vanilla_ms_per_token"] / best["ms_per_token"])
+
+
 def test_a_benchmark_decodes_the_searched_tree_in_the_dtype_it_was_chosen_in(models, tmp_path, monkeypatch, capsys):
     """eagle@<dir>/machine.yaml (or a candidate beside it) takes the dtype in the tree search's
     machine.json instead of timing the dtypes again; any other tree is timed as before."""
