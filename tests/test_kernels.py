@@ -14,6 +14,7 @@ from eagle.bench.precision import faster_kernels
 from eagle.decoding import make_runner
 from eagle.decoding.compile import compile_static
 from eagle.decoding.kernels import (
+    SIBLINGS,
     PackedLinear,
     available_kernels,
     check_kernels,
@@ -81,6 +82,69 @@ def test_a_changed_weight_is_packed_again():
         linear.weight.mul_(2.0)  # as load_state_dict or an optimizer step would change it
     torch.testing.assert_close(linear(x), F.linear(x, linear.weight, linear.bias), rtol=1e-5, atol=1e-5)
     assert not torch.allclose(linear(x), first)
+
+
+
+def _packed_products(model, *args) -> int:
+    """oneDNN products one call of `model` runs (counted by the profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        model(*args)
+    return sum(e.count for e in prof.key_averages() if e.key == "mkldnn::_linear_pointwise")
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gemma2"])  # qwen2: q/k/v with biases
+def test_sibling_linears_share_one_product(family):
+    """q/k/v and gate/up run as one packed product each (4 a layer instead of 7, and the head),
+    with the logits of separate products."""
+    model = make_tiny_model(family)
+    ids = torch.tensor([[1, 5, 9, 3, 7]])
+    with torch.inference_mode():
+        expected = model(ids).logits
+        use_kernels(model, "onednn")
+        layers = model.config.num_hidden_layers
+        assert _packed_products(model, ids) == 4 * layers + 1
+        torch.testing.assert_close(model(ids).logits, expected, rtol=1e-5, atol=1e-5)
+    groups = {id(m._siblings) for m in model.modules() if isinstance(m, PackedLinear) and m._siblings}
+    assert len(groups) == len(SIBLINGS) * layers
+    use_kernels(model, "default")
+    assert not any(hasattr(m, "_siblings") for m in model.modules()), "switching back frees the shared products"
+
+
+class _Attention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.q_proj, self.k_proj, self.v_proj = nn.Linear(16, 16), nn.Linear(16, 8), nn.Linear(16, 8)
+
+
+def test_siblings_on_other_inputs_or_changed_weights_compute_their_own():
+    """A sibling called on another tensor than the group's last product (or twice, or after its
+    input changed in place) computes anew; a changed weight is packed again."""
+    torch.manual_seed(0)
+    attn = use_kernels(_Attention(), "onednn").requires_grad_(False)
+    x, y = torch.randn(3, 16), torch.randn(3, 16)
+
+    def ref(m, t):
+        return F.linear(t, m.weight, m.bias)
+
+    close = dict(rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(attn.q_proj(x), ref(attn.q_proj, x), **close)
+    torch.testing.assert_close(attn.k_proj(y), ref(attn.k_proj, y), **close)  # not x: its own product
+    torch.testing.assert_close(attn.v_proj(x), ref(attn.v_proj, x), **close)  # y's product now, not x's
+    torch.testing.assert_close(attn.v_proj(y), ref(attn.v_proj, y), **close)
+    torch.testing.assert_close(attn.v_proj(y), ref(attn.v_proj, y), **close)  # taken once: computed anew
+    attn.q_proj(x)
+    x.mul_(2.0)  # changed in place between siblings: its version counter moved
+    torch.testing.assert_close(attn.k_proj(x), ref(attn.k_proj, x), **close)
+    with torch.no_grad():
+        attn.v_proj.weight.mul_(3.0)
+        attn.k_proj.bias.add_(1.0)
+    attn.q_proj(y)
+    torch.testing.assert_close(attn.k_proj(y), ref(attn.k_proj, y), **close)
+    torch.testing.assert_close(attn.v_proj(y), ref(attn.v_proj, y), **close)
+    assert attn.q_proj._siblings is attn.v_proj._siblings and attn.q_proj._siblings._input is None, \
+        "once every sibling took its output, the group holds no reference to the input"
 
 
 def test_training_bf16_and_compile_take_f_linear():
@@ -248,5 +312,5 @@ def test_greedy_with_packed_kernels_identical_to_generate(name, runner):
     proposer = PROPOSERS[name](target, runner)
     kept = make_runner(runner, target, tree_size=proposer.max_nodes if proposer else 0)
     run_greedy_cases(target, proposer, kept, greedy_cases(target, 8), f"onednn/{name}/{runner}")
-    assert all(m._packed is not None for m in target.modules() if isinstance(m, PackedLinear)), \
-        "every linear of the target must have run packed"
+    assert all((m._siblings._packed if m._siblings else m._packed) is not None
+               for m in target.modules() if isinstance(m, PackedLinear)), "every linear of the target must have run packed"

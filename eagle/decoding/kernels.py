@@ -15,6 +15,13 @@ took 5.0-5.7 ms for 1 row and 4.7-4.9 ms for 4-8 rows (LOG.md, 2026-12-03). Kern
              through `F.linear`, and packing them was slower there (SmolLM2 in bf16: a step
              of 43 ms packed against 38 ms), so bf16 keeps `F.linear`.
 
+Sibling linears (`SIBLINGS`: an attention's q/k/v projections, a gated MLP's gate/up) read the
+same input one after another; on "onednn" they share one packed product of their stacked weights
+(`SiblingGroup`): the first called computes every sibling's output, the others take theirs. Each
+product costs ~30-45 us of call overhead on top of reading its weight, and SmolLM2's k/v weights
+are 0.44 MB, so 4 products a layer instead of 7 took its float32 step from 46-60 to 41-52 ms on
+the AVX512 EPYC, with the same logits to the bit (LOG.md, 2026-12-03 night).
+
 `use_kernels(model, "onednn")` switches every `nn.Linear` of a model in place: each stays the same
 module object with the same parameters (so a tied LM head stays tied, a drafter that holds the
 target's head sees the switch, and `state_dict` and `isinstance(m, nn.Linear)` are unchanged);
@@ -41,6 +48,9 @@ PACKED_DTYPES = (torch.float32,)  # what `PackedLinear.forward` packs (its check
 # oneDNN packs a weight for a row count it is told: packed for 8 rows, the products of 1 to 64
 # rows all ran at or near their best (packed for 1 row, 4-64 rows ran up to 2x slower; LOG.md)
 PACK_ROWS = 8
+# sibling linears of one module that Hugging Face's decoder layers (Llama, Qwen2, Mistral, Gemma,
+# ...) call one after another on the same input: one packed product serves each group
+SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
 
 def onednn_available() -> bool:
@@ -52,6 +62,64 @@ def available_kernels(device: str | torch.device = "cpu") -> tuple[str, ...]:
     return KERNELS if torch.device(device).type == "cpu" and onednn_available() else ("default",)
 
 
+def _pack(weight: Tensor) -> Tensor:
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS)
+
+
+def _weight_key(w: Tensor) -> tuple[int, int]:
+    """What changes when a weight does: in place (its version counter; a weight made under
+    inference mode has none) or for new storage (a `.to()` or a load swaps the parameter's data)."""
+    return (0 if w.is_inference() else w._version, w.data_ptr())
+
+
+class SiblingGroup:
+    """Packed linears of one module that read the same input (`SIBLINGS`): the first sibling called
+    on an input computes every sibling's output in one product of their stacked weights and keeps
+    the others' outputs; a sibling then called on that same tensor takes its own. A sibling called
+    on another input (or twice) computes the group's product anew, so a model that feeds its
+    siblings different inputs is still right, only slower. Siblings must read their input
+    unchanged: an input changed in place in between is caught by its version counter, except
+    under inference mode, where tensors have none (no decoder layer does that)."""
+
+    def __init__(self, members: list[PackedLinear]):
+        self.members = members
+        self.sizes = [m.out_features for m in members]
+        self._packed: Tensor | None = None
+        self._bias: Tensor | None = None
+        self._key: tuple | None = None
+        self._input: tuple[Tensor, int] | None = None  # the last product's input and its version
+        self._outputs: dict[int, Tensor] = {}  # sibling index -> its output of that product, not yet taken
+
+    def packed(self) -> tuple[Tensor, Tensor | None]:
+        """The stacked weight in oneDNN's layout (and the stacked bias), packed again whenever any
+        sibling's weight or bias changed."""
+        params = [p for m in self.members for p in (m.weight, m.bias) if p is not None]
+        key = tuple(_weight_key(p) for p in params)
+        if self._packed is None or self._key != key:
+            self._packed = _pack(torch.cat([m.weight.detach() for m in self.members]))
+            self._bias = (None if self.members[0].bias is None
+                          else torch.cat([m.bias.detach() for m in self.members]))
+            self._key = key
+        return self._packed, self._bias
+
+    def forward(self, member: PackedLinear, x: Tensor) -> Tensor:  # (..., in) -> (..., member's out)
+        i = next(j for j, m in enumerate(self.members) if m is member)
+        version = 0 if x.is_inference() else x._version
+        if self._input is not None and self._input[0] is x and self._input[1] == version and i in self._outputs:
+            out = self._outputs.pop(i)
+            if not self._outputs:
+                self._input = None  # every sibling served: hold no reference to the input
+            return out
+        weight, bias = self.packed()
+        parts = torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "").split(self.sizes, dim=-1)
+        self._input, self._outputs = (x, version), {j: p for j, p in enumerate(parts) if j != i}
+        return parts[i]
+
+    def release(self) -> None:
+        self._packed = self._bias = self._key = self._input = None
+        self._outputs = {}
+
+
 class PackedLinear(nn.Linear):
     """An `nn.Linear` whose inference products on a CPU run oneDNN's kernel on a packed weight.
 
@@ -60,15 +128,13 @@ class PackedLinear(nn.Linear):
 
     _packed: Tensor | None
     _packed_key: tuple | None
+    _siblings: SiblingGroup | None
 
     def packed_weight(self) -> Tensor:
-        """The weight in oneDNN's layout, packed again whenever the weight changed: in place (its
-        version counter; a weight made under inference mode has none) or for new storage (a
-        `.to()` or a load swaps the parameter's data)."""
-        w = self.weight
-        key = (0 if w.is_inference() else w._version, w.data_ptr())
+        """The weight in oneDNN's layout, packed again whenever the weight changed (`_weight_key`)."""
+        key = _weight_key(self.weight)
         if self._packed is None or self._packed_key != key:
-            self._packed = torch.ops.mkldnn._reorder_linear_weight(w.detach(), PACK_ROWS)
+            self._packed = _pack(self.weight)
             self._packed_key = key
         return self._packed
 
@@ -79,6 +145,8 @@ class PackedLinear(nn.Linear):
                 or torch.compiler.is_compiling()  # compiled, Inductor packs the weights itself (freezing)
                 or not x.numel()):
             return F.linear(x, w, self.bias)
+        if self._siblings is not None:
+            return self._siblings.forward(self, x)
         bias = None if self.bias is None else self.bias.detach()
         return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight(), bias, "none", [], "")  # any leading dims
 
@@ -116,12 +184,29 @@ def use_kernels(model: nn.Module, kernels: str = "default", release: bool = True
         if kernels == "onednn" and type(module) is nn.Linear:
             module.__class__ = PackedLinear  # the same object: every reference to it sees the switch
             if not hasattr(module, "_packed"):
-                module._packed = module._packed_key = None
+                module._packed = module._packed_key = module._siblings = None
         elif kernels == "default" and type(module) is PackedLinear:
             module.__class__ = nn.Linear
         if kernels == "default" and release and hasattr(module, "_packed") and type(module) is nn.Linear:
-            del module._packed, module._packed_key
+            if module._siblings is not None:
+                module._siblings.release()
+            del module._packed, module._packed_key, module._siblings
+    if kernels == "onednn":
+        for module in model.modules():
+            for names in SIBLINGS:
+                group = [getattr(module, name, None) for name in names]
+                if can_share(group) and any(m._siblings is None for m in group):
+                    shared = SiblingGroup(group)
+                    for m in group:
+                        m._siblings = shared
     return model
+
+
+def can_share(group: list) -> bool:
+    """Whether these linears can share one packed product: all packed, one input width, one
+    dtype, and a bias on all or none."""
+    return (all(type(m) is PackedLinear for m in group)
+            and len({(m.in_features, m.weight.dtype, m.weight.device, m.bias is None) for m in group}) == 1)
 
 
 def kernels_of(model: nn.Module) -> str:
