@@ -98,12 +98,15 @@ def test_peak_rate_is_positive():
 def test_products_are_timed_per_shape_and_kernel_and_leave_the_kernels():
     target = make_tiny_model("llama")  # q/o 32 x 32, k/v 16 x 32, gate/up 64 x 32, down 32 x 64, head 96 x 32
     costs = fl.product_costs(target, rows=(1, 3), repeats=1, kernels=("default", "onednn"))
-    shapes = {tuple(c["shape"]): c["linears"] for c in costs}
-    assert shapes == {(32, 32): 4, (16, 32): 4, (64, 32): 4, (32, 64): 2, (96, 32): 1}
-    assert len(costs) == 5 * 2 * 2 and all(c["ms"] > 0 and c["gb_s"] > 0 for c in costs)
+    shapes = {k: {tuple(c["shape"]): c["products"] for c in costs if c["kernels"] == k} for k in ("default", "onednn")}
+    assert shapes["default"] == {(32, 32): 4, (16, 32): 4, (64, 32): 4, (32, 64): 2, (96, 32): 1}
+    # on oneDNN q/k/v (64 x 32 stacked) and gate/up (128 x 32) share one product each
+    assert shapes["onednn"] == {(64, 32): 2, (32, 32): 2, (128, 32): 2, (32, 64): 2, (96, 32): 1}
+    assert len(costs) == (5 + 5) * 2 and all(c["ms"] > 0 and c["gb_s"] > 0 for c in costs)
     assert kernels_of(target) == "default"
     table = fl.products_markdown(costs)
     assert "| 96 x 32 | 1 | 3 |" in table and "onednn: ms (GB/s)" in table
+    assert "| 16 x 32 | 4 | 1 | " in table and table.split("| 16 x 32 | 4 | 1 | ")[1].split("\n")[0].endswith("| - |")
 
 
 def test_bandwidth_is_a_positive_rate():
@@ -131,7 +134,7 @@ def test_floor_mode_writes_its_report(target_dir, tmp_path, monkeypatch):
         assert report["settings"][f"{kind} x3"]["batch"] == 3
     assert "| 3 |" in (out / "floor.md").read_text() and "x3" in (out / "floor.md").read_text()
     assert report["peak_gflops"] > 0 and "roof ms" in (out / "floor.md").read_text()
-    assert {c["rows"] for c in report["products"]} == {1, 2} and "linears | rows" in (out / "floor.md").read_text()
+    assert {c["rows"] for c in report["products"]} == {1, 2} and "products a step | rows" in (out / "floor.md").read_text()
     import decode as entry
 
     def no_load(*args, **kwargs):

@@ -13,8 +13,8 @@ tree of n tokens should cost about one step. This module measures both sides on 
                  cannot beat max(floor, n x FLOP per token / peak): on 2 CPU cores the arithmetic
                  of ~20 tokens of a 135M target already outweighs reading its weights, and a wide
                  tree's verification is bound by arithmetic, not memory;
-  products       `product_costs`: each linear shape's product of a few rows under each linear
-                 kernel, in ms and GB/s (which kernel reads the weights at the memory's speed);
+  products       `product_costs`: each product a step runs (by weight shape; siblings that share
+                 one packed product count as one) of a few rows under each linear kernel, in ms and GB/s (which kernel reads the weights at the memory's speed);
   forward costs  `forward_costs`: the target's verification of n = 1, 2, 4, ... new tokens after a
                  fixed context, through the engine's own runner (a tree of n nodes, so the tree
                  mask is paid as in a round), each the median of a few repeats, in milliseconds
@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from eagle.decoding.kernels import available_kernels, kernels_of, use_kernels
+from eagle.decoding.kernels import PackedLinear, available_kernels, kernels_of, use_kernels
 from eagle.decoding.runners import TargetRunner, make_runner
 
 FORWARD_TOKENS = (1, 2, 4, 8, 16, 26, 64)  # 26: EAGLE-1's default tree with its root
@@ -170,44 +170,60 @@ def floor_report(target: nn.Module, bandwidth_gb_s: float, costs: dict[int, floa
 
 
 @torch.inference_mode()
+def step_products(model: nn.Module) -> dict[tuple[int, int], list[nn.Linear]]:
+    """The products a step of `model` runs on its current kernels, by weight shape (out x in):
+    each linear's own, or one per group of siblings sharing a packed product
+    (`eagle.decoding.kernels.SiblingGroup`: their stacked shape, run through any member)."""
+    shapes: dict[tuple[int, int], list[nn.Linear]] = {}
+    groups = set()
+    for module in model.modules():
+        if not isinstance(module, nn.Linear):
+            continue
+        group = module._siblings if isinstance(module, PackedLinear) else None
+        if group is None:
+            shapes.setdefault(tuple(module.weight.shape), []).append(module)
+        elif id(group) not in groups:  # a member called again on the same input computes the whole product
+            groups.add(id(group))
+            shapes.setdefault((sum(group.sizes), module.in_features), []).append(module)
+    return shapes
+
+
 def product_costs(model: nn.Module, rows: Sequence[int] = (1, 2, 8, 26), repeats: int = 3,
                   kernels: Sequence[str] | None = None) -> list[dict]:
-    """Milliseconds of one product of n rows through each linear shape of `model` (out x in),
-    with each kernel setting (`eagle.decoding.kernels`; default: every one this device has): the
-    model's own linears of that shape one after another, as a step reads them (so mostly from
-    memory), the best of `repeats` such passes divided by their number. The model is left on the
-    kernels it had."""
+    """Milliseconds of one product of n rows through each weight shape a step reads (out x in,
+    `step_products`), with each kernel setting (`eagle.decoding.kernels`; default: every one this
+    device has): the model's own products of that shape one after another, as a step reads them
+    (so mostly from memory), the best of `repeats` such passes divided by their number. The
+    model is left on the kernels it had."""
     device = next(model.parameters()).device
     before = kernels_of(model)
-    shapes: dict[tuple[int, int], list[nn.Linear]] = {}
-    for module in model.modules():
-        if isinstance(module, nn.Linear):
-            shapes.setdefault(tuple(module.weight.shape), []).append(module)
     costs = []
     for setting in kernels or available_kernels(device):
         use_kernels(model, setting, release=False)
-        for (out, width), linears in shapes.items():
+        for (out, width), linears in step_products(model).items():
             weight = linears[0].weight
             for n in rows:
                 x = torch.randn(n, width, device=device).to(weight.dtype)
                 ms = _best_seconds(lambda ls=linears, x=x: [m(x) for m in ls], repeats, _sync(device)) / len(linears) * 1e3
-                costs.append({"kernels": setting, "shape": [out, width], "linears": len(linears), "rows": n, "ms": ms,
+                costs.append({"kernels": setting, "shape": [out, width], "products": len(linears), "rows": n, "ms": ms,
                               "gb_s": out * width * weight.element_size() / ms / 1e6})
     use_kernels(model, before)
     return costs
 
 
 def products_markdown(costs: list[dict]) -> str:
-    """One row per (shape, rows), one column per kernel setting: ms (GB/s of the weight read)."""
+    """One row per (shape, products a step, rows), one column per kernel setting: ms (GB/s of the
+    weight read); "-" where a setting runs no product of that shape (siblings share theirs)."""
     settings = list(dict.fromkeys(c["kernels"] for c in costs))
     cells: dict[tuple, dict[str, dict]] = {}
     for c in costs:
-        cells.setdefault((tuple(c["shape"]), c["linears"], c["rows"]), {})[c["kernels"]] = c
-    lines = ["| weight (out x in) | linears | rows | " + " | ".join(f"{k}: ms (GB/s)" for k in settings) + " |",
+        cells.setdefault((tuple(c["shape"]), c["products"], c["rows"]), {})[c["kernels"]] = c
+    lines = ["| weight (out x in) | products a step | rows | " + " | ".join(f"{k}: ms (GB/s)" for k in settings) + " |",
              "|---|---:|---:|" + "---:|" * len(settings)]
     for (shape, count, n), by in cells.items():
         lines.append(f"| {shape[0]} x {shape[1]} | {count} | {n} | "
-                     + " | ".join(f"{by[k]['ms']:.3f} ({by[k]['gb_s']:.1f})" for k in settings) + " |")
+                     + " | ".join(f"{by[k]['ms']:.3f} ({by[k]['gb_s']:.1f})" if k in by else "-" for k in settings)
+                     + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -236,6 +252,7 @@ def markdown(report: dict) -> str:
         roof = next(iter(settings.values()))["forwards"][i]["roof_ms"]  # of one sequence's n tokens
         lines.append(f"| {n} | {roof:.1f} | " + " | ".join(cells) + " |")
     if report.get("products"):
-        lines += ["", "Each linear shape's product of a few rows, per kernel setting (the target's own weights of "
-                  "that shape in turn, best of a few passes):", "", products_markdown(report["products"]).rstrip()]
+        lines += ["", "Each product a step runs, by weight shape, of a few rows, per kernel setting (the target's "
+                  "own weights of that shape in turn, best of a few passes; on oneDNN, q/k/v and gate/up share one "
+                  "product each):", "", products_markdown(report["products"]).rstrip()]
     return "\n".join(lines) + "\n"
