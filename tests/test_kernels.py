@@ -130,6 +130,7 @@ def test_siblings_on_other_inputs_or_changed_weights_compute_their_own():
 
     close = dict(rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(attn.q_proj(x), ref(attn.q_proj, x), **close)
+    assert attn.k_proj(x).is_contiguous(), "each output is laid out as F.linear's (a model may view it)"
     torch.testing.assert_close(attn.k_proj(y), ref(attn.k_proj, y), **close)  # not x: its own product
     torch.testing.assert_close(attn.v_proj(x), ref(attn.v_proj, x), **close)  # y's product now, not x's
     torch.testing.assert_close(attn.v_proj(y), ref(attn.v_proj, y), **close)

@@ -19,8 +19,8 @@ Sibling linears (`SIBLINGS`: an attention's q/k/v projections, a gated MLP's gat
 same input one after another; on "onednn" they share one packed product of their stacked weights
 (`SiblingGroup`): the first called computes every sibling's output, the others take theirs. Each
 product costs ~30-45 us of call overhead on top of reading its weight, and SmolLM2's k/v weights
-are 0.44 MB, so 4 products a layer instead of 7 took its float32 step from 46-60 to 41-52 ms on
-the AVX512 EPYC, with the same logits to the bit (LOG.md, 2026-12-03 night).
+are 0.44 MB, so 4 products a layer instead of 7 took its float32 step to 0.88-0.94x on the
+AVX512 EPYC (5-8 ms), with the same logits to the bit (LOG.md, 2026-12-03 night).
 
 `use_kernels(model, "onednn")` switches every `nn.Linear` of a model in place: each stays the same
 module object with the same parameters (so a tied LM head stays tied, a drafter that holds the
@@ -111,7 +111,9 @@ class SiblingGroup:
                 self._input = None  # every sibling served: hold no reference to the input
             return out
         weight, bias = self.packed()
-        parts = torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "").split(self.sizes, dim=-1)
+        out = torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")  # (..., sum of outs)
+        # each output contiguous, as F.linear's: a model may view it in any shape
+        parts = [p.contiguous() for p in out.split(self.sizes, dim=-1)]
         self._input, self._outputs = (x, version), {j: p for j, p in enumerate(parts) if j != i}
         return parts[i]
 
