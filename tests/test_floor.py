@@ -97,7 +97,11 @@ def test_peak_rate_is_positive():
 
 def test_products_are_timed_per_shape_and_kernel_and_leave_the_kernels():
     target = make_tiny_model("llama")  # q/o 32 x 32, k/v 16 x 32, gate/up 64 x 32, down 32 x 64, head 96 x 32
-    costs = fl.product_costs(target, rows=(1, 3), repeats=1, kernels=("default", "onednn"))
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:  # the packed kernel must be what is timed
+        costs = fl.product_costs(target, rows=(1, 3), repeats=1, kernels=("default", "onednn"))
+    assert any(e.key == "mkldnn::_linear_pointwise" for e in prof.key_averages()), "onednn timed F.linear"
     shapes = {k: {tuple(c["shape"]): c["products"] for c in costs if c["kernels"] == k} for k in ("default", "onednn")}
     assert shapes["default"] == {(32, 32): 4, (16, 32): 4, (64, 32): 4, (32, 64): 2, (96, 32): 1}
     # on oneDNN q/k/v (64 x 32 stacked) and gate/up (128 x 32) share one product each

@@ -14,7 +14,8 @@ tree of n tokens should cost about one step. This module measures both sides on 
                  of ~20 tokens of a 135M target already outweighs reading its weights, and a wide
                  tree's verification is bound by arithmetic, not memory;
   products       `product_costs`: each product a step runs (by weight shape; siblings that share
-                 one packed product count as one) of a few rows under each linear kernel, in ms and GB/s (which kernel reads the weights at the memory's speed);
+                 one packed product count as one) of a few rows under each linear kernel, in ms
+                 and GB/s (which kernel reads the weights at the memory's speed);
   forward costs  `forward_costs`: the target's verification of n = 1, 2, 4, ... new tokens after a
                  fixed context, through the engine's own runner (a tree of n nodes, so the tree
                  mask is paid as in a round), each the median of a few repeats, in milliseconds
@@ -169,7 +170,6 @@ def floor_report(target: nn.Module, bandwidth_gb_s: float, costs: dict[int, floa
             "flops_per_token": flops, "peak_gflops": gflops, "forwards": rows}
 
 
-@torch.inference_mode()
 def step_products(model: nn.Module) -> dict[tuple[int, int], list[nn.Linear]]:
     """The products a step of `model` runs on its current kernels, by weight shape (out x in):
     each linear's own, or one per group of siblings sharing a packed product
@@ -188,6 +188,7 @@ def step_products(model: nn.Module) -> dict[tuple[int, int], list[nn.Linear]]:
     return shapes
 
 
+@torch.inference_mode()
 def product_costs(model: nn.Module, rows: Sequence[int] = (1, 2, 8, 26), repeats: int = 3,
                   kernels: Sequence[str] | None = None) -> list[dict]:
     """Milliseconds of one product of n rows through each weight shape a step reads (out x in,
