@@ -403,6 +403,12 @@ def bench_dtype(cfg: DictConfig, methods: Methods, out: Path, label: str) -> str
     return methods.dtype(label, dtype_overrides(cfg.benchmark.dtypes), tree_dirs=(str(out),))
 
 
+def rotated(names: list[str], i: int) -> list[str]:
+    """`names` starting at its i-th (mod its length): the order methods take turn i in, so that
+    none is always first after the others have warmed the caches or met a busier machine."""
+    return names[i % len(names):] + names[: i % len(names)]
+
+
 def plain_dtypes(cfg: DictConfig, methods: Methods, out: Path) -> list[str]:
     """The dtypes plain decoding is timed in beside the trees: vanilla's own and, where bf16 is
     fast, bf16 too; the fastest of them is the benchmark's "vs fastest" baseline."""
@@ -438,7 +444,7 @@ def measure_round_cost(cfg: DictConfig, methods: Methods, prompts: list[list[int
     timed: dict[str, list] = {name: [] for name in runs}
     names = list(runs)
     for i, group in enumerate(tqdm(groups, desc=f"cost model: {len(names)} methods in turn", unit="batch")):
-        for name in names[i % len(names):] + names[: i % len(names)]:
+        for name in rotated(names, i):
             timed[name].append((runs[name].generate_batch(group, ts.cost_tokens, greedy), 0.0))
     per_round = {name: summarise(name, size, rows) for name, rows in timed.items()}
     measured = [(tree, per_round[tree.name].draft_ms_per_round, per_round[tree.name].verify_ms_per_round)
@@ -467,7 +473,7 @@ def rank_sampled(cfg: DictConfig, methods: Methods, prompts: list[list[int]], fo
         warm_up(method, prompts, cfg.max_new_tokens, policy, seeded_generator(cfg.seed, cfg.device))
     names = list(runs)
     for i, p in enumerate(tqdm(prompts, desc=f"candidates at T={temperature:g}", unit="prompt")):
-        for name in names[i % len(names):] + names[: i % len(names)]:
+        for name in rotated(names, i):
             stats = runs[name].generate(p, cfg.max_new_tokens, policy, seeded_generator(cfg.seed + i, cfg.device)).stats
             seconds[name] += stats.draft_s + stats.verify_s
             committed[name] += stats.committed

@@ -599,6 +599,21 @@ def test_the_tree_search_measures_each_tree_in_the_dtype_it_decodes_in(models, t
     assert built.count(("eagle@best4", "bfloat16")) == 2 and ("eagle@best4", "float32") not in built
 
 
+def _record_decodes(monkeypatch, decode_module, attr: str, label) -> list[str]:
+    """Every method decode.py builds from now on appends label(spec, dtype) to the returned list
+    each time its `attr` ("generate" or "generate_batch") decodes."""
+    calls = []
+    real_build = decode_module.Methods.build
+
+    def build(self, spec, dtype, *a, **k):
+        method = real_build(self, spec, dtype, *a, **k)
+        real = getattr(method, attr)
+        setattr(method, attr, lambda prompts, *b, **c: calls.append(label(spec, dtype)) or real(prompts, *b, **c))
+        return method
+
+    monkeypatch.setattr(decode_module.Methods, "build", build)
+    return calls
+
 def test_the_cost_model_times_the_trees_in_turn(models, tmp_path, monkeypatch):
     """The cost model's methods take turns batch by batch, in a rotated order, rather than one
     tree after another: a shared machine's drift then reaches every tree and the baseline alike."""
@@ -606,16 +621,7 @@ def test_the_cost_model_times_the_trees_in_turn(models, tmp_path, monkeypatch):
     from eagle import hardware
 
     monkeypatch.setattr(hardware, "cpu_has_fast_bf16", lambda: False)  # every method in float32: one vanilla
-    calls = []
-    real_build = decode_module.Methods.build
-
-    def build(self, spec, dtype, *a, **k):
-        method = real_build(self, spec, dtype, *a, **k)
-        real = method.generate_batch
-        method.generate_batch = lambda prompts, *b, **c: calls.append(spec) or real(prompts, *b, **c)
-        return method
-
-    monkeypatch.setattr(decode_module.Methods, "build", build)
+    calls = _record_decodes(monkeypatch, decode_module, "generate_batch", lambda spec, dtype: spec)
     probe = tmp_path / "tiny_probe.yaml"
     probe.write_text("kind: budget\nmax_depth: 2\nmax_rank_sum: 1\n")
     decode_module.decode(decode_cfg(models, tmp_path, "mode=tree_search", f"tree_search.probe={probe}",
@@ -639,16 +645,7 @@ def test_the_sampled_ranking_takes_turns_against_the_fastest_plain_decoding(mode
     monkeypatch.setattr(hardware, "cpu_has_fast_bf16", lambda: True)  # plain decoding in float32 and bf16
     monkeypatch.setattr(decode_module, "faster_dtype",  # every tree in float32, without timing it
                         lambda models_, width, **_: DtypeChoice("float32", width, {"float32": 1.0}))
-    calls = []
-    real_build = decode_module.Methods.build
-
-    def build(self, spec, dtype, *a, **k):
-        method = real_build(self, spec, dtype, *a, **k)
-        real = method.generate
-        method.generate = lambda prompt, *b, **c: calls.append(f"{spec} {dtype}") or real(prompt, *b, **c)
-        return method
-
-    monkeypatch.setattr(decode_module.Methods, "build", build)
+    calls = _record_decodes(monkeypatch, decode_module, "generate", lambda spec, dtype: f"{spec} {dtype}")
     probe = tmp_path / "tiny_probe.yaml"
     probe.write_text("kind: budget\nmax_depth: 2\nmax_rank_sum: 1\n")
     out = tmp_path / "search"
