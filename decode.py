@@ -55,7 +55,7 @@ from eagle.bench.methods import (
     method_dtype,
     method_settings,
 )
-from eagle.bench.precision import DtypeChoice, KernelChoice, faster_dtype, faster_kernels
+from eagle.bench.precision import DtypeChoice, KernelChoice, faster_dtype, faster_kernels, preferred
 from eagle.bench.timing import project, random_target, time_methods, write_timing
 from eagle.bench.tree_search import (
     Candidate,
@@ -357,7 +357,7 @@ def tree_search(cfg: DictConfig) -> Path:
     if ts.sampled_temperature:
         sample_prompts = [encode_prompt(tokenizer, p) for name in bcfg.eval_sets
                           for p in load_eval_set(name, ts.sampled_prompts)]
-        sampled = rank_sampled(cfg, methods, sample_prompts, found, out, float(ts.sampled_temperature))
+        sampled = rank_sampled(cfg, methods, sample_prompts, found, out, float(ts.sampled_temperature), dtypes)
         best = next(c for c in found if c.tree.name == sampled["ranking"][0]["tree"])
         name = f"machine_t{sampled['temperature']:g}.yaml"
         write_tree(best, out / name, source=f"{best.tree.name}, the fastest decoded at T={sampled['temperature']:g}")
@@ -418,11 +418,15 @@ def plain_dtypes(cfg: DictConfig, methods: Methods, out: Path) -> list[str]:
 def measure_round_cost(cfg: DictConfig, methods: Methods, prompts: list[list[int]],
                        found: list, out: Path, size: int = 1) -> tuple[RoundCost, dict[str, float], dict[str, str]]:
     """Rounds measured on chains and on the candidate trees (short greedy decodes of a few
-    batches of `size` prompts), each tree in the dtype it decodes in (`bench_dtype`), fitted
-    into a `RoundCost`; the round of plain decoding on the same batches in each dtype a benchmark
-    compares (vanilla's own and, where bf16 is fast, bf16: the fastest is the "vs fastest"
-    baseline); and the dtype of each tree. A batch round drafts every sequence's tree and
-    verifies them all in one forward.
+    batches of `size` prompts), fitted into a `RoundCost`; the round of plain decoding on the
+    same batches in each dtype a benchmark compares (vanilla's own and, where bf16 is fast, bf16:
+    the fastest is the "vs fastest" baseline); and the dtype of each tree. A batch round drafts
+    every sequence's tree and verifies them all in one forward.
+
+    A tree whose width the dtype probe (`bench_dtype`) timed faster in bf16 decodes here in both
+    dtypes, and keeps float32 unless its bf16 rounds are faster by `tree_search.dtype_margin`: one
+    verification forward timed alone chose bf16 where the benchmark's 7-token bf16 rounds then
+    cost more than float32's (LOG.md). The cost model fits each tree's rounds in the dtype kept.
 
     The methods take turns batch by batch, in an order rotated at each batch: on a shared
     machine the same forward can cost 40% more a few minutes later (LOG.md), and timing one
@@ -436,9 +440,13 @@ def measure_round_cost(cfg: DictConfig, methods: Methods, prompts: list[list[int
     groups = [[prompts[(i + j) % len(prompts)] for j in range(size)] for i in range(ts.cost_prompts)]
     longest = sorted(prompts, key=len, reverse=True)[:size]
     plain = plain_dtypes(cfg, methods, out)
-    dtypes = {tree.name: bench_dtype(cfg, methods, out, f"eagle@{tree.name}") for tree in trees}
+    # each tree in the dtype the probe measured faster for its width and, where that is not float32,
+    # in float32 too: the rounds in turn below decide, float32 kept unless the other wins clearly
+    tried = {tree.name: list(dict.fromkeys([bench_dtype(cfg, methods, out, f"eagle@{tree.name}"), "float32"]))
+             for tree in trees}
     runs = {f"vanilla {d}": methods.build("vanilla", d) for d in plain} | {
-        tree.name: methods.build(f"eagle@{tree.name}", dtypes[tree.name], tree_dirs=(str(out),)) for tree in trees}
+        f"{tree.name} {d}": methods.build(f"eagle@{tree.name}", d, tree_dirs=(str(out),))
+        for tree in trees for d in tried[tree.name]}
     for method in runs.values():  # untimed: kernels warm (and a static runner's buffers at their largest)
         method.generate_batch(longest, warmup_budget(method, ts.cost_tokens, cfg.benchmark.warmup_tokens), greedy)
     timed: dict[str, list] = {name: [] for name in runs}
@@ -447,18 +455,24 @@ def measure_round_cost(cfg: DictConfig, methods: Methods, prompts: list[list[int
         for name in rotated(names, i):
             timed[name].append((runs[name].generate_batch(group, ts.cost_tokens, greedy), 0.0))
     per_round = {name: summarise(name, size, rows) for name, rows in timed.items()}
-    measured = [(tree, per_round[tree.name].draft_ms_per_round, per_round[tree.name].verify_ms_per_round)
-                for tree in trees]
-    plain_ms = {d: per_round[f"vanilla {d}"].draft_ms_per_round + per_round[f"vanilla {d}"].verify_ms_per_round
-                for d in plain}
+    round_ms = {name: r.draft_ms_per_round + r.verify_ms_per_round for name, r in per_round.items()}
+    dtypes = {tree.name: preferred({d: round_ms[f"{tree.name} {d}"] for d in tried[tree.name]},
+                                   "float32", float(ts.dtype_margin)) for tree in trees}
+    for tree in trees:
+        if len(tried[tree.name]) > 1:
+            print(f"[tree search] {tree.name}: {dtypes[tree.name]} (rounds in turn: "
+                  + ", ".join(f"{d} {round_ms[f'{tree.name} {d}']:.1f} ms" for d in tried[tree.name]) + ")")
+    measured = [(tree, per_round[f"{tree.name} {dtypes[tree.name]}"].draft_ms_per_round,
+                 per_round[f"{tree.name} {dtypes[tree.name]}"].verify_ms_per_round) for tree in trees]
+    plain_ms = {d: round_ms[f"vanilla {d}"] for d in plain}
     return RoundCost.fit(measured), plain_ms, dtypes
 
 
 def rank_sampled(cfg: DictConfig, methods: Methods, prompts: list[list[int]], found: list, out: Path,
-                 temperature: float) -> dict:
+                 temperature: float, dtypes: dict[str, str]) -> dict:
     """The candidates decoded at `temperature`, fastest first: the greedy search cannot see how
     siblings share a sampled round's residual, so this ranking is measured, not predicted.
-    Each tree and plain decoding (in each of `plain_dtypes`) decode every prompt for
+    Each tree (in `dtypes`, the cost model's) and plain decoding (in each of `plain_dtypes`) decode every prompt for
     `max_new_tokens`, interleaved prompt by prompt in an order rotated at each prompt, so that the
     machine's drift reaches every tree alike; ms per token of the rounds (prefill excluded), and
     speedups against the fastest plain decoding, as the benchmark reports them. Sampled tau varies
@@ -466,8 +480,7 @@ def rank_sampled(cfg: DictConfig, methods: Methods, prompts: list[list[int]], fo
     policy = SamplingPolicy(temperature=temperature)
     plain = {f"vanilla {d}": d for d in plain_dtypes(cfg, methods, out)}
     runs = {name: methods.build("vanilla", d) for name, d in plain.items()} | {
-        c.tree.name: methods.build(f"eagle@{c.tree.name}", bench_dtype(cfg, methods, out, f"eagle@{c.tree.name}"),
-                                   tree_dirs=(str(out),)) for c in found}
+        c.tree.name: methods.build(f"eagle@{c.tree.name}", dtypes[c.tree.name], tree_dirs=(str(out),)) for c in found}
     seconds, committed, rounds = dict.fromkeys(runs, 0.0), dict.fromkeys(runs, 0), dict.fromkeys(runs, 0)
     for method in runs.values():
         warm_up(method, prompts, cfg.max_new_tokens, policy, seeded_generator(cfg.seed, cfg.device))

@@ -486,7 +486,7 @@ def test_faster_dtype_times_each_model_and_picks_the_faster():
     here, which each model's forward advances by that call's cost): the warm-ups are not
     counted, the medians of the timed forwards are compared and reported, and the faster
     model wins whichever name it carries. By default the real clock times them."""
-    from eagle.bench.precision import faster_dtype
+    from eagle.bench.precision import faster_dtype, preferred
     from helpers.models import make_tiny_model
 
     now = [0.0]  # the fake clock, in seconds
@@ -523,6 +523,12 @@ def test_faster_dtype_times_each_model_and_picks_the_faster():
     assert real.dtype == "float32" and real.ms["float32"] > 0
     with pytest.raises(ValueError, match="at least one"):
         faster_dtype({}, width=5)
+    # the rule alone, as the cost model applies it to rounds
+    assert preferred({"float32": 10.0, "bfloat16": 9.5}, margin=0.1) == "float32"
+    assert preferred({"float32": 10.0, "bfloat16": 8.9}, margin=0.1) == "bfloat16"
+    assert preferred({"bfloat16": 3.0, "float16": 2.0}) == "float16"  # nothing to prefer: the fastest
+    with pytest.raises(ValueError, match="at least one"):
+        preferred({})
 
 
 def test_bf16_on_a_cpu_is_measured_not_assumed(models, tmp_path, monkeypatch, capsys):
@@ -563,9 +569,9 @@ def test_bf16_on_a_cpu_is_measured_not_assumed(models, tmp_path, monkeypatch, ca
 
 
 def test_the_tree_search_measures_each_tree_in_the_dtype_it_decodes_in(models, tmp_path, monkeypatch):
-    """On a CPU with bf16 the dtype is measured per tree width, and a small tree may verify faster
-    in float32 than EAGLE-1's 26 tokens: the cost model times every tree (and the sampled
-    ranking decodes it) in the dtype a benchmark of `eagle@<tree>` would choose."""
+    """On a CPU with bf16 the dtype is probed per tree width, and a small tree may verify faster
+    in float32 than EAGLE-1's 26 tokens: the cost model times every tree in the dtype the probe
+    chose (and a bf16 one in float32 too), and the sampled ranking decodes it in the dtype kept."""
     import decode as decode_module
     from eagle import hardware
     from eagle.bench.precision import DtypeChoice
@@ -574,6 +580,7 @@ def test_the_tree_search_measures_each_tree_in_the_dtype_it_decodes_in(models, t
         return DtypeChoice("float32" if width <= 4 else "bfloat16", width, {"float32": 1.0, "bfloat16": 1.0})
 
     monkeypatch.setattr(decode_module, "faster_dtype", fake)
+    _fake_rounds(monkeypatch, lambda label: 5.0 if label.endswith("bfloat16") else 10.0)  # bf16 rounds win clearly
     monkeypatch.setattr(hardware, "cpu_has_fast_bf16", lambda: True)
     built = []
     real_build = decode_module.Methods.build
@@ -596,7 +603,34 @@ def test_the_tree_search_measures_each_tree_in_the_dtype_it_decodes_in(models, t
     assert machine["vanilla_ms"] == min(machine["vanilla_ms_by_dtype"].values())
     for name, dtype in want.items():  # the cost model's and the sampled ranking's methods
         assert (f"eagle@{name}", dtype) in built
-    assert built.count(("eagle@best4", "bfloat16")) == 2 and ("eagle@best4", "float32") not in built
+    assert built.count(("eagle@best4", "bfloat16")) == 2 and built.count(("eagle@best4", "float32")) == 1
+    assert ("eagle@best2", "bfloat16") not in built  # probed float32: never tried in bf16
+
+
+def _fake_rounds(monkeypatch, ms_per_round) -> None:
+    """The cost model's rounds cost ms_per_round(label) (its labels: "vanilla DTYPE", "TREE DTYPE")
+    instead of what they measured, so that a test decides which dtype wins."""
+    import dataclasses
+
+    from eagle.bench import batch as batch_module
+
+    real = batch_module.summarise
+    monkeypatch.setattr(batch_module, "summarise", lambda label, size, runs: dataclasses.replace(
+        real(label, size, runs), draft_ms_per_round=1.0, verify_ms_per_round=ms_per_round(label) - 1.0))
+
+
+def _search_tiny(decode_module, models: Path, tmp_path: Path, *overrides: str) -> Path:
+    """mode=tree_search with a 2-node candidate from a depth-2 probe, chains 1 and 3 for the cost
+    model's fit and 4-token decodes; returns its out_dir."""
+    probe = tmp_path / "tiny_probe.yaml"
+    probe.write_text("kind: budget\nmax_depth: 2\nmax_rank_sum: 1\n")
+    out = tmp_path / "search"
+    decode_module.decode(decode_cfg(models, tmp_path, "mode=tree_search", f"tree_search.probe={probe}",
+                                    "tree_search.sizes=[2]", f"tree_search.out_dir={out}",
+                                    "tree_search.compare=false", "tree_search.cost_chains=[1,3]",
+                                    "tree_search.cost_tokens=4", f"benchmark.eval_sets=[{models / 'prompts.jsonl'}]",
+                                    *overrides))
+    return out
 
 
 def _record_decodes(monkeypatch, decode_module, attr: str, label) -> list[str]:
@@ -622,13 +656,7 @@ def test_the_cost_model_times_the_trees_in_turn(models, tmp_path, monkeypatch):
 
     monkeypatch.setattr(hardware, "cpu_has_fast_bf16", lambda: False)  # every method in float32: one vanilla
     calls = _record_decodes(monkeypatch, decode_module, "generate_batch", lambda spec, dtype: spec)
-    probe = tmp_path / "tiny_probe.yaml"
-    probe.write_text("kind: budget\nmax_depth: 2\nmax_rank_sum: 1\n")
-    decode_module.decode(decode_cfg(models, tmp_path, "mode=tree_search", f"tree_search.probe={probe}",
-                                    "tree_search.sizes=[2]", f"tree_search.out_dir={tmp_path / 'search'}",
-                                    "tree_search.compare=false", "tree_search.cost_prompts=3",
-                                    "tree_search.cost_chains=[1,3]", "tree_search.cost_tokens=4",
-                                    f"benchmark.eval_sets=[{models / 'prompts.jsonl'}]"))
+    _search_tiny(decode_module, models, tmp_path, "tree_search.cost_prompts=3")
     names = ["vanilla", "eagle@chain1", "eagle@chain3", "eagle@best2"]
     assert calls[:4] == names  # one untimed warm-up each, then three batches, each method once per batch
     assert calls[4:] == names + names[1:] + names[:1] + names[2:] + names[:2]
@@ -646,15 +674,8 @@ def test_the_sampled_ranking_takes_turns_against_the_fastest_plain_decoding(mode
     monkeypatch.setattr(decode_module, "faster_dtype",  # every tree in float32, without timing it
                         lambda models_, width, **_: DtypeChoice("float32", width, {"float32": 1.0}))
     calls = _record_decodes(monkeypatch, decode_module, "generate", lambda spec, dtype: f"{spec} {dtype}")
-    probe = tmp_path / "tiny_probe.yaml"
-    probe.write_text("kind: budget\nmax_depth: 2\nmax_rank_sum: 1\n")
-    out = tmp_path / "search"
-    decode_module.decode(decode_cfg(models, tmp_path, "mode=tree_search", f"tree_search.probe={probe}",
-                                    "tree_search.sizes=[2]", f"tree_search.out_dir={out}",
-                                    "tree_search.compare=false", "tree_search.cost_prompts=1",
-                                    "tree_search.cost_chains=[1,3]", "tree_search.cost_tokens=4",
-                                    "tree_search.sampled_temperature=1.0", "tree_search.sampled_prompts=3",
-                                    f"benchmark.eval_sets=[{models / 'prompts.jsonl'}]"))
+    out = _search_tiny(decode_module, models, tmp_path, "tree_search.cost_prompts=1",
+                       "tree_search.sampled_temperature=1.0", "tree_search.sampled_prompts=3")
     names = ["vanilla float32", "vanilla bfloat16", "eagle@best2 float32"]
     timed = calls[-9:]  # the sampled stage's last 9 decodes: 3 prompts x 3 methods, after its warm-ups
     assert timed == names + names[1:] + names[:1] + names[2:] + names[:2]
@@ -665,6 +686,31 @@ def test_the_sampled_ranking_takes_turns_against_the_fastest_plain_decoding(mode
     assert sampled["vanilla_dtype"] == min(by_dtype, key=by_dtype.get)
     (best,) = sampled["ranking"]
     assert best["speedup"] == pytest.approx(sampled["vanilla_ms_per_token"] / best["ms_per_token"])
+
+
+def test_the_cost_model_keeps_float32_unless_bf16_rounds_win_clearly(models, tmp_path, monkeypatch):
+    """A tree the dtype probe times faster in bf16 decodes in the cost model's turns in bf16 and in
+    float32, and keeps float32 unless bf16's rounds are faster by tree_search.dtype_margin; the
+    record (machine.json) and the sampled ranking take the dtype kept, not the probe's."""
+    import decode as decode_module
+    from eagle import hardware
+    from eagle.bench.precision import DtypeChoice
+
+    monkeypatch.setattr(hardware, "cpu_has_fast_bf16", lambda: True)
+    monkeypatch.setattr(decode_module, "faster_dtype",  # the probe: bf16 at every width
+                        lambda models_, width, **_: DtypeChoice("bfloat16", width, {"bfloat16": 1.0, "float32": 2.0}))
+    rounds = {"chain1 bfloat16": 5.0, "chain3 bfloat16": 8.0, "best2 bfloat16": 9.5}  # ms; float32's: 10
+    _fake_rounds(monkeypatch, lambda label: rounds.get(label, 10.0))
+    cost_calls = _record_decodes(monkeypatch, decode_module, "generate_batch", lambda spec, dtype: f"{spec} {dtype}")
+    sampled_calls = _record_decodes(monkeypatch, decode_module, "generate", lambda spec, dtype: f"{spec} {dtype}")
+    out = _search_tiny(decode_module, models, tmp_path, "tree_search.cost_prompts=1",
+                       "tree_search.sampled_temperature=1.0", "tree_search.sampled_prompts=1")
+    for tree in ("chain1", "chain3", "best2"):
+        assert {f"eagle@{tree} bfloat16", f"eagle@{tree} float32"} <= set(cost_calls)
+    machine = json.loads((out / "machine.json").read_text())
+    # 5.0 and 8.0 beat 10 by more than 10%; 9.5 does not
+    assert machine["dtypes"] == {"chain1": "bfloat16", "chain3": "bfloat16", "best2": "float32"}
+    assert "eagle@best2 float32" in sampled_calls[-3:] and "eagle@best2 bfloat16" not in sampled_calls
 
 
 def test_a_benchmark_decodes_the_searched_tree_in_the_dtype_it_was_chosen_in(models, tmp_path, monkeypatch, capsys):

@@ -100,10 +100,20 @@ def faster_dtype(models: Mapping[str, nn.Module], width: int, prefix: int = 128,
             if rep >= warmup:
                 times[name].append(ms)
     ms = {name: statistics.median(t) for name, t in times.items()}
+    dtype = preferred(ms, prefer, margin)
+    return DtypeChoice(dtype=dtype, width=width, ms=ms, kept=dtype != min(ms, key=ms.get))
+
+
+def preferred(ms: Mapping[str, float], prefer: str | None = "float32", margin: float = 0.05) -> str:
+    """The key of `ms` (a cost per choice) to use: the cheapest, unless `prefer` is among them and
+    the cheapest saves less than `margin` of its cost. A near-tie then keeps the preferred dtype
+    (float32: its greedy texts are vanilla's) instead of flipping with the machine's drift."""
+    if not ms:
+        raise ValueError("preferred needs at least one measured cost")
     fastest = min(ms, key=ms.get)
     if prefer in ms and fastest != prefer and ms[fastest] >= (1 - margin) * ms[prefer]:
-        return DtypeChoice(dtype=prefer, width=width, ms=ms, kept=True)
-    return DtypeChoice(dtype=fastest, width=width, ms=ms)
+        return prefer
+    return fastest
 
 
 @dataclass(frozen=True)
