@@ -189,8 +189,10 @@ def searched_dtype(tree: str) -> str | None:
     except json.JSONDecodeError as err:
         raise ValueError(f"{record}, the tree search's record beside {path}, is not valid JSON ({err}): "
                          "rerun the tree search, or delete it to time the dtypes here") from err
-    name = machine.get("chosen") if path.stem == "machine" else path.stem
-    return machine.get("dtypes", {}).get(name)
+    dtypes = machine.get("dtypes", {})
+    if path.stem == "machine" and "machine" not in dtypes:  # a record written before machine*.yaml had entries
+        return dtypes.get(machine.get("chosen"))
+    return dtypes.get(path.stem)
 
 
 def generate(cfg: DictConfig) -> None:
@@ -266,12 +268,13 @@ def dtype_overrides(spec) -> dict[str, str]:
 
 def benchmark(cfg: DictConfig, methods: Methods | None = None, names: list[str] | None = None,
               temperatures: list[float] | None = None, out_dir: str | Path | None = None,
-              tree_dirs: tuple[str, ...] = ()) -> Path:
-    """Run the benchmark (arguments override `cfg.benchmark`); returns its output folder."""
+              tree_dirs: tuple[str, ...] = (), dtypes: dict[str, str] | None = None) -> Path:
+    """Run the benchmark (arguments override `cfg.benchmark`; `dtypes`, label -> dtype, add to
+    `benchmark.dtypes`); returns its output folder."""
     bcfg = cfg.benchmark
     methods = methods or Methods(cfg)
     names = list(names or bcfg.methods)
-    dtypes = dtype_overrides(bcfg.dtypes)
+    dtypes = dtype_overrides(bcfg.dtypes) | (dtypes or {})
     for name in names:
         MethodSpec.parse(name)  # unknown names fail before any model is loaded
     eval_sets = {Path(name).stem: load_eval_set(name, bcfg.num_prompts) for name in bcfg.eval_sets}
@@ -337,21 +340,25 @@ def tree_search(cfg: DictConfig) -> Path:
               f"speedup {r['predicted_speedup']:.2f}x (tau {r['predicted_tau']:.2f})")
     chosen = next(c for c in found if c.tree.name == ranking[0]["tree"])
     write_tree(chosen, out / "machine.yaml", source=f"{chosen.tree.name}, chosen by the cost model of this machine")
+    # the dtype of every tree the cost model measured, and of each machine*.yaml written (searched_dtype)
     machine = {"chosen": chosen.tree.name, "vanilla_ms": vanilla_ms, "vanilla_ms_by_dtype": plain_ms,
-               "cost_model": cost.to_dict(), "ranking": ranking, "dtypes": dtypes}  # of every tree the cost model measured
+               "cost_model": cost.to_dict(), "ranking": ranking, "dtypes": {**dtypes, "machine": dtypes[chosen.tree.name]}}
     print(f"[tree search] the tree for this machine: {chosen.tree.summary()} -> {out / 'machine.yaml'}")
     if ts.batch_sizes:  # the tree per batch size: a busier target wants a smaller one
         machine["batch"] = {}
         for size in sorted({int(b) for b in ts.batch_sizes}):
-            cost_b, plain_b, _ = (cost, plain_ms, dtypes) if size == 1 else measure_round_cost(
+            cost_b, plain_b, dtypes_b = (cost, plain_ms, dtypes) if size == 1 else measure_round_cost(
                 cfg, methods, prompts, found, out, size=size)
             vanilla_b = min(plain_b.values())
             ranked = choose_for_machine(found, cost_b, vanilla_b)
             pick = next(c for c in found if c.tree.name == ranked[0]["tree"])
             write_tree(pick, out / f"machine_b{size}.yaml",
                        source=f"{pick.tree.name}, chosen by the cost model of batches of {size} on this machine")
+            for r in ranked:
+                r["dtype"] = dtypes_b[r["tree"]]
             machine["batch"][str(size)] = {"chosen": pick.tree.name, "vanilla_ms": vanilla_b,
-                                           "cost_model": cost_b.to_dict(), "ranking": ranked}
+                                           "cost_model": cost_b.to_dict(), "ranking": ranked, "dtypes": dtypes_b}
+            machine["dtypes"][f"machine_b{size}"] = dtypes_b[pick.tree.name]
             print(f"[tree search] batches of {size}: {pick.tree.summary()} (predicted {ranked[0]['predicted_speedup']:.2f}x "
                   f"over vanilla batches of {size}) -> {out / f'machine_b{size}.yaml'}")
     if ts.sampled_temperature:
@@ -362,13 +369,14 @@ def tree_search(cfg: DictConfig) -> Path:
         name = f"machine_t{sampled['temperature']:g}.yaml"
         write_tree(best, out / name, source=f"{best.tree.name}, the fastest decoded at T={sampled['temperature']:g}")
         machine["sampled"] = {**sampled, "chosen": best.tree.name}
+        machine["dtypes"][Path(name).stem] = dtypes[best.tree.name]
         print(f"[tree search] at T={sampled['temperature']:g}: {best.tree.summary()} -> {out / name}")
     (out / "machine.json").write_text(json.dumps(machine, indent=2))
     if not ts.compare:
         return out
     names = ["vanilla", "eagle"] + [f"eagle@{c.tree.name}" for c in found]
     compare = benchmark(cfg, methods, names=names, temperatures=list(ts.temperatures), out_dir=out / "compare",
-                        tree_dirs=(str(out),))
+                        tree_dirs=(str(out),), dtypes={f"eagle@{c.tree.name}": dtypes[c.tree.name] for c in found})
     summary = []
 
     def per_token_ms(m: dict) -> float:  # the rounds only, as the prediction (prefill excluded)
@@ -396,10 +404,10 @@ def tree_search(cfg: DictConfig) -> Path:
 
 
 def bench_dtype(cfg: DictConfig, methods: Methods, out: Path, label: str) -> str:
-    """The dtype a benchmark decodes `label` in (`vanilla`, or `eagle@<tree of out>`): on a CPU
-    with bf16, for a tree the faster one at its width, measured (a small tree may verify faster
-    in float32 than EAGLE-1's 26 tokens do), so that the tree search ranks each tree at the cost
-    it will run at."""
+    """The dtype `Methods.dtype` gives `label` (`vanilla`, or `eagle@<tree of out>`): on a CPU with
+    bf16, for a tree the faster one at its width in one timed forward (a small tree may verify
+    faster in float32 than EAGLE-1's 26 tokens do). The cost model starts from it and decides
+    between it and float32 by the trees' rounds (`measure_round_cost`)."""
     return methods.dtype(label, dtype_overrides(cfg.benchmark.dtypes), tree_dirs=(str(out),))
 
 
@@ -423,8 +431,9 @@ def measure_round_cost(cfg: DictConfig, methods: Methods, prompts: list[list[int
     the fastest is the "vs fastest" baseline); and the dtype of each tree. A batch round drafts
     every sequence's tree and verifies them all in one forward.
 
-    A tree whose width the dtype probe (`bench_dtype`) timed faster in bf16 decodes here in both
-    dtypes, and keeps float32 unless its bf16 rounds are faster by `tree_search.dtype_margin`: one
+    On a CPU, a tree whose width the dtype probe (`bench_dtype`) timed faster in bf16 decodes here
+    in both dtypes (unless `benchmark.dtypes` names its dtype), and keeps float32 unless its bf16
+    rounds are faster by more than `tree_search.dtype_margin`: one
     verification forward timed alone chose bf16 where the benchmark's 7-token bf16 rounds then
     cost more than float32's (LOG.md). The cost model fits each tree's rounds in the dtype kept.
 
@@ -440,10 +449,18 @@ def measure_round_cost(cfg: DictConfig, methods: Methods, prompts: list[list[int
     groups = [[prompts[(i + j) % len(prompts)] for j in range(size)] for i in range(ts.cost_prompts)]
     longest = sorted(prompts, key=len, reverse=True)[:size]
     plain = plain_dtypes(cfg, methods, out)
-    # each tree in the dtype the probe measured faster for its width and, where that is not float32,
-    # in float32 too: the rounds in turn below decide, float32 kept unless the other wins clearly
-    tried = {tree.name: list(dict.fromkeys([bench_dtype(cfg, methods, out, f"eagle@{tree.name}"), "float32"]))
-             for tree in trees}
+    overrides = dtype_overrides(cfg.benchmark.dtypes)
+    probed = torch.device(cfg.device).type == "cpu"  # where Methods.dtype times the dtypes (a GPU: bf16)
+
+    def tried_dtypes(tree: TreeTemplate) -> list[str]:
+        """The probe's dtype for the tree and, where the probe chose another than float32, float32
+        too: the rounds in turn below decide. A dtype asked for (benchmark.dtypes) is kept as is."""
+        label = f"eagle@{tree.name}"
+        dtype = bench_dtype(cfg, methods, out, label)
+        asked = overrides.get(label) or overrides.get("eagle")
+        return [dtype] if dtype == "float32" or not probed or asked not in (None, "auto") else [dtype, "float32"]
+
+    tried = {tree.name: tried_dtypes(tree) for tree in trees}
     runs = {f"vanilla {d}": methods.build("vanilla", d) for d in plain} | {
         f"{tree.name} {d}": methods.build(f"eagle@{tree.name}", d, tree_dirs=(str(out),))
         for tree in trees for d in tried[tree.name]}
@@ -457,7 +474,7 @@ def measure_round_cost(cfg: DictConfig, methods: Methods, prompts: list[list[int
     per_round = {name: summarise(name, size, rows) for name, rows in timed.items()}
     round_ms = {name: r.draft_ms_per_round + r.verify_ms_per_round for name, r in per_round.items()}
     dtypes = {tree.name: preferred({d: round_ms[f"{tree.name} {d}"] for d in tried[tree.name]},
-                                   "float32", float(ts.dtype_margin)) for tree in trees}
+                                   "float32", float(ts.dtype_margin)) for tree in trees}  # float32 unless another wins clearly
     for tree in trees:
         if len(tried[tree.name]) > 1:
             print(f"[tree search] {tree.name}: {dtypes[tree.name]} (rounds in turn: "

@@ -106,7 +106,7 @@ def faster_dtype(models: Mapping[str, nn.Module], width: int, prefix: int = 128,
 
 def preferred(ms: Mapping[str, float], prefer: str | None = "float32", margin: float = 0.05) -> str:
     """The key of `ms` (a cost per choice) to use: the cheapest, unless `prefer` is among them and
-    the cheapest saves less than `margin` of its cost. A near-tie then keeps the preferred dtype
+    the cheapest saves no more than `margin` of its cost. A near-tie then keeps the preferred dtype
     (float32: its greedy texts are vanilla's) instead of flipping with the machine's drift."""
     if not ms:
         raise ValueError("preferred needs at least one measured cost")
