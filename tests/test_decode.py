@@ -170,7 +170,7 @@ def test_greedy_methods_identical_to_hf_generate(models, tmp_path):
 def test_tree_search_writes_best_subtrees_and_compares_them(models, tmp_path):
     """mode=tree_search on a small probe: best<N>.yaml files, and a comparison run in which
     they decode greedily exactly like vanilla, with the tau the search predicted (float32)."""
-    from decode import decode
+    from decode import decode, searched_dtype
 
     probe = tmp_path / "tiny_probe.yaml"
     probe.write_text("kind: budget\nmax_depth: 3\nmax_rank_sum: 1\n")
@@ -215,6 +215,10 @@ def test_tree_search_writes_best_subtrees_and_compares_them(models, tmp_path):
         assert choice["chosen"] == choice["ranking"][0]["tree"] and choice["vanilla_ms"] > 0
         assert TreeTemplate.from_file(out / f"machine_b{size}.yaml").paths == TreeTemplate.from_file(
             out / f"{choice['chosen']}.yaml").paths
+        assert choice["dtypes"][choice["chosen"]] == "float32" and all(r["dtype"] == "float32" for r in choice["ranking"])
+    # each machine*.yaml names its dtype, as a benchmark of it reads it
+    for name in ("machine", "machine_t1", "machine_b1", "machine_b3"):
+        assert searched_dtype(str(out / f"{name}.yaml")) == "float32"
 
 
 def test_generate_mode_streams(models, tmp_path, capsys):
