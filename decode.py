@@ -344,6 +344,12 @@ def tree_search(cfg: DictConfig) -> Path:
     machine = {"chosen": chosen.tree.name, "vanilla_ms": vanilla_ms, "vanilla_ms_by_dtype": plain_ms,
                "cost_model": cost.to_dict(), "ranking": ranking, "dtypes": {**dtypes, "machine": dtypes[chosen.tree.name]}}
     print(f"[tree search] the tree for this machine: {chosen.tree.summary()} -> {out / 'machine.yaml'}")
+    if ranking[0]["predicted_speedup"] < 1.0:  # said, not silent: the benchmark will show EAGLE behind plain decoding
+        print(f"[tree search] WARNING: no candidate is predicted faster than plain decoding on this machine "
+              f"(best: {chosen.tree.name}, {ranking[0]['predicted_speedup']:.2f}x at tau {ranking[0]['predicted_tau']:.2f}, "
+              f"a round {ranking[0]['predicted_round_ms']:.1f} ms against {vanilla_ms:.1f} ms a token): the drafter "
+              "accepts too little for what a round costs here; train it longer (make demo-long) or on data "
+              "closer to the target's (make selfdistill)")
     if ts.batch_sizes:  # the tree per batch size: a busier target wants a smaller one
         machine["batch"] = {}
         for size in sorted({int(b) for b in ts.batch_sizes}):

@@ -693,6 +693,16 @@ def test_the_sampled_ranking_takes_turns_against_the_fastest_plain_decoding(mode
     assert best["speedup"] == pytest.approx(sampled["vanilla_ms_per_token"] / best["ms_per_token"])
 
 
+def test_the_tree_search_says_when_no_tree_beats_plain_decoding(models, tmp_path, monkeypatch, capsys):
+    """Rounds that cost 10 times a plain step, at the tau a random drafter reaches: the search still
+    writes machine.yaml (the benchmark shows the loss), but says loudly that no tree pays here."""
+    import decode as decode_module
+
+    _fake_rounds(monkeypatch, lambda label: 1.0 if label.startswith("vanilla") else 10.0)
+    _search_tiny(decode_module, models, tmp_path, "tree_search.cost_prompts=1")
+    assert "WARNING: no candidate is predicted faster than plain decoding" in capsys.readouterr().out
+
+
 def test_the_cost_model_keeps_float32_unless_bf16_rounds_win_clearly(models, tmp_path, monkeypatch):
     """A tree the dtype probe times faster in bf16 decodes in the cost model's turns in bf16 and in
     float32, and keeps float32 unless bf16's rounds are faster by more than tree_search.dtype_margin;
