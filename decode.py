@@ -439,9 +439,9 @@ def measure_round_cost(cfg: DictConfig, methods: Methods, prompts: list[list[int
 
     On a CPU, a tree whose width the dtype probe (`bench_dtype`) timed faster in bf16 decodes here
     in both dtypes (unless `benchmark.dtypes` names its dtype), and keeps float32 unless its bf16
-    rounds are faster by more than `tree_search.dtype_margin`: one
-    verification forward timed alone chose bf16 where the benchmark's 7-token bf16 rounds then
-    cost more than float32's (LOG.md). The cost model fits each tree's rounds in the dtype kept.
+    rounds are faster by more than `tree_search.dtype_margin`: one verification forward timed
+    alone chose bf16 where the benchmark's 7-token bf16 rounds then cost more than float32's
+    (LOG.md). The cost model fits each tree's rounds in the dtype kept.
 
     The methods take turns batch by batch, in an order rotated at each batch: on a shared
     machine the same forward can cost 40% more a few minutes later (LOG.md), and timing one
@@ -495,11 +495,11 @@ def rank_sampled(cfg: DictConfig, methods: Methods, prompts: list[list[int]], fo
                  temperature: float, dtypes: dict[str, str]) -> dict:
     """The candidates decoded at `temperature`, fastest first: the greedy search cannot see how
     siblings share a sampled round's residual, so this ranking is measured, not predicted.
-    Each tree (in `dtypes`, the cost model's) and plain decoding (in each of `plain_dtypes`) decode every prompt for
-    `max_new_tokens`, interleaved prompt by prompt in an order rotated at each prompt, so that the
-    machine's drift reaches every tree alike; ms per token of the rounds (prefill excluded), and
-    speedups against the fastest plain decoding, as the benchmark reports them. Sampled tau varies
-    from prompt to prompt: more prompts, a steadier rank."""
+    Each tree (in `dtypes`, the cost model's) and plain decoding (in each of `plain_dtypes`)
+    decode every prompt for `max_new_tokens`, interleaved prompt by prompt in an order rotated at
+    each prompt, so that the machine's drift reaches every tree alike; ms per token of the rounds
+    (prefill excluded), and speedups against the fastest plain decoding, as the benchmark reports
+    them. Sampled tau varies from prompt to prompt: more prompts, a steadier rank."""
     policy = SamplingPolicy(temperature=temperature)
     plain = {f"vanilla {d}": d for d in plain_dtypes(cfg, methods, out)}
     runs = {name: methods.build("vanilla", d) for name, d in plain.items()} | {
