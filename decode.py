@@ -104,15 +104,21 @@ class Methods:
         if cfg.kernels != "auto":  # a typo fails before anything is loaded
             check_kernels(cfg.kernels, cfg.device)
 
+    def probed(self, spec: str, overrides: dict[str, str] | None = None) -> bool:
+        """Whether `dtype` measures `spec`'s dtype rather than taking its override or the machine's
+        choice (`method_dtype`): where that choice is bf16 for a wide method on a CPU."""
+        spec, overrides = MethodSpec.parse(spec), overrides or {}
+        explicit = overrides.get(str(spec)) or overrides.get(spec.base)
+        return (method_dtype(spec, self.cfg.device, overrides) == "bfloat16"
+                and torch.device(self.cfg.device).type == "cpu" and explicit in (None, "auto"))
+
     def dtype(self, spec: str, overrides: dict[str, str] | None = None, tree_dirs: tuple[str, ...] = ()) -> str:
         """The dtype `spec` runs in: its override, else the machine's choice (`method_dtype`),
-        except that where that choice is bf16 for a wide method on a CPU, the faster dtype is
-        measured on the target instead of assumed (eagle.bench.precision), once per tree width."""
-        spec, overrides = MethodSpec.parse(spec), overrides or {}
-        dtype = method_dtype(spec, self.cfg.device, overrides)
-        explicit = overrides.get(str(spec)) or overrides.get(spec.base)
-        if dtype != "bfloat16" or torch.device(self.cfg.device).type != "cpu" or explicit not in (None, "auto"):
-            return dtype
+        except that where that choice is bf16 for a wide method on a CPU (`probed`), the faster
+        dtype is measured on the target instead of assumed (eagle.bench.precision), once per tree width."""
+        if not self.probed(spec, overrides):
+            return method_dtype(MethodSpec.parse(spec), self.cfg.device, overrides or {})
+        spec = MethodSpec.parse(spec)
         tree = getattr(method_settings(spec, self.sections), "tree", None) or self.cfg.eagle.tree
         if searched := searched_dtype(tree):
             print(f"[dtype] {spec}: {searched}, as the tree search that chose {tree} measured it")
@@ -456,15 +462,13 @@ def measure_round_cost(cfg: DictConfig, methods: Methods, prompts: list[list[int
     longest = sorted(prompts, key=len, reverse=True)[:size]
     plain = plain_dtypes(cfg, methods, out)
     overrides = dtype_overrides(cfg.benchmark.dtypes)
-    probed = torch.device(cfg.device).type == "cpu"  # where Methods.dtype times the dtypes (a GPU: bf16)
 
     def tried_dtypes(tree: TreeTemplate) -> list[str]:
         """The probe's dtype for the tree and, where the probe chose another than float32, float32
-        too: the rounds in turn below decide. A dtype asked for (benchmark.dtypes) is kept as is."""
+        too: the rounds in turn below decide. A dtype asked for, or a GPU's, is kept as is."""
         label = f"eagle@{tree.name}"
         dtype = bench_dtype(cfg, methods, out, label)
-        asked = overrides.get(label) or overrides.get("eagle")
-        return [dtype] if dtype == "float32" or not probed or asked not in (None, "auto") else [dtype, "float32"]
+        return [dtype, "float32"] if dtype != "float32" and methods.probed(label, overrides) else [dtype]
 
     tried = {tree.name: tried_dtypes(tree) for tree in trees}
     runs = {f"vanilla {d}": methods.build("vanilla", d) for d in plain} | {

@@ -653,6 +653,7 @@ def _record_decodes(monkeypatch, decode_module, attr: str, label) -> list[str]:
     monkeypatch.setattr(decode_module.Methods, "build", build)
     return calls
 
+
 def test_the_cost_model_times_the_trees_in_turn(models, tmp_path, monkeypatch):
     """The cost model's methods take turns batch by batch, in a rotated order, rather than one
     tree after another: a shared machine's drift then reaches every tree and the baseline alike."""
