@@ -588,16 +588,17 @@ def floor(cfg: DictConfig) -> Path:
     from eagle.bench import floor as fl
 
     fcfg = cfg.floor
-    settings = {}  # name -> (runner, compiled, kernels): RUNNER[+compile][+onednn]
+    settings = {}  # name -> (runner, compiled, kernels): RUNNER[+compile][+onednn|+fused]
     for setting in fcfg.settings:  # every setting checked before anything is loaded or timed
         kind, *flags = setting.split("+")
-        if kind not in ("dynamic", "static") or not set(flags) <= {"compile", "onednn"} or len(set(flags)) < len(flags):
-            raise ValueError(f"floor.settings: {setting!r} is not RUNNER[+compile][+onednn] with RUNNER dynamic "
-                             "or static")
+        kernels = [f for f in flags if f in ("onednn", "fused")]
+        if (kind not in ("dynamic", "static") or not set(flags) <= {"compile", "onednn", "fused"}
+                or len(set(flags)) < len(flags) or len(kernels) > 1):
+            raise ValueError(f"floor.settings: {setting!r} is not RUNNER[+compile][+onednn|+fused] with RUNNER "
+                             "dynamic or static")
         if "compile" in flags and kind != "static":
             raise ValueError("floor.settings: compile needs the static runner (static+compile)")
-        settings[setting] = (kind, "compile" in flags, check_kernels("onednn" if "onednn" in flags else "default",
-                                                                     cfg.device))
+        settings[setting] = (kind, "compile" in flags, check_kernels(kernels[0] if kernels else "default", cfg.device))
     dtype = resolve_dtype_name(fcfg.dtype, cfg.device, wide=False)
     target, _ = load_target(cfg.target, dtype=resolve_dtype(dtype), device=cfg.device, with_tokenizer=False)
     bandwidth = fl.read_bandwidth(cfg.device, megabytes=fcfg.buffer_mb)

@@ -13,6 +13,7 @@ from torch import nn
 from eagle.bench.precision import faster_kernels
 from eagle.decoding import make_runner
 from eagle.decoding.compile import compile_static
+from eagle.decoding.fused import FusedLayer
 from eagle.decoding.kernels import (
     SIBLINGS,
     PackedLinear,
@@ -279,7 +280,7 @@ def _eagle(target, runner, vocab=False):
     drafter = use_kernels(EagleDrafter.random(target, seed=1), kernels_of(target))
     if vocab:
         drafter.restrict_vocab(torch.arange(0, drafter.config.vocab_size, 2))
-        assert isinstance(drafter._draft_head[1], PackedLinear)
+        assert kernels_of(drafter._draft_head[1]) == kernels_of(target)
     return eagle_proposer(drafter, tree("eagle_default"), cache=runner)
 
 
@@ -304,14 +305,21 @@ PROPOSERS = {
 }
 
 
+@pytest.mark.parametrize("kernels", ["onednn", "fused"])
 @pytest.mark.parametrize("runner", ["dynamic", "static"])
 @pytest.mark.parametrize("name", list(PROPOSERS))
-def test_greedy_with_packed_kernels_identical_to_generate(name, runner):
-    """Every model of the run on packed products (target, drafter, draft LM, heads): greedy
-    output equals `generate` of the same packed target, token for token."""
-    target = use_kernels(make_tiny_model("llama"), "onednn")
+def test_greedy_with_packed_kernels_identical_to_generate(name, runner, kernels):
+    """Every model of the run on packed products (target, drafter, draft LM, heads), or on the
+    fused kernels: greedy output equals `generate` of the same target, token for token."""
+    if kernels not in available_kernels("cpu"):
+        pytest.skip(f"kernels={kernels} do not run here")
+    target = use_kernels(make_tiny_model("llama"), kernels)
     proposer = PROPOSERS[name](target, runner)
     kept = make_runner(runner, target, tree_size=proposer.max_nodes if proposer else 0)
-    run_greedy_cases(target, proposer, kept, greedy_cases(target, 8), f"onednn/{name}/{runner}")
-    assert all((m._siblings._packed if m._siblings else m._packed) is not None
-               for m in target.modules() if isinstance(m, PackedLinear)), "every linear of the target must have run packed"
+    run_greedy_cases(target, proposer, kept, greedy_cases(target, 8), f"{kernels}/{name}/{runner}")
+    if kernels == "onednn":
+        assert all((m._siblings._packed if m._siblings else m._packed) is not None
+                   for m in target.modules() if isinstance(m, PackedLinear)), "every linear of the target must have run packed"
+    else:
+        layers = [m.forward for m in target.model.layers]
+        assert all(isinstance(f, FusedLayer) and f._packed is not None for f in layers), "every layer must have run fused"

@@ -43,7 +43,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-KERNELS = ("default", "onednn")
+from eagle.decoding import fused
+
+KERNELS = ("default", "onednn", "fused")
 PACKED_DTYPES = (torch.float32,)  # what `PackedLinear.forward` packs (its checks spell it out)
 # oneDNN packs a weight for a row count it is told: packed for 8 rows, the products of 1 to 64
 # rows all ran at or near their best (packed for 1 row, 4-64 rows ran up to 2x slower; LOG.md)
@@ -58,8 +60,11 @@ def onednn_available() -> bool:
 
 
 def available_kernels(device: str | torch.device = "cpu") -> tuple[str, ...]:
-    """The settings that change anything on `device`: packed products exist for CPUs only."""
-    return KERNELS if torch.device(device).type == "cpu" and onednn_available() else ("default",)
+    """The settings that change anything on `device`: packed products exist for CPUs only (the
+    fused kernels where they build here: the first call compiles them, once)."""
+    if torch.device(device).type != "cpu":
+        return ("default",)
+    return ("default", *(("onednn",) if onednn_available() else ()), *(("fused",) if fused.available() else ()))
 
 
 def _pack(weight: Tensor) -> Tensor:
@@ -172,27 +177,35 @@ def check_kernels(kernels: str, device: str | torch.device = "cpu") -> str:
     if kernels not in KERNELS:
         raise ValueError(f"unknown kernels {kernels!r}; choose one of {KERNELS}")
     if kernels not in available_kernels(device):
+        if kernels == "fused" and torch.device(device).type == "cpu":
+            fused.load()  # raises FusedUnavailable, saying why
         raise ValueError(f"kernels={kernels} runs on a CPU with a PyTorch build that has oneDNN "
                          f"(torch.backends.mkldnn), not on {device} here: use kernels=default")
     return kernels
 
 
 def use_kernels(model: nn.Module, kernels: str = "default", release: bool = True) -> nn.Module:
-    """Switch every `nn.Linear` of `model` to `kernels` in place (see the module docstring);
-    returns `model`. "default" switches packed linears back to plain ones and frees their packed
-    weights, unless `release` is False (a switch back to "onednn" then reuses them: timing both)."""
-    check_kernels(kernels, next(model.parameters()).device if kernels == "onednn" else "cpu")
+    """Switch every `nn.Linear` of `model` to `kernels` in place (see the module docstring), and
+    on "fused" every supported decoder layer too (`eagle.decoding.fused`); returns `model`.
+    Switching to another setting frees the packed weights, unless `release` is False (a switch
+    back then reuses them: timing the settings in turn)."""
+    check_kernels(kernels, next(model.parameters()).device if kernels != "default" else "cpu")
+    if kernels != "fused":
+        fused.unfuse_layers(model, release)
+    setting_of = {PackedLinear: "onednn", fused.FusedLinear: "fused"}
     for module in model.modules():
-        if kernels == "onednn" and type(module) is nn.Linear:
+        if setting_of.get(type(module), kernels) != kernels:
+            module.__class__ = nn.Linear  # back to plain first; then on to the setting asked for
+        if type(module) is nn.Linear and kernels == "onednn":
             module.__class__ = PackedLinear  # the same object: every reference to it sees the switch
             if not hasattr(module, "_packed"):
                 module._packed = module._packed_key = module._siblings = None
-        elif kernels == "default" and type(module) is PackedLinear:
-            module.__class__ = nn.Linear
-        if kernels == "default" and release and hasattr(module, "_packed") and type(module) is nn.Linear:
-            if module._siblings is not None:
-                module._siblings.release()
-            del module._packed, module._packed_key, module._siblings
+        elif type(module) is nn.Linear and kernels == "fused":
+            module.__class__ = fused.FusedLinear
+            if not hasattr(module, "_fused"):
+                module._fused = None
+        if release and isinstance(module, nn.Linear):
+            _release(module, keep=kernels)
     if kernels == "onednn":
         for module in model.modules():
             for names in SIBLINGS:
@@ -201,7 +214,21 @@ def use_kernels(model: nn.Module, kernels: str = "default", release: bool = True
                     shared = SiblingGroup(group)
                     for m in group:
                         m._siblings = shared
+    elif kernels == "fused":
+        fused.fuse_layers(model)
     return model
+
+
+def _release(module: nn.Linear, keep: str) -> None:
+    """Free what the packed settings other than `keep` left on this linear."""
+    names = {"onednn": ("_packed", "_packed_key", "_siblings"), "fused": ("_fused",)}
+    for setting, attrs in names.items():
+        if setting == keep or not hasattr(module, attrs[0]):
+            continue
+        if getattr(module, "_siblings", None) is not None and setting == "onednn":
+            module._siblings.release()
+        for name in attrs:
+            delattr(module, name)
 
 
 def can_share(group: list) -> bool:
@@ -212,8 +239,13 @@ def can_share(group: list) -> bool:
 
 
 def kernels_of(model: nn.Module) -> str:
-    """The kernels `model`'s linears run: "onednn" when any is packed, else "default"."""
-    return "onednn" if any(isinstance(m, PackedLinear) for m in model.modules()) else "default"
+    """The kernels `model`'s linears run: "onednn" or "fused" when any runs them, else "default"."""
+    for m in model.modules():
+        if isinstance(m, PackedLinear):
+            return "onednn"
+        if isinstance(m, fused.FusedLinear):
+            return "fused"
+    return "default"
 
 
 def restricted_linear(head: nn.Module, ids: Tensor) -> nn.Linear:
@@ -227,4 +259,5 @@ def restricted_linear(head: nn.Module, ids: Tensor) -> nn.Linear:
         if bias is not None:
             rows.bias.copy_(bias[ids])
     rows.requires_grad_(False)
-    return use_kernels(rows, "onednn") if isinstance(head, PackedLinear) else rows
+    kernels = "onednn" if isinstance(head, PackedLinear) else "fused" if isinstance(head, fused.FusedLinear) else None
+    return use_kernels(rows, kernels) if kernels else rows

@@ -1,0 +1,296 @@
+// Fused float32 CPU kernels for a decoding pass of a few rows (eagle/decoding/fused.py says why).
+//
+// Every output is computed the same way whatever the number of rows beside it: a linear's output
+// y[i, j] is one FMA chain over k = 0..in-1 in one SIMD lane, a row's attention reads its keys in
+// slot order and skips the masked ones. So a token's logits do not depend on how many tokens a
+// forward carries (1 in vanilla decoding, a tree's n in a verification): exactness by construction.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+#include <cfloat>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#if defined(__AVX512F__)
+typedef __m512 vec;
+constexpr int VW = 16;  // floats per vector
+constexpr int RB = 6;   // rows per block: RB x 4 accumulators + 4 weight vectors fit the 32 registers
+static inline vec vload(const float* p) { return _mm512_loadu_ps(p); }
+// the 4 weight vectors of a k stay in registers for every row (the compiler would load them again
+// from memory for each row, which makes the loads, not the FMAs, the bound)
+#define KEEP_IN_REGISTERS(a, b, c, d) asm volatile("" : "+v"(a), "+v"(b), "+v"(c), "+v"(d))
+static inline void vstore(float* p, vec v) { _mm512_storeu_ps(p, v); }
+static inline vec vfma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
+static inline vec vset1(float x) { return _mm512_set1_ps(x); }
+static inline vec vzero() { return _mm512_setzero_ps(); }
+static inline vec vadd(vec a, vec b) { return _mm512_add_ps(a, b); }
+static inline float vsum(vec v) { return _mm512_reduce_add_ps(v); }
+#elif defined(__AVX2__) && defined(__FMA__)
+typedef __m256 vec;
+constexpr int VW = 8;
+constexpr int RB = 2;  // 16 registers: 2 x 4 accumulators + 4 weight vectors + 1 broadcast
+#define KEEP_IN_REGISTERS(a, b, c, d)
+static inline vec vload(const float* p) { return _mm256_loadu_ps(p); }
+static inline void vstore(float* p, vec v) { _mm256_storeu_ps(p, v); }
+static inline vec vfma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
+static inline vec vset1(float x) { return _mm256_set1_ps(x); }
+static inline vec vzero() { return _mm256_setzero_ps(); }
+static inline vec vadd(vec a, vec b) { return _mm256_add_ps(a, b); }
+static inline float vsum(vec v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+#else
+#error "the fused kernels need AVX2 with FMA, or AVX-512"
+#endif
+
+constexpr int PW = 4 * VW;
+constexpr int tail(int rows) { return rows < RB ? rows : 1; }  // a block of the last rows (unused ones: 1)  // a panel's width: the outputs one block of accumulators covers
+
+int64_t panel_width() { return PW; }
+
+// W (out, in) -> (panels, in, PW), zero-padded to whole panels: a panel is read front to back,
+// PW outputs' weights for one input k side by side.
+torch::Tensor pack(torch::Tensor w) {
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == torch::kFloat32, "pack: a (out, in) float32 weight");
+  const int64_t out = w.size(0), in = w.size(1), panels = (out + PW - 1) / PW;
+  auto padded = torch::zeros({panels * PW, in}, w.options());
+  padded.narrow(0, 0, out).copy_(w);
+  return padded.view({panels, PW, in}).transpose(1, 2).contiguous();
+}
+
+// R rows of x (stride in) against one panel: y[r, 0..width) (+)= x[r] . W[j] (+ bias[j])
+template <int R>
+static inline void panel_rows(const float* __restrict P, const float* __restrict x, int64_t in,
+                              float* __restrict y, int64_t ldy, int width, const float* bias, bool accumulate) {
+  vec acc[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < 4; ++c) acc[r][c] = vzero();
+  for (int64_t k = 0; k < in; ++k) {
+    const float* p = P + k * PW;
+    vec w0 = vload(p), w1 = vload(p + VW), w2 = vload(p + 2 * VW), w3 = vload(p + 3 * VW);
+    KEEP_IN_REGISTERS(w0, w1, w2, w3);
+    for (int r = 0; r < R; ++r) {
+      vec xv = vset1(x[r * in + k]);
+      acc[r][0] = vfma(w0, xv, acc[r][0]);
+      acc[r][1] = vfma(w1, xv, acc[r][1]);
+      acc[r][2] = vfma(w2, xv, acc[r][2]);
+      acc[r][3] = vfma(w3, xv, acc[r][3]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    alignas(64) float buf[PW];
+    for (int c = 0; c < 4; ++c) vstore(buf + c * VW, acc[r][c]);
+    float* yr = y + r * ldy;
+    for (int j = 0; j < width; ++j) {
+      float v = bias ? buf[j] + bias[j] : buf[j];
+      yr[j] = accumulate ? yr[j] + v : v;
+    }
+  }
+}
+
+// y (n, ldy) (+)= x (n, in) @ W^T (+ bias), W packed by `pack` with `out` real outputs
+static void gemm(const float* P, const float* x, int64_t n, int64_t in, int64_t out, float* y, int64_t ldy,
+                 const float* bias, bool accumulate) {
+  const int64_t panels = (out + PW - 1) / PW;
+  // every weight split over the threads, the smallest too: one thread reads a 2 MB weight at half
+  // the memory's speed, and a parallel region costs a few microseconds
+  at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p) {
+      const float* panel = P + p * in * PW;
+      const int width = (int)std::min<int64_t>(PW, out - p * PW);
+      const float* b = bias ? bias + p * PW : nullptr;
+      int64_t i = 0;
+      for (; i + RB <= n; i += RB) panel_rows<RB>(panel, x + i * in, in, y + i * ldy + p * PW, ldy, width, b, accumulate);
+      // the last n % RB rows in one block too (each row's sums are the same whatever the block)
+      switch (n - i) {
+        case 5: panel_rows<tail(5)>(panel, x + i * in, in, y + i * ldy + p * PW, ldy, width, b, accumulate); break;
+        case 4: panel_rows<tail(4)>(panel, x + i * in, in, y + i * ldy + p * PW, ldy, width, b, accumulate); break;
+        case 3: panel_rows<tail(3)>(panel, x + i * in, in, y + i * ldy + p * PW, ldy, width, b, accumulate); break;
+        case 2: panel_rows<tail(2)>(panel, x + i * in, in, y + i * ldy + p * PW, ldy, width, b, accumulate); break;
+        case 1: panel_rows<1>(panel, x + i * in, in, y + i * ldy + p * PW, ldy, width, b, accumulate); break;
+        default: break;
+      }
+    }
+  });
+}
+
+static const float* opt_ptr(const c10::optional<torch::Tensor>& t) {
+  return t.has_value() && t->defined() ? t->data_ptr<float>() : nullptr;
+}
+
+// x (..., in) -> (..., out)
+torch::Tensor linear(torch::Tensor x, torch::Tensor packed, int64_t out, c10::optional<torch::Tensor> bias) {
+  const int64_t in = x.size(-1);
+  TORCH_CHECK(packed.size(1) == in, "linear: input width ", in, " != the weight's ", packed.size(1));
+  auto xc = x.contiguous();
+  auto sizes = x.sizes().vec();
+  sizes.back() = out;
+  auto y = torch::empty(sizes, x.options());
+  gemm(packed.data_ptr<float>(), xc.data_ptr<float>(), xc.numel() / in, in, out, y.data_ptr<float>(), out,
+       opt_ptr(bias), false);
+  return y;
+}
+
+// y = w * x / sqrt(mean(x^2) + eps), row by row (w empty: no norm, y = x)
+static void rmsnorm(const float* x, const float* w, float eps, float* y, int64_t n, int64_t d) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float* xi = x + i * d;
+    float* yi = y + i * d;
+    if (!w) { std::memcpy(yi, xi, d * sizeof(float)); continue; }
+    float ss = 0.f;
+    for (int64_t k = 0; k < d; ++k) ss += xi[k] * xi[k];
+    const float r = 1.f / std::sqrt(ss / d + eps);
+    for (int64_t k = 0; k < d; ++k) yi[k] = w[k] * (xi[k] * r);
+  }
+}
+
+// rotary embedding of one head in place: Hugging Face's rotate_half pairs (k, k + hd/2)
+static void rope(float* v, const float* cos, const float* sin, int64_t hd) {
+  const int64_t h2 = hd / 2;
+  for (int64_t k = 0; k < h2; ++k) {
+    const float a = v[k], b = v[k + h2];
+    v[k] = a * cos[k] - b * sin[k];
+    v[k + h2] = b * cos[k + h2] + a * sin[k + h2];
+  }
+}
+
+// The attention's inputs of n new tokens: norm, q/k/v in one product, rotary embedding.
+// x (1, n, d); cos, sin (1, n, hd) -> q (1, heads, n, hd), k and v (1, kv_heads, n, hd)
+std::vector<torch::Tensor> attention_inputs(torch::Tensor x, c10::optional<torch::Tensor> norm_w, double eps,
+                                            torch::Tensor packed_qkv, c10::optional<torch::Tensor> bias_qkv,
+                                            torch::Tensor cos, torch::Tensor sin, int64_t heads, int64_t kv_heads,
+                                            int64_t hd) {
+  const int64_t n = x.size(1), d = x.size(2), qd = heads * hd, kd = kv_heads * hd, width = qd + 2 * kd;
+  auto xc = x.contiguous();
+  auto c = cos.contiguous(), s = sin.contiguous();
+  auto h = torch::empty({n, d}, x.options());
+  rmsnorm(xc.data_ptr<float>(), opt_ptr(norm_w), (float)eps, h.data_ptr<float>(), n, d);
+  auto qkv = torch::empty({n, width}, x.options());
+  gemm(packed_qkv.data_ptr<float>(), h.data_ptr<float>(), n, d, width, qkv.data_ptr<float>(), width,
+       opt_ptr(bias_qkv), false);
+  auto q = torch::empty({1, heads, n, hd}, x.options());
+  auto k = torch::empty({1, kv_heads, n, hd}, x.options());
+  auto v = torch::empty({1, kv_heads, n, hd}, x.options());
+  float *Q = q.data_ptr<float>(), *K = k.data_ptr<float>(), *V = v.data_ptr<float>(), *QKV = qkv.data_ptr<float>();
+  for (int64_t i = 0; i < n; ++i) {
+    const float* row = QKV + i * width;
+    const float* ci = c.data_ptr<float>() + i * hd;
+    const float* si = s.data_ptr<float>() + i * hd;
+    for (int64_t g = 0; g < heads; ++g) {
+      float* dst = Q + (g * n + i) * hd;
+      std::memcpy(dst, row + g * hd, hd * sizeof(float));
+      rope(dst, ci, si, hd);
+    }
+    for (int64_t g = 0; g < kv_heads; ++g) {
+      float* dk = K + (g * n + i) * hd;
+      std::memcpy(dk, row + qd + g * hd, hd * sizeof(float));
+      rope(dk, ci, si, hd);
+      std::memcpy(V + (g * n + i) * hd, row + qd + kd + g * hd, hd * sizeof(float));
+    }
+  }
+  return {q, k, v};
+}
+
+// The rest of a decoder layer: attention over the cache, o_proj and the residual, norm, the gated
+// MLP (SiLU) and its residual. x (1, n, d); q (1, heads, n, hd); keys, values (1, kv_heads, L, hd)
+// (any strides but the last); mask: none (causal: row i sees slots 0..L-n+i), bool (1 or B, 1, n, L)
+// (true: seen) or additive float (a slot at or below -FLT_MAX/2 is skipped). -> (1, n, d)
+torch::Tensor attention_mlp(torch::Tensor x, torch::Tensor q, torch::Tensor keys, torch::Tensor values,
+                            c10::optional<torch::Tensor> mask, double scaling, torch::Tensor packed_o,
+                            c10::optional<torch::Tensor> bias_o, torch::Tensor norm_w, double eps,
+                            torch::Tensor packed_gate_up, int64_t inter, torch::Tensor packed_down,
+                            c10::optional<torch::Tensor> bias_gate_up, c10::optional<torch::Tensor> bias_down) {
+  const int64_t n = x.size(1), d = x.size(2), heads = q.size(1), hd = q.size(3);
+  const int64_t kv_heads = keys.size(1), L = keys.size(2), group = heads / kv_heads;
+  TORCH_CHECK(keys.stride(3) == 1 && values.stride(3) == 1, "attention_mlp: keys and values need a unit last stride");
+  const int64_t hv = hd / VW * VW;  // the head dim's whole vectors; the rest one float at a time
+  auto out = x.contiguous().clone().view({n, d});  // the residual stream, updated in place
+  auto Qc = q.contiguous();
+  const float *Q = Qc.data_ptr<float>(), *K = keys.data_ptr<float>(), *V = values.data_ptr<float>();
+  const int64_t ks1 = keys.stride(1), ks2 = keys.stride(2), vs1 = values.stride(1), vs2 = values.stride(2);
+  const bool has_mask = mask.has_value() && mask->defined();
+  const bool bool_mask = has_mask && mask->scalar_type() == torch::kBool;
+  TORCH_CHECK(!has_mask || bool_mask || mask->scalar_type() == torch::kFloat32, "attention_mlp: a bool or float32 mask");
+  const int64_t ms2 = has_mask ? mask->stride(2) : 0, ms3 = has_mask ? mask->stride(3) : 0;
+  const float* MF = has_mask && !bool_mask ? mask->data_ptr<float>() : nullptr;
+  const bool* MB = bool_mask ? mask->data_ptr<bool>() : nullptr;
+  const float skip = -FLT_MAX / 2, sc = (float)scaling;
+  auto att = torch::empty({n, heads * hd}, x.options());
+  float* A = att.data_ptr<float>();
+  at::parallel_for(0, n * heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> score(L);
+    std::vector<int64_t> seen(L);
+    for (int64_t job = begin; job < end; ++job) {
+      const int64_t i = job / heads, h = job % heads, g = h / group;
+      const float* qi = Q + (h * n + i) * hd;
+      const float* Kg = K + g * ks1;
+      const float* Vg = V + g * vs1;
+      int64_t m = 0;
+      float top = -INFINITY;
+      for (int64_t t = 0; t < L; ++t) {
+        float add = 0.f;
+        if (!has_mask) {
+          if (t > L - n + i) break;
+        } else if (bool_mask) {
+          if (!MB[i * ms2 + t * ms3]) continue;
+        } else {
+          add = MF[i * ms2 + t * ms3];
+          if (add <= skip) continue;
+        }
+        const float* kt = Kg + t * ks2;
+        vec a = vzero();
+        for (int64_t k = 0; k < hv; k += VW) a = vfma(vload(qi + k), vload(kt + k), a);
+        float dot = vsum(a);
+        for (int64_t k = hv; k < hd; ++k) dot += qi[k] * kt[k];
+        const float s = dot * sc + add;
+        score[m] = s;
+        seen[m++] = t;
+        top = std::max(top, s);
+      }
+      float z = 0.f;
+      for (int64_t j = 0; j < m; ++j) z += (score[j] = std::exp(score[j] - top));
+      for (int64_t j = 0; j < m; ++j) score[j] /= z;  // the probabilities
+      float* o = A + i * heads * hd + h * hd;
+      for (int64_t k = 0; k < hv; k += VW) {
+        vec acc = vzero();
+        for (int64_t j = 0; j < m; ++j) acc = vfma(vset1(score[j]), vload(Vg + seen[j] * vs2 + k), acc);
+        vstore(o + k, acc);
+      }
+      for (int64_t k = hv; k < hd; ++k) {
+        float acc = 0.f;
+        for (int64_t j = 0; j < m; ++j) acc += score[j] * Vg[seen[j] * vs2 + k];
+        o[k] = acc;
+      }
+    }
+  });
+  float* X = out.data_ptr<float>();
+  gemm(packed_o.data_ptr<float>(), A, n, heads * hd, d, X, d, opt_ptr(bias_o), true);
+  auto h = torch::empty({n, d}, x.options());
+  rmsnorm(X, norm_w.data_ptr<float>(), (float)eps, h.data_ptr<float>(), n, d);
+  auto gu = torch::empty({n, 2 * inter}, x.options());
+  gemm(packed_gate_up.data_ptr<float>(), h.data_ptr<float>(), n, d, 2 * inter, gu.data_ptr<float>(), 2 * inter,
+       opt_ptr(bias_gate_up), false);
+  auto act = torch::empty({n, inter}, x.options());
+  float *GU = gu.data_ptr<float>(), *ACT = act.data_ptr<float>();
+  at::parallel_for(0, n * inter, 4096, [&](int64_t begin, int64_t end) {  // SiLU(gate) * up
+    for (int64_t e = begin; e < end; ++e) {
+      const int64_t i = e / inter, k = e % inter;
+      const float g = GU[i * 2 * inter + k];
+      ACT[e] = g / (1.f + std::exp(-g)) * GU[i * 2 * inter + inter + k];
+    }
+  });
+  gemm(packed_down.data_ptr<float>(), ACT, n, inter, d, X, d, opt_ptr(bias_down), true);
+  return out.view({1, n, d});
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("panel_width", &panel_width);
+  m.def("pack", &pack);
+  m.def("linear", &linear);
+  m.def("attention_inputs", &attention_inputs);
+  m.def("attention_mlp", &attention_mlp);
+}

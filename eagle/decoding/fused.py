@@ -1,0 +1,243 @@
+"""Fused float32 CPU kernels: a decoder layer in two calls, linears batch-invariant (`kernels=fused`).
+
+A float32 decoding step of SmolLM2-135M on PyTorch's kernels costs ~2.5 memory floors on a
+2-core AMD EPYC even with oneDNN's packed products (`eagle.decoding.kernels`): ~1.7 floors in
+the products (none reads its weight at the memory's speed) and ~15 ms of small operations and
+Python between them (norms, rotary embedding, SwiGLU, residuals, the cache's writes). llama.cpp's
+float32 step of the same model on the same machine took 1.1 floors: one fused loop per layer. This
+module does the same inside the Hugging Face model:
+
+  linears   every `nn.Linear` runs `csrc/fused.cpp`'s product on its weight packed once in panels of
+            4 SIMD vectors of outputs (the weight is read front to back, once for every 4 rows);
+  layers    a supported decoder layer (`supported_layer`: Llama, Mistral and Qwen2 without a
+            sliding window, and the EAGLE drafter's Llama layer without its input norm) runs as
+            two calls around the model's own cache: norm + q/k/v + rotary embedding, then
+            `cache.update` (Hugging Face's, ours, any), then attention under the model's mask +
+            o_proj + residual + norm + gated MLP + residual. The mask, the positions (cos and sin)
+            and the cache are the model's own, so trees, static caches and padding work unchanged.
+
+Exactness by construction: each output of a product is one FMA chain over the inputs in one SIMD
+lane, and a row's attention reads its keys in slot order, skipping the masked ones; so a token's
+logits are bitwise the same whether its forward carries 1 token or a tree of 26 (tested). Whatever
+needs gradients, another dtype or device, a batch of several sequences, or runs under
+`torch.compile` takes the model's own forward (and `F.linear`): training is untouched.
+
+The kernels are C++ (AVX-512 or AVX2 with FMA), compiled on first use for this machine's CPU by
+`torch.utils.cpp_extension` (needs a C++ compiler; ~30-60 s once, then cached): `load()` raises
+`FusedUnavailable`, saying why, where that fails, and `kernels=auto` then leaves them out.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+SOURCE = Path(__file__).parent / "csrc" / "fused.cpp"
+# decoder layers whose forward is the fused one: the pre-norm Llama layer with a gated SiLU MLP and
+# RMSNorm, with or without q/k/v biases (Qwen2); each checked further by `supported_layer`
+LAYERS = ("LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer")
+NORMS = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm")
+SILU = ("SiLU", "SiLUActivation")  # torch's and transformers' (`ACT2FN["silu"]`)
+
+
+class FusedUnavailable(RuntimeError):
+    """The fused kernels cannot be built or run here (no compiler, no AVX2, not a CPU)."""
+
+
+@functools.cache
+def load():
+    """The compiled extension (built once per CPU capability and source; cached on disk by torch)."""
+    from torch.utils.cpp_extension import load as build
+
+    if shutil.which("ninja") is None and (Path(sys.executable).parent / "ninja").exists():
+        # the `ninja` package's binary sits beside this interpreter, not always on PATH (.venv/bin/python)
+        os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    capability = torch.backends.cpu.get_cpu_capability()  # "AVX512", "AVX2", ...: one build for each
+    if capability not in ("AVX512", "AVX2"):
+        raise FusedUnavailable(f"the fused kernels need AVX2 or AVX-512; this CPU offers {capability}")
+    try:
+        return build(name=f"eagle_fused_{capability.lower()}", sources=[str(SOURCE)],
+                     extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"])
+    except (OSError, RuntimeError, ImportError) as err:  # no compiler or ninja; a failed build
+        raise FusedUnavailable(f"building {SOURCE.name} failed ({type(err).__name__}: {err}); "
+                               "kernels=fused needs a C++ compiler (g++) and ninja") from err
+
+
+def available() -> bool:
+    """Whether the fused kernels can run here (builds them on first call)."""
+    try:
+        load()
+    except FusedUnavailable:
+        return False
+    return True
+
+
+def _key(params: list[Tensor | None]) -> tuple:
+    """What changes when any of these weights does: in place (version) or new storage (pointer)."""
+    return tuple((0 if p.is_inference() else p._version, p.data_ptr()) for p in params if p is not None)
+
+
+def _runs_fused(x: Tensor, weight: Tensor) -> bool:
+    """The cheap checks, most likely first: float32 inference on a CPU, not traced."""
+    return (x.dtype == torch.float32 and weight.dtype == torch.float32 and x.is_cpu and weight.is_cpu
+            and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
+            and not torch.compiler.is_compiling() and x.numel() > 0)
+
+
+class FusedLinear(nn.Linear):
+    """An `nn.Linear` whose float32 inference products on a CPU run the fused kernels' product.
+
+    Not built directly: `eagle.decoding.kernels.use_kernels(model, "fused")` switches an existing
+    `nn.Linear` to this class (the same object and parameters; a tied head stays tied).
+    """
+
+    _fused: tuple | None  # (key, packed weight)
+
+    def packed_weight(self) -> Tensor:
+        key = _key([self.weight])
+        if self._fused is None or self._fused[0] != key:
+            self._fused = (key, load().pack(self.weight.detach()))
+        return self._fused[1]
+
+    def forward(self, x: Tensor) -> Tensor:  # (..., in) -> (..., out)
+        if not _runs_fused(x, self.weight):
+            return F.linear(x, self.weight, self.bias)
+        bias = None if self.bias is None else self.bias.detach()
+        return load().linear(x, self.packed_weight(), self.out_features, bias)
+
+
+def _norm_weight(norm: nn.Module) -> Tensor | None:
+    return None if isinstance(norm, nn.Identity) else norm.weight
+
+
+def supported_layer(layer: nn.Module) -> bool:
+    """Whether `layer` is a decoder layer the fused forward computes exactly as its own: a pre-norm
+    Llama-family layer (`LAYERS`), RMSNorm (or no input norm, as EAGLE's drafter), q/k/v/o
+    projections with no q/k norms and no sliding window, a gated SiLU MLP, no o/MLP biases beyond
+    what the kernels take."""
+    if type(layer).__name__ not in LAYERS:
+        return False
+    attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+    if attn is None or mlp is None:
+        return False
+    norms_ok = all(isinstance(n, nn.Identity) or (type(n).__name__ in NORMS and hasattr(n, "variance_epsilon"))
+                   for n in (layer.input_layernorm, layer.post_attention_layernorm))
+    linears = [getattr(attn, n, None) for n in ("q_proj", "k_proj", "v_proj", "o_proj")] + [
+        getattr(mlp, n, None) for n in ("gate_proj", "up_proj", "down_proj")]
+    return (norms_ok and not isinstance(layer.post_attention_layernorm, nn.Identity)
+            and all(isinstance(m, nn.Linear) for m in linears)
+            and not hasattr(attn, "q_norm") and _window(attn) is None
+            and type(getattr(mlp, "act_fn", None)).__name__ in SILU
+            and hasattr(attn, "scaling") and hasattr(attn, "head_dim") and hasattr(attn, "layer_idx")
+            and len({(q.bias is None) for q in linears[:3]}) == 1
+            and len({(m.bias is None) for m in linears[4:6]}) == 1)
+
+
+def _window(attn: nn.Module) -> int | None:
+    """The layer's sliding window: its own (Qwen2, per layer type), else its config's (Mistral)."""
+    if hasattr(attn, "sliding_window"):
+        return attn.sliding_window
+    return getattr(getattr(attn, "config", None), "sliding_window", None)
+
+
+class FusedLayer:
+    """The fused forward of one supported decoder layer, with its weights packed once (again when
+    any changes). Installed as the layer's `forward`; anything it does not run goes to `original`."""
+
+    def __init__(self, layer: nn.Module, original):
+        self.layer, self.original = layer, original
+        attn, mlp = layer.self_attn, layer.mlp
+        self.qkv = [attn.q_proj, attn.k_proj, attn.v_proj]
+        self.gate_up = [mlp.gate_proj, mlp.up_proj]
+        self._packed: tuple | None = None
+
+    def _params(self) -> list[Tensor | None]:
+        layer = self.layer
+        mods = [*self.qkv, layer.self_attn.o_proj, *self.gate_up, layer.mlp.down_proj]
+        return [p for m in mods for p in (m.weight, m.bias)] + [
+            _norm_weight(layer.input_layernorm), layer.post_attention_layernorm.weight]
+
+    def packed(self) -> dict:
+        key = _key(self._params())
+        if self._packed is None or self._packed[0] != key:
+            ext, layer = load(), self.layer
+
+            def stack(mods, part):
+                if getattr(mods[0], part) is None:
+                    return None
+                return torch.cat([getattr(m, part).detach() for m in mods])
+
+            self._packed = (key, {
+                "qkv": ext.pack(stack(self.qkv, "weight")), "qkv_bias": stack(self.qkv, "bias"),
+                "o": ext.pack(layer.self_attn.o_proj.weight.detach()), "o_bias": stack([layer.self_attn.o_proj], "bias"),
+                "gate_up": ext.pack(stack(self.gate_up, "weight")), "gate_up_bias": stack(self.gate_up, "bias"),
+                "down": ext.pack(layer.mlp.down_proj.weight.detach()), "down_bias": stack([layer.mlp.down_proj], "bias"),
+            })
+        return self._packed[1]
+
+    def release(self) -> None:
+        self._packed = None
+
+    def __call__(self, hidden_states: Tensor, *args, **kwargs) -> Tensor:
+        layer = self.layer
+        attn = layer.self_attn
+        cos_sin, mask = kwargs.get("position_embeddings"), kwargs.get("attention_mask")
+        if (args or hidden_states.dim() != 3 or hidden_states.shape[0] != 1 or cos_sin is None
+                or kwargs.get("output_attentions") or not _runs_fused(hidden_states, attn.q_proj.weight)
+                or cos_sin[0].shape[-1] != attn.head_dim or layer.training
+                or (mask is not None and (mask.dim() != 4 or mask.dtype not in (torch.bool, torch.float32)))):
+            return self.original(hidden_states, *args, **kwargs)
+        ext, w = load(), self.packed()
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        cos, sin = cos_sin
+        config = attn.config
+        norm1 = _norm_weight(layer.input_layernorm)
+        eps1 = getattr(layer.input_layernorm, "variance_epsilon", 0.0)
+        q, k, v = ext.attention_inputs(hidden_states, None if norm1 is None else norm1.detach(), eps1,
+                                       w["qkv"], w["qkv_bias"], cos.to(torch.float32), sin.to(torch.float32),
+                                       config.num_attention_heads, config.num_key_value_heads, attn.head_dim)
+        if cache is not None:
+            k, v = cache.update(k, v, attn.layer_idx, kwargs=kwargs)  # what the model's attention does
+        if mask is not None and mask.shape[-1] > k.shape[-2]:
+            mask = mask[..., : k.shape[-2]]  # as the model's attention reads it
+        norm2 = layer.post_attention_layernorm
+        return ext.attention_mlp(hidden_states, q, k, v, mask, attn.scaling, w["o"], w["o_bias"],
+                                 norm2.weight.detach(), norm2.variance_epsilon, w["gate_up"],
+                                 layer.mlp.gate_proj.out_features, w["down"], w["gate_up_bias"], w["down_bias"])
+
+
+def fuse_layers(model: nn.Module) -> int:
+    """Install the fused forward on every supported decoder layer of `model` (`supported_layer`);
+    returns how many run it."""
+    count = 0
+    for module in model.modules():
+        if supported_layer(module):
+            if not isinstance(module.__dict__.get("forward"), FusedLayer):
+                kept = module.__dict__.pop("_eagle_fused", None)  # left by a switch that kept it
+                module.forward = kept or FusedLayer(module, module.forward)
+            count += 1
+    return count
+
+
+def unfuse_layers(model: nn.Module, release: bool = True) -> None:
+    """Give every fused layer of `model` its own forward back; its packed weights are freed, or
+    kept for the next `fuse_layers` if `release` is False."""
+    for module in model.modules():
+        layer = module.__dict__.get("forward")
+        if isinstance(layer, FusedLayer):
+            del module.forward
+            if release:
+                layer.release()
+            else:
+                module.__dict__["_eagle_fused"] = layer
+        elif release:
+            kept = module.__dict__.pop("_eagle_fused", None)
+            if kept is not None:
+                kept.release()

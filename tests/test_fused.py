@@ -1,0 +1,151 @@
+"""The fused kernels (eagle/decoding/fused.py): their products and decoder layers compute what
+PyTorch's and Hugging Face's do, a token's logits do not depend on how many tokens its forward
+carries (bitwise), unsupported layers and passes keep their own forward, and switching settings
+restores the model. Greedy decoding on them, for every method family, is in test_kernels.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import DynamicCache
+
+from eagle.decoding import fused
+from eagle.decoding.kernels import kernels_of, use_kernels
+from eagle.decoding.masks import causal_mask, tree_attention_mask
+from eagle.models.drafter import EagleDrafter
+from helpers.models import make_tiny_model
+
+pytestmark = pytest.mark.skipif(not fused.available(), reason="the fused kernels do not build here")
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("shape", [(1, 48), (3, 48), (5, 48), (26, 48), (2, 5, 48), (1, 1, 1, 48), (4, 7)])
+def test_fused_products_equal_f_linear_and_each_row_its_own_product(shape, bias):
+    torch.manual_seed(0)
+    linear = nn.Linear(shape[-1], 200, bias=bias)  # 200 outputs: the last panel is partly padding
+    x = torch.randn(shape)
+    with torch.inference_mode():
+        expected = F.linear(x, linear.weight, linear.bias)
+        use_kernels(linear, "fused")
+        got = linear(x)
+        rows = x.reshape(-1, shape[-1])
+        alone = torch.cat([linear(rows[i:i + 1]) for i in range(len(rows))])
+    assert isinstance(linear, fused.FusedLinear) and linear._fused is not None, "the fused product must have run"
+    assert got.shape == expected.shape == (*shape[:-1], 200)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    assert torch.equal(alone, got.reshape(-1, 200)), "a row's product must not depend on the rows beside it"
+
+
+def _layer_inputs(model, n: int, past: int):
+    """A layer's keyword arguments for n new tokens after `past` cached ones, as the model builds them."""
+    positions = torch.arange(past, past + n)[None]
+    hidden = torch.randn(1, n, model.config.hidden_size)
+    return hidden, model.model.rotary_emb(hidden, positions)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])  # qwen2: q/k/v biases
+@pytest.mark.parametrize("mask_kind", ["none", "float", "bool", "tree"])
+def test_a_fused_layer_computes_what_the_layer_does(family, mask_kind):
+    torch.manual_seed(0)
+    model = make_tiny_model(family, num_hidden_layers=1)
+    layer = model.model.layers[0]
+    past, n = (0 if mask_kind == "none" else 6), 4  # no mask: causal from slot 0, as the models pass it
+    hidden, cos_sin = _layer_inputs(model, n, past)
+    if mask_kind == "tree":  # nodes 0 <- 1, 0 <- 2 <- 3: node 1 does not see node 2, nor 3 node 1
+        visible = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], dtype=torch.bool)
+        mask = tree_attention_mask(past, visible, torch.float32)
+    elif mask_kind == "none":
+        mask = None  # causal: what sdpa's callers pass when nothing else is masked
+    else:
+        mask = causal_mask(past, n, torch.float32)
+        mask = mask == 0 if mask_kind == "bool" else mask
+    outs = {}
+    for kernels in ("default", "fused"):
+        use_kernels(model, kernels)
+        cache = DynamicCache()
+        torch.manual_seed(1)
+        if past:
+            k0 = torch.randn(1, model.config.num_key_value_heads, past, layer.self_attn.head_dim)
+            cache.update(k0, torch.randn_like(k0), 0)
+        with torch.inference_mode():
+            outs[kernels] = layer(hidden, attention_mask=mask, position_embeddings=cos_sin, cache=cache)
+    assert isinstance(layer.__dict__.get("forward"), fused.FusedLayer), "the fused forward must have run"
+    torch.testing.assert_close(outs["fused"], outs["default"], rtol=1e-5, atol=1e-5)
+
+
+def test_the_drafters_layer_without_its_input_norm_is_fused_and_right():
+    target = make_tiny_model("llama")
+    drafter = EagleDrafter.random(target, seed=1)
+    assert fused.supported_layer(drafter.layers[0]), "EAGLE's layer (no input norm) is a supported layer"
+    x = torch.randn(1, 5, target.config.hidden_size)
+    cos_sin = drafter.rotary_emb(x, torch.arange(5)[None])
+    with torch.inference_mode():
+        expected = drafter.layers[0](x, attention_mask=causal_mask(0, 5, torch.float32), position_embeddings=cos_sin)
+        use_kernels(drafter, "fused")
+        got = drafter.layers[0](x, attention_mask=causal_mask(0, 5, torch.float32), position_embeddings=cos_sin)
+    assert isinstance(drafter.layers[0].__dict__.get("forward"), fused.FusedLayer)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_a_tokens_logits_do_not_depend_on_how_many_tokens_its_forward_carries(family):
+    model = use_kernels(make_tiny_model(family), "fused")
+    assert fused.fuse_layers(model) == model.config.num_hidden_layers
+    ids = torch.randint(3, model.config.vocab_size, (1, 12))
+    with torch.inference_mode():
+        whole = model(ids).logits[0]
+        cache = DynamicCache()
+        model(ids[:, :7], cache=cache)
+        steps = [model(ids[:, t:t + 1], cache=cache).logits[0] for t in range(7, 12)]
+        reference = use_kernels(make_tiny_model(family), "default")(ids).logits[0]
+    assert torch.equal(torch.cat(steps), whole[7:]), "5 one-token steps must give the 5-token forward's logits, bitwise"
+    torch.testing.assert_close(whole, reference, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("family", ["mistral", "gemma2", "phi3", "gpt2"])
+def test_other_layers_keep_their_forward_and_still_run_fused_products(family):
+    """A sliding window (mistral here), other norms and MLPs (gemma2), fused projections (phi3):
+    the layer keeps its own forward; its linears still take the fused products."""
+    model = use_kernels(make_tiny_model(family), "fused")
+    assert fused.fuse_layers(model) == 0 and kernels_of(model) == "fused"
+    ids = torch.randint(3, model.config.vocab_size, (1, 9))
+    with torch.inference_mode():
+        got = model(ids).logits
+        expected = use_kernels(model, "default")(ids).logits
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_training_other_dtypes_and_batches_take_the_layers_own_forward():
+    model = use_kernels(make_tiny_model("llama"), "fused")
+    layer = model.model.layers[0]
+    calls = []
+    original = layer.forward.original
+    layer.forward.original = lambda *a, **k: calls.append(1) or original(*a, **k)
+    ids = torch.randint(3, model.config.vocab_size, (2, 6))
+    with torch.inference_mode():
+        model(ids)  # a batch of two sequences
+    assert calls, "a batch runs the model's own layer"
+    calls.clear()
+    model.train()
+    model(ids[:1]).logits.sum().backward()  # training: gradients flow through the model's own layer
+    assert calls and model.model.layers[0].self_attn.q_proj.weight.grad is not None
+
+
+def test_switching_back_restores_the_layers_and_frees_the_packed_weights():
+    model = make_tiny_model("llama", tie_word_embeddings=True)
+    keys = list(model.state_dict())
+    use_kernels(model, "fused")
+    with torch.inference_mode():
+        model(torch.tensor([[1, 2, 3]]))
+    assert model.lm_head.weight is model.model.embed_tokens.weight and list(model.state_dict()) == keys
+    kept = model.model.layers[0].forward
+    use_kernels(model, "default", release=False)  # timing settings in turn keeps them
+    assert "forward" not in model.model.layers[0].__dict__ and kernels_of(model) == "default"
+    assert use_kernels(model, "fused").model.layers[0].forward is kept and kept._packed is not None
+    use_kernels(model, "onednn")
+    assert "forward" not in model.model.layers[0].__dict__ and kernels_of(model) == "onednn"
+    assert kept._packed is None and not hasattr(model.lm_head, "_fused")
+    use_kernels(model, "default")
+    assert not any(hasattr(m, a) for m in model.modules() for a in ("_fused", "_packed", "_eagle_fused"))
