@@ -10,6 +10,7 @@ import torch
 from eagle.decoding import SpeculativeDecoder, make_runner, runners
 from eagle.decoding import kv_cache as kv
 from eagle.decoding.engine import Proposer
+from eagle.decoding.kernels import available_kernels, use_kernels
 from eagle.decoding.static_cache import StaticKVCache
 from eagle.proposers import DraftLM, TemplateProposer
 from helpers.decoding import batch_case, run_batched_greedy, tree
@@ -87,10 +88,14 @@ def test_rows_leave_the_batch_when_they_finish(runner):
     assert all(r.stats.tau == r.stats.committed / max(r.stats.forwards, 1) for r in results)
 
 
-def test_a_batch_decodes_as_each_sequence_alone():
+@pytest.mark.parametrize("kernels", ["default", "fused"])
+def test_a_batch_decodes_as_each_sequence_alone(kernels):
     """One prompt through `generate` and through `generate_batch` beside others: the same text
-    and the same rounds (greedy: the same accepted paths)."""
-    target = make_tiny_model("llama")
+    and the same rounds (greedy: the same accepted paths); on the fused kernels too, whose rows
+    are computed alike at any batch size."""
+    if kernels not in available_kernels("cpu"):
+        pytest.skip(f"kernels={kernels} do not run here")
+    target = use_kernels(make_tiny_model("llama"), kernels)
     proposer, kept = _oracle(target, "dynamic")
     batch, budgets, eos, _ = batch_case(target)
     decoder = SpeculativeDecoder(target, proposer, eos_token_id=eos, runner=kept)

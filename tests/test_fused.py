@@ -117,20 +117,31 @@ def test_other_layers_keep_their_forward_and_still_run_fused_products(family):
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
 
 
-def test_training_other_dtypes_and_batches_take_the_layers_own_forward():
+def test_a_batch_runs_fused_and_each_sequence_gets_its_own_logits():
+    model = use_kernels(make_tiny_model("llama"), "fused")
+    ids = torch.randint(3, model.config.vocab_size, (3, 7))
+    with torch.inference_mode():
+        batch = model(ids).logits
+        alone = torch.cat([model(ids[b:b + 1]).logits for b in range(3)])
+    assert all(layer.forward._packed is not None for layer in model.model.layers), "the batch must have run fused"
+    assert torch.equal(batch, alone), "a sequence's logits must not depend on the sequences beside it"
+
+
+def test_training_and_other_dtypes_take_the_layers_own_forward():
     model = use_kernels(make_tiny_model("llama"), "fused")
     layer = model.model.layers[0]
     calls = []
     original = layer.forward.original
     layer.forward.original = lambda *a, **k: calls.append(1) or original(*a, **k)
-    ids = torch.randint(3, model.config.vocab_size, (2, 6))
-    with torch.inference_mode():
-        model(ids)  # a batch of two sequences
-    assert calls, "a batch runs the model's own layer"
-    calls.clear()
+    ids = torch.randint(3, model.config.vocab_size, (1, 6))
     model.train()
-    model(ids[:1]).logits.sum().backward()  # training: gradients flow through the model's own layer
+    model(ids).logits.sum().backward()  # training: gradients flow through the model's own layer
     assert calls and model.model.layers[0].self_attn.q_proj.weight.grad is not None
+    calls.clear()
+    model.eval().to(torch.bfloat16)
+    with torch.inference_mode():
+        model(ids)
+    assert calls, "bf16 runs the model's own layer"
 
 
 def test_switching_back_restores_the_layers_and_frees_the_packed_weights():

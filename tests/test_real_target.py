@@ -4,7 +4,7 @@ it), then decoded exactly like the tiny random models of the conformance suite: 
 identical to `generate`'s on chat-rendered ShareGPT prompts, for EAGLE (an untrained drafter),
 a draft LM with the target's tokenizer (the target drafting for itself: deep accepted paths,
 so the cache compaction is exercised on 30 layers of grouped-query attention) and prompt lookup,
-one prompt at a time and all of them as one batch."""
+one prompt at a time and all of them as one batch; on PyTorch's kernels and on the fused ones."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import torch
 
 from data_gen.conversations import iter_sharegpt, shipped_sharegpt
 from eagle.decoding import make_runner
+from eagle.decoding.kernels import available_kernels, use_kernels
 from eagle.models.drafter import EagleDrafter
 from eagle.models.packaged import SIDECAR, SMOLLM2, convert_gguf
 from eagle.proposers import DraftLM, PromptLookupProposer, TemplateProposer, eagle_proposer
@@ -43,8 +44,12 @@ def test_the_converted_target_is_smollm2(smollm2):
 
 
 @SLOW
-def test_greedy_text_on_the_real_target_is_generates(smollm2):
+@pytest.mark.parametrize("kernels", ["default", "fused"])
+def test_greedy_text_on_the_real_target_is_generates(smollm2, kernels):
     model, tokenizer = smollm2
+    if kernels not in available_kernels("cpu"):
+        pytest.skip(f"kernels={kernels} do not run here")
+    use_kernels(model, kernels)  # every model of the run: the drafter and draft LM are this model's
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
     prompts = []
     for conv in iter_sharegpt(shipped_sharegpt()):
@@ -71,6 +76,7 @@ def test_greedy_text_on_the_real_target_is_generates(smollm2):
             batched = make_runner(kind, model, tree_size=proposer.max_nodes)
             run_batched_greedy(model, proposer, batched, (prompts, [24] * len(prompts), eos, [c[3] for c in cases]),
                                f"smollm2/{name}/batch/{kind}")
+    use_kernels(model, "default")
 
 
 def test_a_missing_package_is_a_clear_error():

@@ -19,8 +19,8 @@ module does the same inside the Hugging Face model:
 Exactness by construction: each output of a product is one FMA chain over the inputs in one SIMD
 lane, and a row's attention reads its keys in slot order, skipping the masked ones; so a token's
 logits are bitwise the same whether its forward carries 1 token or a tree of 26 (tested). Whatever
-needs gradients, another dtype or device, a batch of several sequences, or runs under
-`torch.compile` takes the model's own forward (and `F.linear`): training is untouched.
+needs gradients, another dtype or device, or runs under `torch.compile` takes the model's own
+forward (and `F.linear`): training is untouched. A batch of B sequences runs as B x n rows.
 
 The kernels are C++ (AVX-512 or AVX2 with FMA), compiled on first use for this machine's CPU by
 `torch.utils.cpp_extension` (needs a C++ compiler; ~30-60 s once, then cached): `load()` raises
@@ -189,7 +189,7 @@ class FusedLayer:
         layer = self.layer
         attn = layer.self_attn
         cos_sin, mask = kwargs.get("position_embeddings"), kwargs.get("attention_mask")
-        if (args or hidden_states.dim() != 3 or hidden_states.shape[0] != 1 or cos_sin is None
+        if (args or hidden_states.dim() != 3 or cos_sin is None
                 or kwargs.get("output_attentions") or not _runs_fused(hidden_states, attn.q_proj.weight)
                 or cos_sin[0].shape[-1] != attn.head_dim or layer.training
                 or (mask is not None and (mask.dim() != 4 or mask.dtype not in (torch.bool, torch.float32)))):

@@ -158,77 +158,86 @@ static void rope(float* v, const float* cos, const float* sin, int64_t hd) {
   }
 }
 
-// The attention's inputs of n new tokens: norm, q/k/v in one product, rotary embedding.
-// x (1, n, d); cos, sin (1, n, hd) -> q (1, heads, n, hd), k and v (1, kv_heads, n, hd)
+// The attention's inputs of n new tokens of B sequences: norm, q/k/v in one product, rotary
+// embedding. x (B, n, d); cos, sin (B or 1, n, hd) -> q (B, heads, n, hd), k and v (B, kv_heads, n, hd)
 std::vector<torch::Tensor> attention_inputs(torch::Tensor x, c10::optional<torch::Tensor> norm_w, double eps,
                                             torch::Tensor packed_qkv, c10::optional<torch::Tensor> bias_qkv,
                                             torch::Tensor cos, torch::Tensor sin, int64_t heads, int64_t kv_heads,
                                             int64_t hd) {
-  const int64_t n = x.size(1), d = x.size(2), qd = heads * hd, kd = kv_heads * hd, width = qd + 2 * kd;
+  const int64_t B = x.size(0), n = x.size(1), d = x.size(2), rows = B * n;
+  const int64_t qd = heads * hd, kd = kv_heads * hd, width = qd + 2 * kd;
   auto xc = x.contiguous();
   auto c = cos.contiguous(), s = sin.contiguous();
-  auto h = torch::empty({n, d}, x.options());
-  rmsnorm(xc.data_ptr<float>(), opt_ptr(norm_w), (float)eps, h.data_ptr<float>(), n, d);
-  auto qkv = torch::empty({n, width}, x.options());
-  gemm(packed_qkv.data_ptr<float>(), h.data_ptr<float>(), n, d, width, qkv.data_ptr<float>(), width,
+  const int64_t cos_batch = c.size(0) == 1 ? 0 : 1;  // one rotation for every sequence, or one each
+  auto h = torch::empty({rows, d}, x.options());
+  rmsnorm(xc.data_ptr<float>(), opt_ptr(norm_w), (float)eps, h.data_ptr<float>(), rows, d);
+  auto qkv = torch::empty({rows, width}, x.options());
+  gemm(packed_qkv.data_ptr<float>(), h.data_ptr<float>(), rows, d, width, qkv.data_ptr<float>(), width,
        opt_ptr(bias_qkv), false);
-  auto q = torch::empty({1, heads, n, hd}, x.options());
-  auto k = torch::empty({1, kv_heads, n, hd}, x.options());
-  auto v = torch::empty({1, kv_heads, n, hd}, x.options());
+  auto q = torch::empty({B, heads, n, hd}, x.options());
+  auto k = torch::empty({B, kv_heads, n, hd}, x.options());
+  auto v = torch::empty({B, kv_heads, n, hd}, x.options());
   float *Q = q.data_ptr<float>(), *K = k.data_ptr<float>(), *V = v.data_ptr<float>(), *QKV = qkv.data_ptr<float>();
-  for (int64_t i = 0; i < n; ++i) {
-    const float* row = QKV + i * width;
-    const float* ci = c.data_ptr<float>() + i * hd;
-    const float* si = s.data_ptr<float>() + i * hd;
-    for (int64_t g = 0; g < heads; ++g) {
-      float* dst = Q + (g * n + i) * hd;
-      std::memcpy(dst, row + g * hd, hd * sizeof(float));
-      rope(dst, ci, si, hd);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < n; ++i) {
+      const float* row = QKV + (b * n + i) * width;
+      const float* ci = c.data_ptr<float>() + (cos_batch * b * n + i) * hd;
+      const float* si = s.data_ptr<float>() + (cos_batch * b * n + i) * hd;
+      for (int64_t g = 0; g < heads; ++g) {
+        float* dst = Q + ((b * heads + g) * n + i) * hd;
+        std::memcpy(dst, row + g * hd, hd * sizeof(float));
+        rope(dst, ci, si, hd);
+      }
+      for (int64_t g = 0; g < kv_heads; ++g) {
+        float* dk = K + ((b * kv_heads + g) * n + i) * hd;
+        std::memcpy(dk, row + qd + g * hd, hd * sizeof(float));
+        rope(dk, ci, si, hd);
+        std::memcpy(V + ((b * kv_heads + g) * n + i) * hd, row + qd + kd + g * hd, hd * sizeof(float));
+      }
     }
-    for (int64_t g = 0; g < kv_heads; ++g) {
-      float* dk = K + (g * n + i) * hd;
-      std::memcpy(dk, row + qd + g * hd, hd * sizeof(float));
-      rope(dk, ci, si, hd);
-      std::memcpy(V + (g * n + i) * hd, row + qd + kd + g * hd, hd * sizeof(float));
-    }
-  }
   return {q, k, v};
 }
 
 // The rest of a decoder layer: attention over the cache, o_proj and the residual, norm, the gated
-// MLP (SiLU) and its residual. x (1, n, d); q (1, heads, n, hd); keys, values (1, kv_heads, L, hd)
-// (any strides but the last); mask: none (causal: row i sees slots 0..L-n+i), bool (1 or B, 1, n, L)
-// (true: seen) or additive float (a slot at or below -FLT_MAX/2 is skipped). -> (1, n, d)
+// MLP (SiLU) and its residual. x (B, n, d); q (B, heads, n, hd); keys, values (B, kv_heads, L, hd)
+// (any strides but the last); mask: none (causal: row i sees slots 0..L-n+i), bool (B or 1, 1, n, L)
+// (true: seen) or additive float (a slot at or below -FLT_MAX/2 is skipped). -> (B, n, d)
 torch::Tensor attention_mlp(torch::Tensor x, torch::Tensor q, torch::Tensor keys, torch::Tensor values,
                             c10::optional<torch::Tensor> mask, double scaling, torch::Tensor packed_o,
                             c10::optional<torch::Tensor> bias_o, torch::Tensor norm_w, double eps,
                             torch::Tensor packed_gate_up, int64_t inter, torch::Tensor packed_down,
                             c10::optional<torch::Tensor> bias_gate_up, c10::optional<torch::Tensor> bias_down) {
-  const int64_t n = x.size(1), d = x.size(2), heads = q.size(1), hd = q.size(3);
+  const int64_t B = x.size(0), n = x.size(1), d = x.size(2), rows = B * n, heads = q.size(1), hd = q.size(3);
   const int64_t kv_heads = keys.size(1), L = keys.size(2), group = heads / kv_heads;
+  TORCH_CHECK(keys.size(0) == B && values.size(0) == B, "attention_mlp: keys and values for ", B, " sequences");
   TORCH_CHECK(keys.stride(3) == 1 && values.stride(3) == 1, "attention_mlp: keys and values need a unit last stride");
   const int64_t hv = hd / VW * VW;  // the head dim's whole vectors; the rest one float at a time
-  auto out = x.contiguous().clone().view({n, d});  // the residual stream, updated in place
+  auto out = x.contiguous().clone().view({rows, d});  // the residual stream, updated in place
   auto Qc = q.contiguous();
   const float *Q = Qc.data_ptr<float>(), *K = keys.data_ptr<float>(), *V = values.data_ptr<float>();
-  const int64_t ks1 = keys.stride(1), ks2 = keys.stride(2), vs1 = values.stride(1), vs2 = values.stride(2);
+  const int64_t ks0 = keys.stride(0), ks1 = keys.stride(1), ks2 = keys.stride(2);
+  const int64_t vs0 = values.stride(0), vs1 = values.stride(1), vs2 = values.stride(2);
   const bool has_mask = mask.has_value() && mask->defined();
   const bool bool_mask = has_mask && mask->scalar_type() == torch::kBool;
   TORCH_CHECK(!has_mask || bool_mask || mask->scalar_type() == torch::kFloat32, "attention_mlp: a bool or float32 mask");
+  TORCH_CHECK(!has_mask || (mask->dim() == 4 && (mask->size(0) == B || mask->size(0) == 1)),
+              "attention_mlp: a (B or 1, 1, n, L) mask");
+  const int64_t ms0 = has_mask && mask->size(0) > 1 ? mask->stride(0) : 0;
   const int64_t ms2 = has_mask ? mask->stride(2) : 0, ms3 = has_mask ? mask->stride(3) : 0;
   const float* MF = has_mask && !bool_mask ? mask->data_ptr<float>() : nullptr;
   const bool* MB = bool_mask ? mask->data_ptr<bool>() : nullptr;
   const float skip = -FLT_MAX / 2, sc = (float)scaling;
-  auto att = torch::empty({n, heads * hd}, x.options());
+  auto att = torch::empty({rows, heads * hd}, x.options());
   float* A = att.data_ptr<float>();
-  at::parallel_for(0, n * heads, 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, rows * heads, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> score(L);
     std::vector<int64_t> seen(L);
     for (int64_t job = begin; job < end; ++job) {
-      const int64_t i = job / heads, h = job % heads, g = h / group;
-      const float* qi = Q + (h * n + i) * hd;
-      const float* Kg = K + g * ks1;
-      const float* Vg = V + g * vs1;
+      const int64_t b = job / (n * heads), i = job / heads % n, h = job % heads, g = h / group;
+      const float* qi = Q + ((b * heads + h) * n + i) * hd;
+      const float* Kg = K + b * ks0 + g * ks1;
+      const float* Vg = V + b * vs0 + g * vs1;
+      const int64_t mrow = b * ms0 + i * ms2;
       int64_t m = 0;
       float top = -INFINITY;
       for (int64_t t = 0; t < L; ++t) {
@@ -236,9 +245,9 @@ torch::Tensor attention_mlp(torch::Tensor x, torch::Tensor q, torch::Tensor keys
         if (!has_mask) {
           if (t > L - n + i) break;
         } else if (bool_mask) {
-          if (!MB[i * ms2 + t * ms3]) continue;
+          if (!MB[mrow + t * ms3]) continue;
         } else {
-          add = MF[i * ms2 + t * ms3];
+          add = MF[mrow + t * ms3];
           if (add <= skip) continue;
         }
         const float* kt = Kg + t * ks2;
@@ -254,7 +263,7 @@ torch::Tensor attention_mlp(torch::Tensor x, torch::Tensor q, torch::Tensor keys
       float z = 0.f;
       for (int64_t j = 0; j < m; ++j) z += (score[j] = std::exp(score[j] - top));
       for (int64_t j = 0; j < m; ++j) score[j] /= z;  // the probabilities
-      float* o = A + i * heads * hd + h * hd;
+      float* o = A + (b * n + i) * heads * hd + h * hd;
       for (int64_t k = 0; k < hv; k += VW) {
         vec acc = vzero();
         for (int64_t j = 0; j < m; ++j) acc = vfma(vset1(score[j]), vload(Vg + seen[j] * vs2 + k), acc);
@@ -268,23 +277,23 @@ torch::Tensor attention_mlp(torch::Tensor x, torch::Tensor q, torch::Tensor keys
     }
   });
   float* X = out.data_ptr<float>();
-  gemm(packed_o.data_ptr<float>(), A, n, heads * hd, d, X, d, opt_ptr(bias_o), true);
-  auto h = torch::empty({n, d}, x.options());
-  rmsnorm(X, norm_w.data_ptr<float>(), (float)eps, h.data_ptr<float>(), n, d);
-  auto gu = torch::empty({n, 2 * inter}, x.options());
-  gemm(packed_gate_up.data_ptr<float>(), h.data_ptr<float>(), n, d, 2 * inter, gu.data_ptr<float>(), 2 * inter,
+  gemm(packed_o.data_ptr<float>(), A, rows, heads * hd, d, X, d, opt_ptr(bias_o), true);
+  auto h = torch::empty({rows, d}, x.options());
+  rmsnorm(X, norm_w.data_ptr<float>(), (float)eps, h.data_ptr<float>(), rows, d);
+  auto gu = torch::empty({rows, 2 * inter}, x.options());
+  gemm(packed_gate_up.data_ptr<float>(), h.data_ptr<float>(), rows, d, 2 * inter, gu.data_ptr<float>(), 2 * inter,
        opt_ptr(bias_gate_up), false);
-  auto act = torch::empty({n, inter}, x.options());
+  auto act = torch::empty({rows, inter}, x.options());
   float *GU = gu.data_ptr<float>(), *ACT = act.data_ptr<float>();
-  at::parallel_for(0, n * inter, 4096, [&](int64_t begin, int64_t end) {  // SiLU(gate) * up
+  at::parallel_for(0, rows * inter, 4096, [&](int64_t begin, int64_t end) {  // SiLU(gate) * up
     for (int64_t e = begin; e < end; ++e) {
       const int64_t i = e / inter, k = e % inter;
       const float g = GU[i * 2 * inter + k];
       ACT[e] = g / (1.f + std::exp(-g)) * GU[i * 2 * inter + inter + k];
     }
   });
-  gemm(packed_down.data_ptr<float>(), ACT, n, inter, d, X, d, opt_ptr(bias_down), true);
-  return out.view({1, n, d});
+  gemm(packed_down.data_ptr<float>(), ACT, rows, inter, d, X, d, opt_ptr(bias_down), true);
+  return out.view({B, n, d});
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
