@@ -160,3 +160,22 @@ def test_switching_back_restores_the_layers_and_frees_the_packed_weights():
     assert kept._packed is None and not hasattr(model.lm_head, "_fused")
     use_kernels(model, "default")
     assert not any(hasattr(m, a) for m in model.modules() for a in ("_fused", "_packed", "_eagle_fused"))
+
+
+def test_a_build_that_fails_says_why(monkeypatch):
+    """No compiler (or no AVX2): kernels=fused is a clear error, and auto leaves it out."""
+    from eagle.decoding import kernels as kernels_module
+
+    def no_compiler(**kwargs):
+        raise RuntimeError("Ninja is required to load C++ extensions")
+
+    monkeypatch.setattr("torch.utils.cpp_extension.load", no_compiler)
+    fused.load.cache_clear()
+    fused.available.cache_clear()
+    try:
+        assert not fused.available() and "fused" not in kernels_module.available_kernels("cpu")
+        with pytest.raises(fused.FusedUnavailable, match="needs a C\\+\\+ compiler"):
+            kernels_module.check_kernels("fused")
+    finally:
+        fused.load.cache_clear()
+        fused.available.cache_clear()

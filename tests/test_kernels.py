@@ -249,6 +249,8 @@ def test_kernels_are_checked():
         check_kernels("fast")
     with pytest.raises(ValueError, match="kernels=onednn runs on a CPU"):
         check_kernels("onednn", "cuda")
+    with pytest.raises(ValueError, match="kernels=fused runs on a CPU"):
+        check_kernels("fused", "cuda")
     assert available_kernels("cuda") == ("default",)
 
 

@@ -30,6 +30,7 @@ The kernels are C++ (AVX-512 or AVX2 with FMA), compiled on first use for this m
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import shutil
 import sys
@@ -51,9 +52,22 @@ class FusedUnavailable(RuntimeError):
     """The fused kernels cannot be built or run here (no compiler, no AVX2, not a CPU)."""
 
 
+def _cpu_tag() -> str:
+    """A short hash of this CPU's model and instruction flags: the build is `-march=native`, so a
+    home folder shared by machines with other CPUs must not reuse it."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+        lines = [line for line in info.splitlines() if line.startswith(("model name", "flags"))][:2]
+    except OSError:  # not Linux
+        import platform
+
+        lines = [platform.processor(), platform.machine()]
+    return hashlib.sha1("\n".join(lines).encode()).hexdigest()[:8]
+
+
 @functools.cache
 def load():
-    """The compiled extension (built once per CPU capability and source; cached on disk by torch)."""
+    """The compiled extension (built once per CPU and source; cached on disk by torch)."""
     from torch.utils.cpp_extension import load as build
 
     if shutil.which("ninja") is None and (Path(sys.executable).parent / "ninja").exists():
@@ -63,15 +77,16 @@ def load():
     if capability not in ("AVX512", "AVX2"):
         raise FusedUnavailable(f"the fused kernels need AVX2 or AVX-512; this CPU offers {capability}")
     try:
-        return build(name=f"eagle_fused_{capability.lower()}", sources=[str(SOURCE)],
+        return build(name=f"eagle_fused_{capability.lower()}_{_cpu_tag()}", sources=[str(SOURCE)],
                      extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"])
     except (OSError, RuntimeError, ImportError) as err:  # no compiler or ninja; a failed build
         raise FusedUnavailable(f"building {SOURCE.name} failed ({type(err).__name__}: {err}); "
                                "kernels=fused needs a C++ compiler (g++) and ninja") from err
 
 
+@functools.cache
 def available() -> bool:
-    """Whether the fused kernels can run here (builds them on first call)."""
+    """Whether the fused kernels can run here (builds them on first call; a failure is not retried)."""
     try:
         load()
     except FusedUnavailable:
@@ -118,10 +133,10 @@ def _norm_weight(norm: nn.Module) -> Tensor | None:
 
 
 def supported_layer(layer: nn.Module) -> bool:
-    """Whether `layer` is a decoder layer the fused forward computes exactly as its own: a pre-norm
-    Llama-family layer (`LAYERS`), RMSNorm (or no input norm, as EAGLE's drafter), q/k/v/o
-    projections with no q/k norms and no sliding window, a gated SiLU MLP, no o/MLP biases beyond
-    what the kernels take."""
+    """Whether `layer` is a decoder layer whose computation the fused forward repeats (to float
+    rounding): a pre-norm Llama-family layer (`LAYERS`), RMSNorm (or no input norm, as EAGLE's
+    drafter), q/k/v/o projections (biases or not) with no q/k norms and no sliding window, and a
+    gated SiLU MLP."""
     if type(layer).__name__ not in LAYERS:
         return False
     attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)

@@ -179,8 +179,9 @@ def check_kernels(kernels: str, device: str | torch.device = "cpu") -> str:
     if kernels not in available_kernels(device):
         if kernels == "fused" and torch.device(device).type == "cpu":
             fused.load()  # raises FusedUnavailable, saying why
-        raise ValueError(f"kernels={kernels} runs on a CPU with a PyTorch build that has oneDNN "
-                         f"(torch.backends.mkldnn), not on {device} here: use kernels=default")
+        raise ValueError(f"kernels={kernels} runs on a CPU only (onednn: with a PyTorch build that has oneDNN, "
+                         f"torch.backends.mkldnn; fused: AVX2 and a C++ compiler), not on {device} here: "
+                         "use kernels=default")
     return kernels
 
 

@@ -220,8 +220,8 @@ torch::Tensor attention_mlp(torch::Tensor x, torch::Tensor q, torch::Tensor keys
   const bool has_mask = mask.has_value() && mask->defined();
   const bool bool_mask = has_mask && mask->scalar_type() == torch::kBool;
   TORCH_CHECK(!has_mask || bool_mask || mask->scalar_type() == torch::kFloat32, "attention_mlp: a bool or float32 mask");
-  TORCH_CHECK(!has_mask || (mask->dim() == 4 && (mask->size(0) == B || mask->size(0) == 1)),
-              "attention_mlp: a (B or 1, 1, n, L) mask");
+  TORCH_CHECK(!has_mask || (mask->dim() == 4 && (mask->size(0) == B || mask->size(0) == 1) && mask->size(2) == n
+                            && mask->size(3) >= L), "attention_mlp: a (B or 1, 1, n, L) mask");
   const int64_t ms0 = has_mask && mask->size(0) > 1 ? mask->stride(0) : 0;
   const int64_t ms2 = has_mask ? mask->stride(2) : 0, ms3 = has_mask ? mask->stride(3) : 0;
   const float* MF = has_mask && !bool_mask ? mask->data_ptr<float>() : nullptr;
