@@ -117,6 +117,37 @@ def test_other_layers_keep_their_forward_and_still_run_fused_products(family):
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_the_backbones_loop_gives_the_layers_logits_and_steps_aside_when_asked_for_more(family):
+    """With every layer fused, the base model's forward is one loop over the kernels
+    (`FusedBackbone`): the logits of the model's own forward over the same fused layers, bitwise,
+    with padding and a cache; a call asking for every layer's hidden states takes the model's own."""
+    model = use_kernels(make_tiny_model(family), "fused")
+    backbone = model.model.__dict__.get("forward")
+    assert isinstance(backbone, fused.FusedBackbone)
+    original, calls = backbone.original, []
+    backbone.original = lambda **k: calls.append(1) or original(**k)
+    ids = torch.randint(3, model.config.vocab_size, (2, 9))
+    padding = torch.ones_like(ids)
+    padding[0, :2] = 0  # row 0 left-padded, as generate pads a batch
+
+    def run():
+        cache = DynamicCache()
+        return [model(ids[:, :6], attention_mask=padding[:, :6], cache=cache).logits,
+                model(ids[:, 6:], attention_mask=padding, cache=cache).logits]
+
+    with torch.inference_mode():
+        got = run()
+        assert not calls, "every pass must have run the backbone's loop"
+        del model.model.forward  # the model's own forward, over the same fused layers
+        expected = run()
+        model.model.forward = backbone
+        every = model(ids, attention_mask=padding, output_hidden_states=True)
+    assert all(torch.equal(g, e) for g, e in zip(got, expected, strict=True))
+    assert calls and len(every.hidden_states) == model.config.num_hidden_layers + 1
+    torch.testing.assert_close(every.logits[:, 6:], got[1], rtol=1e-5, atol=1e-5)
+
+
 def test_a_batch_runs_fused_and_each_sequence_gets_its_own_logits():
     model = use_kernels(make_tiny_model("llama"), "fused")
     ids = torch.randint(3, model.config.vocab_size, (3, 7))
@@ -154,7 +185,9 @@ def test_switching_back_restores_the_layers_and_frees_the_packed_weights():
     kept = model.model.layers[0].forward
     use_kernels(model, "default", release=False)  # timing settings in turn keeps them
     assert "forward" not in model.model.layers[0].__dict__ and kernels_of(model) == "default"
+    assert "forward" not in model.model.__dict__
     assert use_kernels(model, "fused").model.layers[0].forward is kept and kept._packed is not None
+    assert isinstance(model.model.forward, fused.FusedBackbone)
     use_kernels(model, "onednn")
     assert "forward" not in model.model.layers[0].__dict__ and kernels_of(model) == "onednn"
     assert kept._packed is None and not hasattr(model.lm_head, "_fused")
