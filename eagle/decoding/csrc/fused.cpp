@@ -26,6 +26,10 @@ static inline vec vset1(float x) { return _mm512_set1_ps(x); }
 static inline vec vzero() { return _mm512_setzero_ps(); }
 static inline vec vadd(vec a, vec b) { return _mm512_add_ps(a, b); }
 static inline float vsum(vec v) { return _mm512_reduce_add_ps(v); }
+static inline vec vmul(vec a, vec b) { return _mm512_mul_ps(a, b); }
+static inline vec vmax(vec a, vec b) { return _mm512_max_ps(a, b); }
+static inline vec vround(vec v) { return _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+static inline vec vpow2(vec p, vec n) { return _mm512_scalef_ps(p, n); }  // p * 2^n
 #elif defined(__AVX2__) && defined(__FMA__)
 typedef __m256 vec;
 constexpr int VW = 8;
@@ -43,9 +47,34 @@ static inline float vsum(vec v) {
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s);
 }
+static inline vec vmul(vec a, vec b) { return _mm256_mul_ps(a, b); }
+static inline vec vmax(vec a, vec b) { return _mm256_max_ps(a, b); }
+static inline vec vround(vec v) { return _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+static inline vec vpow2(vec p, vec n) {  // p * 2^n, n a whole number in [-126, 127]
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
 #else
 #error "the fused kernels need AVX2 with FMA, or AVX-512"
 #endif
+
+// e^x of every lane (Cephes' expf: x = n ln 2 + r, |r| <= ln 2 / 2, e^r by a degree-7 polynomial;
+// within 2 ulp of std::exp; x below -87.3 gives ~1e-38, not 0): the attention's probabilities,
+// a vector at a time instead of one std::exp per key
+static inline vec vexp(vec x) {
+  x = vmax(x, vset1(-87.3f));  // inputs are score - max <= 0
+  const vec n = vround(vmul(x, vset1(1.44269504088896341f)));
+  vec r = vfma(n, vset1(-0.693359375f), x);  // x - n ln 2, ln 2 in two parts
+  r = vfma(n, vset1(2.12194440e-4f), r);
+  vec p = vset1(1.9875691500e-4f);
+  p = vfma(p, r, vset1(1.3981999507e-3f));
+  p = vfma(p, r, vset1(8.3334519073e-3f));
+  p = vfma(p, r, vset1(4.1665795894e-2f));
+  p = vfma(p, r, vset1(1.6666665459e-1f));
+  p = vfma(p, r, vset1(5.0000001201e-1f));
+  p = vfma(p, vmul(r, r), vadd(r, vset1(1.f)));
+  return vpow2(p, n);
+}
 
 constexpr int PW = 4 * VW;
 constexpr int tail(int rows) { return rows < RB ? rows : 1; }  // a block of the last rows (unused ones: 1)  // a panel's width: the outputs one block of accumulators covers
@@ -230,7 +259,7 @@ torch::Tensor attention_mlp(torch::Tensor x, torch::Tensor q, torch::Tensor keys
   auto att = torch::empty({rows, heads * hd}, x.options());
   float* A = att.data_ptr<float>();
   at::parallel_for(0, rows * heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> score(L);
+    std::vector<float> score(L + VW);  // whole vectors for vexp
     std::vector<int64_t> seen(L);
     for (int64_t job = begin; job < end; ++job) {
       const int64_t b = job / (n * heads), i = job / heads % n, h = job % heads, g = h / group;
@@ -260,8 +289,10 @@ torch::Tensor attention_mlp(torch::Tensor x, torch::Tensor q, torch::Tensor keys
         seen[m++] = t;
         top = std::max(top, s);
       }
+      const vec vtop = vset1(top);
+      for (int64_t j = 0; j < m; j += VW) vstore(&score[j], vexp(vadd(vload(&score[j]), vmul(vtop, vset1(-1.f)))));
       float z = 0.f;
-      for (int64_t j = 0; j < m; ++j) z += (score[j] = std::exp(score[j] - top));
+      for (int64_t j = 0; j < m; ++j) z += score[j];
       for (int64_t j = 0; j < m; ++j) score[j] /= z;  // the probabilities
       float* o = A + (b * n + i) * heads * hd + h * hd;
       for (int64_t k = 0; k < hv; k += VW) {
