@@ -76,8 +76,8 @@ static inline vec vexp(vec x) {
   return vpow2(p, n);
 }
 
-constexpr int PW = 4 * VW;
-constexpr int tail(int rows) { return rows < RB ? rows : 1; }  // a block of the last rows (unused ones: 1)  // a panel's width: the outputs one block of accumulators covers
+constexpr int PW = 4 * VW;  // a panel's width: the outputs one block of accumulators covers
+constexpr int tail(int rows) { return rows < RB ? rows : 1; }  // a block of the last rows (unused sizes: 1)
 
 int64_t panel_width() { return PW; }
 
@@ -290,7 +290,8 @@ torch::Tensor attention_mlp(torch::Tensor x, torch::Tensor q, torch::Tensor keys
         top = std::max(top, s);
       }
       const vec vtop = vset1(top);
-      for (int64_t j = 0; j < m; j += VW) vstore(&score[j], vexp(vadd(vload(&score[j]), vmul(vtop, vset1(-1.f)))));
+      for (int64_t j = 0; j < m; j += VW)  // score + (-top): the same float as score - top
+        vstore(&score[j], vexp(vadd(vload(&score[j]), vmul(vtop, vset1(-1.f)))));
       float z = 0.f;
       for (int64_t j = 0; j < m; ++j) z += score[j];
       for (int64_t j = 0; j < m; ++j) score[j] /= z;  // the probabilities
