@@ -22,7 +22,7 @@ pytestmark = pytest.mark.skipif(not fused.available(), reason="the fused kernels
 
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("shape", [(1, 48), (3, 48), (5, 48), (26, 48), (2, 5, 48), (1, 1, 1, 48), (4, 7),
-                                   (7, 200), (26, 200)])  # 200 inputs: several chunks of KC = 64 for > 6 rows
+                                   (7, 200), (26, 200)])  # 7 and 26 rows: several blocks of rows
 def test_fused_products_equal_f_linear_and_each_row_its_own_product(shape, bias):
     torch.manual_seed(0)
     linear = nn.Linear(shape[-1], 200, bias=bias)  # 200 outputs: the last panel is partly padding

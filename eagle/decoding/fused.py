@@ -271,18 +271,21 @@ class FusedBackbone:
 
         model = self.backbone
         cache = kwargs.pop("past_key_values", cache)  # the name before transformers 5.x
+
+        def own():  # the model's own forward, on what this call has computed so far
+            return self.original(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                 cache=cache, inputs_embeds=inputs_embeds, use_cache=use_cache, **kwargs)
+
         layers = self._fused_layers()
         if (layers is None or model.training or (input_ids is None) == (inputs_embeds is None)
                 or any(k not in self.PASSED for k in kwargs) or kwargs.get("output_attentions")
                 or kwargs.get("output_hidden_states") or kwargs.get("return_dict") is False):
-            return self.original(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                                 cache=cache, inputs_embeds=inputs_embeds, use_cache=use_cache, **kwargs)
+            return own()
         if inputs_embeds is None:
-            inputs_embeds = model.embed_tokens(input_ids)  # (B, n, d)
+            inputs_embeds, input_ids = model.embed_tokens(input_ids), None  # (B, n, d)
         first = layers[0].layer.self_attn
         if inputs_embeds.dim() != 3 or not _runs_fused(inputs_embeds, first.q_proj.weight):
-            return self.original(input_ids=None, attention_mask=attention_mask, position_ids=position_ids,
-                                 cache=cache, inputs_embeds=inputs_embeds, use_cache=use_cache, **kwargs)
+            return own()
         if use_cache is None:
             use_cache = model.config.use_cache
         if use_cache and cache is None:
@@ -294,8 +297,7 @@ class FusedBackbone:
                                   cache=cache, position_ids=position_ids)
         cos_sin = model.rotary_emb(inputs_embeds, position_ids=position_ids)
         if not _fused_mask(mask) or cos_sin[0].shape[-1] != first.head_dim:
-            return self.original(input_ids=None, attention_mask=attention_mask, position_ids=position_ids,
-                                 cache=cache, inputs_embeds=inputs_embeds, use_cache=use_cache, **kwargs)
+            return own()
         hidden = inputs_embeds
         for layer in layers:
             hidden = layer.run(hidden, cos_sin, mask, cache, kwargs)  # kwargs reach `cache.update`, as HF's

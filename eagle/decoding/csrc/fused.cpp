@@ -289,9 +289,8 @@ torch::Tensor attention_mlp(torch::Tensor x, torch::Tensor q, torch::Tensor keys
         seen[m++] = t;
         top = std::max(top, s);
       }
-      const vec vtop = vset1(top);
-      for (int64_t j = 0; j < m; j += VW)  // score + (-top): the same float as score - top
-        vstore(&score[j], vexp(vadd(vload(&score[j]), vmul(vtop, vset1(-1.f)))));
+      const vec neg_top = vset1(-top);  // score + (-top): the same float as score - top
+      for (int64_t j = 0; j < m; j += VW) vstore(&score[j], vexp(vadd(vload(&score[j]), neg_top)));
       float z = 0.f;
       for (int64_t j = 0; j < m; ++j) z += score[j];
       for (int64_t j = 0; j < m; ++j) score[j] /= z;  // the probabilities
