@@ -27,6 +27,7 @@ static inline vec vzero() { return _mm512_setzero_ps(); }
 static inline vec vadd(vec a, vec b) { return _mm512_add_ps(a, b); }
 static inline float vsum(vec v) { return _mm512_reduce_add_ps(v); }
 static inline vec vmul(vec a, vec b) { return _mm512_mul_ps(a, b); }
+static inline vec vdiv(vec a, vec b) { return _mm512_div_ps(a, b); }
 static inline vec vmax(vec a, vec b) { return _mm512_max_ps(a, b); }
 static inline vec vround(vec v) { return _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 static inline vec vpow2(vec p, vec n) { return _mm512_scalef_ps(p, n); }  // p * 2^n
@@ -48,6 +49,7 @@ static inline float vsum(vec v) {
   return _mm_cvtss_f32(s);
 }
 static inline vec vmul(vec a, vec b) { return _mm256_mul_ps(a, b); }
+static inline vec vdiv(vec a, vec b) { return _mm256_div_ps(a, b); }
 static inline vec vmax(vec a, vec b) { return _mm256_max_ps(a, b); }
 static inline vec vround(vec v) { return _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 static inline vec vpow2(vec p, vec n) {  // p * 2^n, n a whole number in [-126, 127]
@@ -258,8 +260,13 @@ torch::Tensor attention_mlp(torch::Tensor x, torch::Tensor q, torch::Tensor keys
   const float skip = -FLT_MAX / 2, sc = (float)scaling;
   auto att = torch::empty({rows, heads * hd}, x.options());
   float* A = att.data_ptr<float>();
+  // Each (row, head) job: the seen slots, their scores, the softmax, the weighted values. The work
+  // is scheduled for throughput without changing any float: a key's dot product is the same FMA
+  // chain over the head dim and the same horizontal sum whether it runs alone or beside others,
+  // and each output lane sums its values in slot order, so the result is bitwise that of one key
+  // and one vector at a time (the exactness above does not depend on the schedule).
   at::parallel_for(0, rows * heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> score(L + VW);  // whole vectors for vexp
+    std::vector<float> score(L + VW);  // whole vectors for vexp and the division
     std::vector<int64_t> seen(L);
     for (int64_t job = begin; job < end; ++job) {
       const int64_t b = job / (n * heads), i = job / heads % n, h = job % heads, g = h / group;
@@ -267,8 +274,7 @@ torch::Tensor attention_mlp(torch::Tensor x, torch::Tensor q, torch::Tensor keys
       const float* Kg = K + b * ks0 + g * ks1;
       const float* Vg = V + b * vs0 + g * vs1;
       const int64_t mrow = b * ms0 + i * ms2;
-      int64_t m = 0;
-      float top = -INFINITY;
+      int64_t m = 0;  // the seen slots, in slot order, each with its additive mask in score[]
       for (int64_t t = 0; t < L; ++t) {
         float add = 0.f;
         if (!has_mask) {
@@ -279,30 +285,70 @@ torch::Tensor attention_mlp(torch::Tensor x, torch::Tensor q, torch::Tensor keys
           add = MF[mrow + t * ms3];
           if (add <= skip) continue;
         }
-        const float* kt = Kg + t * ks2;
+        score[m] = add;
+        seen[m++] = t;
+      }
+      auto dot = [&](const float* kt, vec a) {  // a: the key's FMA chain over the whole vectors
+        float d = vsum(a);
+        for (int64_t k = hv; k < hd; ++k) d += qi[k] * kt[k];
+        return d;
+      };
+      int64_t j = 0;
+      for (; j + 4 <= m; j += 4) {  // 4 keys' chains side by side: latency hidden, not changed
+        const float *k0 = Kg + seen[j] * ks2, *k1 = Kg + seen[j + 1] * ks2;
+        const float *k2 = Kg + seen[j + 2] * ks2, *k3 = Kg + seen[j + 3] * ks2;
+        vec a0 = vzero(), a1 = vzero(), a2 = vzero(), a3 = vzero();
+        for (int64_t k = 0; k < hv; k += VW) {
+          const vec qk = vload(qi + k);
+          a0 = vfma(qk, vload(k0 + k), a0);
+          a1 = vfma(qk, vload(k1 + k), a1);
+          a2 = vfma(qk, vload(k2 + k), a2);
+          a3 = vfma(qk, vload(k3 + k), a3);
+        }
+        score[j] = dot(k0, a0) * sc + score[j];
+        score[j + 1] = dot(k1, a1) * sc + score[j + 1];
+        score[j + 2] = dot(k2, a2) * sc + score[j + 2];
+        score[j + 3] = dot(k3, a3) * sc + score[j + 3];
+      }
+      for (; j < m; ++j) {
+        const float* kt = Kg + seen[j] * ks2;
         vec a = vzero();
         for (int64_t k = 0; k < hv; k += VW) a = vfma(vload(qi + k), vload(kt + k), a);
-        float dot = vsum(a);
-        for (int64_t k = hv; k < hd; ++k) dot += qi[k] * kt[k];
-        const float s = dot * sc + add;
-        score[m] = s;
-        seen[m++] = t;
-        top = std::max(top, s);
+        score[j] = dot(kt, a) * sc + score[j];
       }
+      float top = -INFINITY;
+      for (j = 0; j < m; ++j) top = std::max(top, score[j]);
       const vec neg_top = vset1(-top);  // score + (-top): the same float as score - top
-      for (int64_t j = 0; j < m; j += VW) vstore(&score[j], vexp(vadd(vload(&score[j]), neg_top)));
+      for (j = 0; j < m; j += VW) vstore(&score[j], vexp(vadd(vload(&score[j]), neg_top)));
       float z = 0.f;
-      for (int64_t j = 0; j < m; ++j) z += score[j];
-      for (int64_t j = 0; j < m; ++j) score[j] /= z;  // the probabilities
+      for (j = 0; j < m; ++j) z += score[j];
+      const vec vz = vset1(z);  // IEEE division: a vector's quotients are the scalar ones
+      for (j = 0; j < m; j += VW) vstore(&score[j], vdiv(vload(&score[j]), vz));  // the probabilities
       float* o = A + (b * n + i) * heads * hd + h * hd;
-      for (int64_t k = 0; k < hv; k += VW) {
+      int64_t k = 0;
+      for (; k + 4 * VW <= hv; k += 4 * VW) {  // 4 output vectors' chains side by side
+        vec o0 = vzero(), o1 = vzero(), o2 = vzero(), o3 = vzero();
+        for (j = 0; j < m; ++j) {
+          const vec p = vset1(score[j]);
+          const float* vj = Vg + seen[j] * vs2 + k;
+          o0 = vfma(p, vload(vj), o0);
+          o1 = vfma(p, vload(vj + VW), o1);
+          o2 = vfma(p, vload(vj + 2 * VW), o2);
+          o3 = vfma(p, vload(vj + 3 * VW), o3);
+        }
+        vstore(o + k, o0);
+        vstore(o + k + VW, o1);
+        vstore(o + k + 2 * VW, o2);
+        vstore(o + k + 3 * VW, o3);
+      }
+      for (; k < hv; k += VW) {
         vec acc = vzero();
-        for (int64_t j = 0; j < m; ++j) acc = vfma(vset1(score[j]), vload(Vg + seen[j] * vs2 + k), acc);
+        for (j = 0; j < m; ++j) acc = vfma(vset1(score[j]), vload(Vg + seen[j] * vs2 + k), acc);
         vstore(o + k, acc);
       }
-      for (int64_t k = hv; k < hd; ++k) {
+      for (k = hv; k < hd; ++k) {
         float acc = 0.f;
-        for (int64_t j = 0; j < m; ++j) acc += score[j] * Vg[seen[j] * vs2 + k];
+        for (j = 0; j < m; ++j) acc += score[j] * Vg[seen[j] * vs2 + k];
         o[k] = acc;
       }
     }
