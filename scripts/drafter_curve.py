@@ -1,5 +1,5 @@
 """How a drafter's acceptance grows with training: greedy tau on MT-bench of every checkpoint a
-training run kept, beside the run's validation top-1, the training tokens and the CPU minutes
+training run kept, beside the run's validation top-1, the training tokens and the minutes of training
 behind each checkpoint.
 
     python train.py experiment=drafter_smollm2_long callbacks.model_checkpoint.save_top_k=-1  # keeps step=N.ckpt
@@ -132,7 +132,7 @@ def main() -> None:
     (out / "curve.json").write_text(json.dumps({"prompts": args.prompts, "new_tokens": args.new_tokens,
                                                 "trees": args.trees, "temperatures": args.temperatures,
                                                 "rows": rows}, indent=2))
-    lines = ["| drafter | step | training tokens | CPU minutes | val top-1 (depth 1 / 2) | "
+    lines = ["| drafter | step | training tokens | training minutes | val top-1 (depth 1 / 2) | "
              + " | ".join(f"tau {n}" for n in names) + " |", "|---|---:|---:|---:|---|" + "---:|" * len(names)]
     for r in rows:
         v = r["val"]
@@ -167,7 +167,7 @@ def plot(rows: list[dict], names: list[str], path: Path) -> None:
     left.set_xlabel("training tokens (M)")
     left.set_ylabel("tau (MT-bench)")
     left.legend(fontsize=7)
-    right.set_xlabel("CPU minutes of training")
+    right.set_xlabel("minutes of training (the run's machine)")
     right.set_ylabel("agreement with the target")
     right.legend(fontsize=7)
     fig.tight_layout()

