@@ -48,16 +48,17 @@ DRAFT_LM_ARGS=${DRAFT_LM_ARGS:-experiment=draft_lm_gpu trainer.max_time=00:00:00
 FEATURE_ARGS=${FEATURE_ARGS:-data_gen=python_corpus target_path=$RUNS/target_gpu/model name=target_gpu-python_stdlib device=$DEVICE \
 max_len=512 batch_size=32 source.max_samples=1024 source.max_val_samples=32}
 DRAFTER_ARGS=${DRAFTER_ARGS:-experiment=drafter_gpu trainer.max_time=00:00:00:45 $PARTIAL}
-# Eager decoding is launch-bound on that machine: ~7 s per 128-token prompt (~55 ms/token) for
-# vanilla, EAGLE and the draft LM alike, against under 1 s for the compiled static ones, so eager
-# methods alone spent the whole benchmark cap in the first run. Static ones only by default.
+# Eager decoding is overhead-bound on that machine (per operation; kernel launches, most likely):
+# ~7 s per 128-token prompt (~55 ms/token) for vanilla, EAGLE and the draft LM alike, against under
+# 1 s for the compiled static ones, so eager methods alone spent the whole benchmark cap in the
+# first run. Static ones only by default.
 BENCH_METHODS=${BENCH_METHODS:-vanilla:static,eagle:static,draft:static}
 # 5 prompts per set, 128 new tokens; 768 static slots hold every HumanEval and MT-bench prompt + 128 + tree
 BENCH_ARGS=${BENCH_ARGS:-target=$RUNS/target_gpu/model draft.model=$RUNS/draft_lm_gpu/model \
 eagle.drafter=$RUNS/drafter_gpu/drafter benchmark.eval_sets=[humaneval,mtbench] benchmark.num_prompts=5 \
 max_new_tokens=128 static_max_len=768}
 # Llama-7B shape, bf16 (configs/decode.yaml); the compiled methods only: vanilla:static took ~60 s
-# (29 s of it compiling), eager ones are launch-bound (above)
+# (29 s of it compiling), eager ones are overhead-bound (above)
 TIMING_ARGS=${TIMING_ARGS:-timing.methods=[vanilla:static,eagle:static] timing.repeats=1}
 # caps in seconds (sum 540, + ~20 s of setup); a stage past its cap is killed, the next one starts
 CAP_TARGET=${CAP_TARGET:-100} CAP_DRAFT_LM=${CAP_DRAFT_LM:-35} CAP_FEATURES=${CAP_FEATURES:-30}

@@ -69,10 +69,10 @@ RUN=$RUNS/drafter_smollm2_gpu
 collect() {
   [ -f "$RUN/drafter/config.json" ] || return 0
   rm -f "$OUT"/drafter_run.tar.*
-  local runs export  # absolute: tar's -C options are relative to each other
-  runs=$(cd "$RUNS" && pwd) export=$(cd "$RUNS" && pwd)/export
+  local runs exported  # absolute: tar's -C options are relative to each other
+  runs=$(cd "$RUNS" && pwd) exported=$(cd "$RUNS" && pwd)/export
   tar -C "$runs" -cf - drafter_smollm2_gpu/drafter drafter_smollm2_gpu/csv \
-    $( [ -d "$export/drafter_smollm2_gpu/checkpoints" ] && echo -C "$export" drafter_smollm2_gpu/checkpoints ) \
+    $( [ -d "$exported/drafter_smollm2_gpu/checkpoints" ] && echo -C "$exported" drafter_smollm2_gpu/checkpoints ) \
     | split -b 15m -d - "$OUT/drafter_run.tar." || say "packing the drafter run into $OUT failed"
 }
 WHEELS=$PAYLOAD/wheels
