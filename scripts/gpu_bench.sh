@@ -5,11 +5,13 @@
 #      draft LM (draft_lm_gpu); 2. dump the target's features; 3. train the EAGLE drafter
 #      (drafter_gpu); [Medusa heads: the hook below];
 #   4. benchmark at T=0 and T=1 on HumanEval and MT-bench (5 prompts each, 128 new tokens):
-#      static-cache compiled (CUDA graphs) vanilla, EAGLE and classic speculative decoding with
-#      the draft LM (BENCH_METHODS adds eager ones, hf_generate etc. when the budget allows);
+#      static-cache compiled (CUDA graphs) vanilla and EAGLE (BENCH_METHODS adds eager ones,
+#      hf_generate etc. when the budget allows);
 #   5. time vanilla and EAGLE rounds (static-cache compiled) at Llama-7B shape with random
 #      weights; 6. project the 7B ms/token: the round of step 5 divided by the tau of step 4
-#      (a projection, labelled so).
+#      (a projection, labelled so); 7. with what time is left, the peers (PEER_METHODS: classic
+#      speculative decoding with the draft LM) in a benchmark of their own, so that a peer never
+#      run on a GPU before cannot cost the main table.
 # Writes into OUT (at most 8 files come back from the device), refreshed after every stage:
 # results.json, results.md (benchmark tables, then the timing table), timing.json,
 # pipeline.log and the plots.
@@ -52,7 +54,8 @@ DRAFTER_ARGS=${DRAFTER_ARGS:-experiment=drafter_gpu trainer.max_time=00:00:00:45
 # ~7 s per 128-token prompt (~55 ms/token) for vanilla, EAGLE and the draft LM alike, against under
 # 1 s for the compiled static ones, so eager methods alone spent the whole benchmark cap in the
 # first run. Static ones only by default.
-BENCH_METHODS=${BENCH_METHODS:-vanilla:static,eagle:static,draft:static}
+BENCH_METHODS=${BENCH_METHODS:-vanilla:static,eagle:static}
+PEER_METHODS=${PEER_METHODS:-vanilla:static,draft:static}
 # 5 prompts per set, 128 new tokens; 768 static slots hold every HumanEval and MT-bench prompt + 128 + tree
 BENCH_ARGS=${BENCH_ARGS:-target=$RUNS/target_gpu/model draft.model=$RUNS/draft_lm_gpu/model \
 eagle.drafter=$RUNS/drafter_gpu/drafter benchmark.eval_sets=[humaneval,mtbench] benchmark.num_prompts=5 \
@@ -60,7 +63,8 @@ max_new_tokens=128 static_max_len=768}
 # Llama-7B shape, bf16 (configs/decode.yaml); the compiled methods only: vanilla:static took ~60 s
 # (29 s of it compiling), eager ones are overhead-bound (above)
 TIMING_ARGS=${TIMING_ARGS:-timing.methods=[vanilla:static,eagle:static] timing.repeats=1}
-# caps in seconds (sum 540, + ~20 s of setup); a stage past its cap is killed, the next one starts
+# caps in seconds (sum 540, + ~20 s of setup; the peers then take what is left, up to CAP_PEERS);
+# a stage past its cap is killed, the next one starts
 CAP_TARGET=${CAP_TARGET:-100} CAP_DRAFT_LM=${CAP_DRAFT_LM:-35} CAP_FEATURES=${CAP_FEATURES:-30}
 CAP_DRAFTER=${CAP_DRAFTER:-50} CAP_BENCH=${CAP_BENCH:-150} CAP_TIMING=${CAP_TIMING:-160}
 CAP_PROJECT=${CAP_PROJECT:-15}
@@ -69,7 +73,7 @@ TOTAL=${TOTAL:-570}  # the whole script's budget: no stage runs past it (the dev
 mkdir -p "$OUT" "$RUNS"
 # A rerun on a warm machine finds the last run's files: trained models are reused by their stages
 # (they say so in the log), but no result of an earlier run may be reported as this one's.
-rm -rf "$RUNS/bench" "$RUNS/timing"
+rm -rf "$RUNS/bench" "$RUNS/timing" "$RUNS/bench_peers"
 rm -f "$OUT"/{results.json,results.md,timing.json,pipeline.log,speedup.png,speedup_vs_static.png,tau.png,acceptance.png}
 # collect: copy what exists into OUT (after every stage, so a killed run still brings results)
 collect() {
@@ -77,7 +81,7 @@ collect() {
            $RUNS/bench/tau.png $RUNS/bench/acceptance.png $RUNS/timing/timing.json; do
     [ -f "$f" ] && cp "$f" "$OUT/"
   done
-  cat $RUNS/bench/results.md $RUNS/timing/timing.md 2>/dev/null >"$OUT/results.md"
+  cat $RUNS/bench/results.md $RUNS/timing/timing.md $RUNS/bench_peers/results.md 2>/dev/null >"$OUT/results.md"
 }
 
 source scripts/gpu_common.sh  # LOG, START, say, stage (which calls collect), the carried wheels
@@ -106,6 +110,8 @@ if [ -f $RUNS/bench/results.json ] && [ -f $RUNS/timing/timing.json ]; then
   stage project "$CAP_PROJECT" $PY decode.py mode=timing timing.measured=$RUNS/timing/timing.json \
     timing.tau_from=$RUNS/bench/results.json timing.out_dir=$RUNS/timing paths.runs_dir=$RUNS
 fi
+[ -n "$PEER_METHODS" ] && stage peers "${CAP_PEERS:-120}" $PY decode.py mode=benchmark device=$DEVICE compile=$COMPILE \
+  $BENCH_ARGS "benchmark.methods=[$PEER_METHODS]" benchmark.out_dir=$RUNS/bench_peers paths.runs_dir=$RUNS
 for sidecar in $RUNS/target_gpu/model/eagle_target.json $RUNS/draft_lm_gpu/model/eagle_target.json; do
   [ -f "$sidecar" ] && $PY -c "import json, sys; d = json.load(open(sys.argv[1])); print(sys.argv[1], {k: d.get(k) for k in ('n_params', 'steps', 'planned_steps', 'tokens_seen', 'train_time_s', 'tokens_per_s', 'val/loss', 'val/unigram_loss')})" "$sidecar" >>"$LOG"
 done
