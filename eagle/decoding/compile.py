@@ -6,7 +6,6 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_map
 
 from eagle.decoding.kernels import kernels_of
 
@@ -66,6 +65,8 @@ def compile_static(fn: Callable, mode: str | None, module: nn.Module | None = No
 
 
 def clone_outputs(out):
-    """`out` with every tensor in it cloned and its structure kept: a tensor stays a tensor (the
-    drafter pass returns one), a tuple a tuple (the verification returns logits and features)."""
-    return tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, out)
+    """`out` with its tensors cloned and its structure kept: a tensor stays a tensor (the drafter
+    pass returns one), a tuple a tuple (the verification returns logits and features)."""
+    if isinstance(out, torch.Tensor):
+        return out.clone()
+    return tuple(t.clone() if isinstance(t, torch.Tensor) else t for t in out)
