@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU pipeline in one device call (stage caps sum to 540 s; with ~20 s of wheel install it ends
-# inside the device tool's 600 s, and a 15-minute session's machine start, ~30 s, fits beside it):
+# inside the device tool's 600 s, and with the machine's start, ~30 s, inside 15 device minutes):
 #   1. train the GPU target (configs/experiment/target_gpu.yaml, shortened to the budget) and its
 #      draft LM (draft_lm_gpu); 2. dump the target's features; 3. train the EAGLE drafter
 #      (drafter_gpu); [Medusa heads: the hook below];
