@@ -601,7 +601,8 @@ def floor(cfg: DictConfig) -> Path:
         settings[setting] = (kind, "compile" in flags, check_kernels(kernels[0] if kernels else "default", cfg.device))
     dtype = resolve_dtype_name(fcfg.dtype, cfg.device, wide=False)
     target, _ = load_target(cfg.target, dtype=resolve_dtype(dtype), device=cfg.device, with_tokenizer=False)
-    bandwidth = fl.read_bandwidth(cfg.device, megabytes=fcfg.buffer_mb)
+    probe = fl.BandwidthProbe(cfg.device, megabytes=fcfg.buffer_mb)
+    bandwidth = probe(5)
     gflops = fl.peak_gflops(cfg.device, size=fcfg.peak_size, dtype=resolve_dtype(dtype))
     report = {"kind": "floor", "target": str(cfg.target), "dtype": dtype, "device": str(cfg.device),
               "threads": torch.get_num_threads(), "context": fcfg.context, "repeats": fcfg.repeats,
@@ -616,11 +617,14 @@ def floor(cfg: DictConfig) -> Path:
         make = fl.runner_factory(target, kind, "default" if compiled else None, max_len=fcfg.max_len)
         step = None
         for batch in sorted({1, *(int(b) for b in fcfg.batch_sizes)}):  # a batch's forwards: B x n tokens
-            costs = fl.forward_costs(target, fcfg.tokens, fcfg.context, fcfg.repeats, make, seed=cfg.seed, batch=batch)
+            costs = fl.forward_costs(target, fcfg.tokens, fcfg.context, fcfg.repeats, make, seed=cfg.seed, batch=batch,
+                                     probe=probe if fcfg.paired else None)
             name = setting if batch == 1 else f"{setting} x{batch}"
             report["settings"][name] = fl.floor_report(target, bandwidth, costs, step, batch, gflops)
-            step = step or costs.get(1)
-            print(f"[floor] {name}: " + ", ".join(f"{n} tokens {ms:.1f} ms" for n, ms in costs.items()))
+            step = step or (costs[1].ms if 1 in costs else None)
+            print(f"[floor] {name}: " + ", ".join(
+                f"{n} tokens {c.ms:.1f} ms" + (f" ({c.paired_floors:.2f} floors, paired)" if c.paired_floors else "")
+                for n, c in costs.items()))
     return write_report(fcfg.out_dir, "floor", report, fl.markdown(report))
 
 

@@ -59,7 +59,8 @@ def test_forward_costs_time_one_forward_of_n_tokens_per_repeat():
         return runners[-1]
 
     costs = fl.forward_costs(target, tokens=(1, 4, 9), context=10, repeats=3, make=make)
-    assert list(costs) == [1, 4, 9] and all(ms > 0 for ms in costs.values())
+    assert list(costs) == [1, 4, 9] and all(c.ms > 0 and len(c.times_ms) == 3 for c in costs.values())
+    assert all(c.paired_floors is None and c.bandwidth_gb_s == [] for c in costs.values())  # no probe
     verifies = [entry[1:] for entry in log if entry[0] == "verify"]
     assert verifies == [(1, 1)] * 4 + [(4, 4)] * 4 + [(9, 9)] * 4  # a warm-up, then the repeats
     assert all(entry == ("commit", (0,)) for entry in log if entry[0] == "commit")  # the root only
@@ -71,14 +72,51 @@ def test_a_static_runner_is_sized_for_each_forward():
     make = fl.runner_factory(target, "static", max_len=64)
     runner = make(8)
     assert isinstance(runner, StaticRunner) and runner.width == 8 and runner.capacity == 0
-    assert fl.forward_costs(target, tokens=(8,), context=10, repeats=2, make=make)[8] > 0
+    assert fl.forward_costs(target, tokens=(8,), context=10, repeats=2, make=make)[8].ms > 0
     assert isinstance(fl.runner_factory(target)(3), DynamicRunner)
+
+
+def test_a_probe_before_each_forward_pairs_it_with_the_floor_of_its_moment():
+    target = make_tiny_model("llama")
+    nbytes = fl.weight_bytes(target)
+    readings = iter([10.0, 20.0, 40.0, 5.0, 5.0, 5.0])  # GB/s: the first size's three forwards, then the second's
+    log = []
+
+    class Timed(DynamicRunner):  # records when each forward runs against the probe's reads
+        def verify(self, tokens, parents):
+            log.append("forward")
+            return super().verify(tokens, parents)
+
+    def probe():
+        log.append("probe")
+        return next(readings)
+
+    costs = fl.forward_costs(target, tokens=(1, 3), context=6, repeats=3, make=lambda n: Timed(target), probe=probe)
+    assert log == (["forward"] + ["probe", "forward"] * 3) * 2  # none before the warm-up, one before each timed
+    first = costs[1]
+    assert first.bandwidth_gb_s == [10.0, 20.0, 40.0]
+    floors = [nbytes / (gb * 1e9) * 1e3 for gb in first.bandwidth_gb_s]  # ms of each forward's floor
+    assert first.paired_floors == pytest.approx(sorted(t / f for t, f in zip(first.times_ms, floors))[1])
+    assert costs[3].paired_floors == pytest.approx(costs[3].ms * 5.0 * 1e6 / nbytes)  # one bandwidth: median / floor
+    report = fl.floor_report(target, 5.0, costs)
+    assert [r["paired_floors"] for r in report["forwards"]] == [first.paired_floors, costs[3].paired_floors]
+    table = fl.markdown({"target": "t", "dtype": "float32", "threads": 1, "device": "cpu", "weight_bytes": nbytes,
+                         "bandwidth_gb_s": 5.0, "floor_ms": report["floor_ms"], "flops_per_token": 1, "peak_gflops": 1.0,
+                         "peak_size": 8, "context": 6, "repeats": 3, "tokens": [1, 3], "settings": {"dynamic": report}})
+    assert "dynamic: ms | floors | paired | roofs | steps" in table and "6 reads, 5.0-40.0 GB/s, median 7.5" in table
+    assert f"| {first.paired_floors:.2f} |" in table.split("| 1 |")[1].split("\n")[0]
+
+
+def test_the_probe_reads_its_buffer_and_reports_a_rate():
+    probe = fl.BandwidthProbe(megabytes=8, repeats=2)
+    assert probe.buffer.numel() == 2 * 2**20 and probe() > 0 and probe(1) > 0
 
 
 def test_the_report_counts_forwards_in_floors_and_steps():
     target = make_tiny_model("llama")
     nbytes = fl.weight_bytes(target)
-    report = fl.floor_report(target, bandwidth_gb_s=nbytes / 1e9 / 2e-3, costs={1: 4.0, 8: 6.0})  # floor: 2 ms
+    costs = {1: fl.ForwardCost(4.0), 8: fl.ForwardCost(6.0)}
+    report = fl.floor_report(target, bandwidth_gb_s=nbytes / 1e9 / 2e-3, costs=costs)  # floor: 2 ms
     assert report["floor_ms"] == pytest.approx(2.0)
     assert [(r["tokens"], r["floors"], r["steps"]) for r in report["forwards"]] == \
         [(1, pytest.approx(2.0), pytest.approx(1.0)), (8, pytest.approx(3.0), pytest.approx(1.5))]
@@ -86,7 +124,7 @@ def test_the_report_counts_forwards_in_floors_and_steps():
     flops = fl.linear_flops(target)
     assert flops == 2 * sum(m.weight.numel() for m in target.modules() if isinstance(m, torch.nn.Linear))
     # at a peak rate where one token's arithmetic takes 0.5 ms, 8 tokens take 4 ms: above the 2 ms floor
-    fast = fl.floor_report(target, nbytes / 1e9 / 2e-3, {1: 4.0, 8: 6.0}, gflops=flops / 1e9 / 0.5e-3)
+    fast = fl.floor_report(target, nbytes / 1e9 / 2e-3, costs, gflops=flops / 1e9 / 0.5e-3)
     assert [r["roof_ms"] for r in fast["forwards"]] == [pytest.approx(2.0), pytest.approx(4.0)]
     assert fast["forwards"][1]["roofs"] == pytest.approx(1.5)
 
@@ -128,6 +166,9 @@ def test_floor_mode_writes_its_report(target_dir, tmp_path, monkeypatch):
     decode(cfg)
     report = json.loads((out / "floor.json").read_text())
     assert set(report["settings"]) == {"dynamic", "static+onednn", "dynamic x3", "static+onednn x3"}
+    rows = [r for setting in report["settings"].values() for r in setting["forwards"]]
+    assert all(r["paired_floors"] > 0 and len(r["probe_gb_s"]) == 2 for r in rows)  # floor.paired: on by default
+    assert "paired" in (out / "floor.md").read_text()
     assert report["dtype"] == "float32"
     assert report["floor_ms"] == pytest.approx(report["weight_bytes"] / report["bandwidth_gb_s"] / 1e6)
     for setting in report["settings"].values():

@@ -159,6 +159,32 @@ def test_a_batch_runs_fused_and_each_sequence_gets_its_own_logits():
     assert torch.equal(batch, alone), "a sequence's logits must not depend on the sequences beside it"
 
 
+@pytest.mark.parametrize("family", ["llama", "qwen2"])  # qwen2: biases, which are packed too
+def test_weights_changed_in_place_or_replaced_are_packed_again(family):
+    model = make_tiny_model(family)
+    plain = make_tiny_model(family)
+    fast = use_kernels(model, "fused")
+    ids = torch.randint(3, model.config.vocab_size, (1, 6))
+
+    def same():
+        plain.load_state_dict(fast.state_dict())
+        with torch.inference_mode():
+            return torch.allclose(fast(ids).logits, plain(ids).logits, atol=1e-5)
+
+    assert same()
+    layer = fast.model.layers[1]
+    changes = [lambda: layer.mlp.down_proj.weight.mul_(2), lambda: layer.post_attention_layernorm.weight.add_(1),
+               lambda: layer.input_layernorm.weight.mul_(-1)]
+    if family == "qwen2":
+        changes.append(lambda: layer.self_attn.k_proj.bias.add_(1))
+    for change in changes:  # each change alone must reach the logits (the sizes make it large enough)
+        with torch.no_grad():
+            change()
+        assert same(), "a weight changed in place was not packed again"
+    layer.self_attn.o_proj.weight = nn.Parameter(torch.randn_like(layer.self_attn.o_proj.weight))
+    assert same(), "a replaced parameter was not packed again"
+
+
 def test_training_and_other_dtypes_take_the_layers_own_forward():
     model = use_kernels(make_tiny_model("llama"), "fused")
     layer = model.model.layers[0]

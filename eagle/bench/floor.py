@@ -19,7 +19,15 @@ tree of n tokens should cost about one step. This module measures both sides on 
   forward costs  `forward_costs`: the target's verification of n = 1, 2, 4, ... new tokens after a
                  fixed context, through the engine's own runner (a tree of n nodes, so the tree
                  mask is paid as in a round), each the median of a few repeats, in milliseconds
-                 and in units of the floor and of the 1-token step.
+                 and in units of the floor and of the 1-token step;
+  paired floors  with a `BandwidthProbe`, a streaming read just before each timed forward: each
+                 forward is divided by the floor of its own moment, and the median of those
+                 ratios is reported beside the ratio to the one probe at the start. On a shared
+                 VM the bandwidth moves by 30-50% between minutes (27-64 GB/s on a 2-core EPYC
+                 in one day), so a step and a floor measured minutes apart can say 1.1 or
+                 2.4 floors of the same kernels; the paired ratio does not depend on when the
+                 probe ran. The probe also empties the caches, so every paired forward reads
+                 its weights from memory, as the floor assumes.
 
 `decode.py mode=floor` runs it and writes floor.json and floor.md (and the same figures for each
 linear-kernel setting it is asked to compare: `eagle.decoding.kernels`).
@@ -29,7 +37,8 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -52,9 +61,10 @@ def linear_flops(model: nn.Module) -> int:
     return 2 * sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
 
 
-def _best_seconds(fn: Callable[[], object], repeats: int, sync: Callable[[], None]) -> float:
-    fn()  # first touch: page faults and lazy initialisation are not bandwidth
-    sync()
+def _best_seconds(fn: Callable[[], object], repeats: int, sync: Callable[[], None], warm: bool = True) -> float:
+    if warm:
+        fn()  # first touch: page faults and lazy initialisation are not bandwidth
+        sync()
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
@@ -68,14 +78,29 @@ def _sync(device: torch.device) -> Callable[[], None]:
     return (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
 
 
+class BandwidthProbe:
+    """Streaming read bandwidth in GB/s, on call: the fastest of `repeats` sums of a float32
+    buffer of `megabytes` (far beyond the caches, so every byte comes from memory), with torch's
+    current threads. A sum does one addition per 4 bytes read: it is bound by memory, not
+    arithmetic. The buffer is allocated and touched once, so a probe between two forwards costs
+    only its reads (~0.1 s for 3 x 1 GB)."""
+
+    def __init__(self, device: str | torch.device = "cpu", megabytes: int = 1024, repeats: int = 3):
+        self.device, self.repeats = torch.device(device), repeats
+        # random values, not a constant: a host that merges identical pages (KSM) would serve a buffer
+        # of ones from a few physical pages, out of the caches
+        self.buffer = torch.rand(megabytes * 2**20 // 4, dtype=torch.float32, device=self.device)
+        self.buffer.sum()  # first touch: page faults and lazy initialisation are not bandwidth
+        _sync(self.device)()
+
+    def __call__(self, repeats: int | None = None) -> float:
+        seconds = _best_seconds(lambda: self.buffer.sum(), repeats or self.repeats, _sync(self.device), warm=False)
+        return self.buffer.numel() * 4 / seconds / 1e9
+
+
 def read_bandwidth(device: str | torch.device = "cpu", megabytes: int = 1024, repeats: int = 5) -> float:
-    """Streaming read bandwidth in GB/s: the fastest of `repeats` sums of a float32 buffer of
-    `megabytes` (far beyond the caches, so every byte comes from memory), with torch's current
-    threads. A sum does one addition per 4 bytes read: it is bound by memory, not arithmetic."""
-    device = torch.device(device)
-    buffer = torch.ones(megabytes * 2**20 // 4, dtype=torch.float32, device=device)
-    seconds = _best_seconds(lambda: buffer.sum(), repeats, _sync(device))
-    return buffer.numel() * 4 / seconds / 1e9
+    """One `BandwidthProbe` reading: the fastest of `repeats` streaming reads of `megabytes`."""
+    return BandwidthProbe(device, megabytes)(repeats)
 
 
 @torch.inference_mode()
@@ -112,19 +137,33 @@ def runner_factory(target: nn.Module, kind: str = "dynamic", compile_mode: str |
     return lambda n: make_runner("static", target, tree_size=n - 1, max_len=max_len, compile_mode=compile_mode)
 
 
+@dataclass
+class ForwardCost:
+    """One size's forwards: the median time, and with a probe, each forward against the floor of
+    its own moment."""
+
+    ms: float  # median of the timed forwards
+    times_ms: list[float] = field(default_factory=list)  # each timed forward
+    bandwidth_gb_s: list[float] = field(default_factory=list)  # the probe just before each ([] without one)
+    paired_floors: float | None = None  # median of forward / (weight bytes / that bandwidth)
+
+
 @torch.inference_mode()
 def forward_costs(target: nn.Module, tokens: Sequence[int] = FORWARD_TOKENS, context: int = 200,
-                  repeats: int = 5, make: RunnerFactory | None = None, seed: int = 0, batch: int = 1
-                  ) -> dict[int, float]:
-    """Milliseconds of the target's verification of n new tokens on top of `context` committed
-    ones, for each n in `tokens`: the median of `repeats` forwards after one untimed warm-up
-    (which compiles, on a compiled runner), through a runner of the engine from `make` (by
-    default the dynamic one). Each forward commits its root only, so the context grows by one
-    token per forward, as in decoding. With `batch` B, each forward verifies n tokens for each of
-    B sequences (B x n tokens), as a batched round does."""
+                  repeats: int = 5, make: RunnerFactory | None = None, seed: int = 0, batch: int = 1,
+                  probe: Callable[[], float] | None = None) -> dict[int, ForwardCost]:
+    """The target's verification of n new tokens on top of `context` committed ones, for each n
+    in `tokens`: `repeats` timed forwards after one untimed warm-up (which compiles, on a compiled
+    runner), through a runner of the engine from `make` (by default the dynamic one), and their
+    median in ms. Each forward commits its root only, so the context grows by one token per
+    forward, as in decoding. With `batch` B, each forward verifies n tokens for each of B
+    sequences (B x n tokens), as a batched round does. With a `probe` (GB/s, e.g. a
+    `BandwidthProbe`), a streaming read runs just before each timed forward and the forward is
+    also counted in floors of that moment (`ForwardCost.paired_floors`)."""
     make = make or runner_factory(target)
     device = next(target.parameters()).device
     sync = _sync(device)
+    nbytes = weight_bytes(target)
     g = torch.Generator().manual_seed(seed)
     vocab = target.config.vocab_size
     ids = torch.randint(3, vocab, (batch, context), generator=g).to(device)
@@ -134,16 +173,19 @@ def forward_costs(target: nn.Module, tokens: Sequence[int] = FORWARD_TOKENS, con
         kept.prefill(ids, context + repeats + n + 1)
         draft = torch.randint(3, vocab, (batch, n), generator=g).to(device)
         parents = [binary_tree(n)] * batch
-        times = []
+        times, bandwidths = [], []
         for i in range(repeats + 1):
+            if i and probe is not None:  # the first forward of a shape warms up (or compiles) its kernels
+                bandwidths.append(probe())
             sync()
             start = time.perf_counter()
             kept.verify(draft, parents)
             sync()
-            if i:  # the first forward of a shape warms up (or compiles) its kernels
-                times.append(time.perf_counter() - start)
+            if i:
+                times.append((time.perf_counter() - start) * 1e3)
             kept.commit([[0]] * batch)
-        costs[n] = statistics.median(times) * 1e3
+        paired = statistics.median(ms * gb_s * 1e6 / nbytes for ms, gb_s in zip(times, bandwidths)) if bandwidths else None
+        costs[n] = ForwardCost(statistics.median(times), times, bandwidths, paired)
     return costs
 
 
@@ -153,19 +195,21 @@ def roof_ms(tokens: int, floor_ms: float, flops_per_token: int, gflops: float | 
     return max(floor_ms, tokens * flops_per_token / (gflops * 1e9) * 1e3) if gflops else floor_ms
 
 
-def floor_report(target: nn.Module, bandwidth_gb_s: float, costs: dict[int, float], step: float | None = None,
-                 batch: int = 1, gflops: float | None = None) -> dict:
-    """The figures of one setting: weight bytes, the floor, and each forward in ms, in floors, in
-    roofs (`roof_ms` at the peak rate `gflops`, when measured) and in 1-token steps (`step`: of
+def floor_report(target: nn.Module, bandwidth_gb_s: float, costs: Mapping[int, ForwardCost],
+                 step: float | None = None, batch: int = 1, gflops: float | None = None) -> dict:
+    """The figures of one setting: weight bytes, the floor, and each forward in ms, in floors (of
+    the probe `bandwidth_gb_s`, and paired: of the probe before each forward, when there was one),
+    in roofs (`roof_ms` at the peak rate `gflops`, when measured) and in 1-token steps (`step`: of
     one sequence, for a batch's forwards; default: its own 1-token)."""
     nbytes, flops = weight_bytes(target), linear_flops(target)
     floor_ms = nbytes / (bandwidth_gb_s * 1e9) * 1e3
-    step = step if step is not None else costs.get(1)
+    step = step if step is not None else (costs[1].ms if 1 in costs else None)
     rows = []
-    for n, ms in costs.items():
-        roof = roof_ms(n * batch, floor_ms, flops, gflops)
+    for n, cost in costs.items():
+        ms, roof = cost.ms, roof_ms(n * batch, floor_ms, flops, gflops)
         rows.append({"tokens": n, "ms": ms, "floors": ms / floor_ms, "roof_ms": roof, "roofs": ms / roof,
-                     "steps": ms / step if step else None})
+                     "steps": ms / step if step else None, "paired_floors": cost.paired_floors,
+                     "times_ms": cost.times_ms, "probe_gb_s": cost.bandwidth_gb_s})
     return {"weight_bytes": nbytes, "bandwidth_gb_s": bandwidth_gb_s, "floor_ms": floor_ms, "batch": batch,
             "flops_per_token": flops, "peak_gflops": gflops, "forwards": rows}
 
@@ -239,8 +283,15 @@ def markdown(report: dict) -> str:
              f"tokens cannot beat its roof, max(floor, n x GFLOP per token / peak). Forwards after "
              f"{report['context']} tokens of context, median of {report['repeats']}.", ""]
     settings = report["settings"]
-    head = "| new tokens | roof ms | " + " | ".join(f"{name}: ms | floors | roofs | steps" for name in settings) + " |"
-    lines += [head, "|---:|---:|" + "---:|---:|---:|---:|" * len(settings)]
+    paired = any(r["paired_floors"] is not None for s in settings.values() for r in s["forwards"])
+    cols = "ms | floors | paired | roofs | steps" if paired else "ms | floors | roofs | steps"
+    head = "| new tokens | roof ms | " + " | ".join(f"{name}: {cols}" for name in settings) + " |"
+    lines += [head, "|---:|---:|" + "---:|" * (cols.count("|") + 1) * len(settings)]
+    if paired:
+        readings = [gb for s in settings.values() for r in s["forwards"] for gb in r["probe_gb_s"]]
+        lines[-2:-2] = [f"Paired: each forward against the floor of its own moment (a streaming read just before "
+                        f"it; {len(readings)} reads, {min(readings):.1f}-{max(readings):.1f} GB/s, median "
+                        f"{statistics.median(readings):.1f}), the median of those ratios.", ""]
     if any(s.get("batch", 1) > 1 for s in settings.values()):
         lines[-2:-2] = ["A setting `xB` verifies the new tokens for each of B sequences at once (B x n tokens per "
                         "forward), in steps of one sequence's 1-token step.", ""]
@@ -249,7 +300,9 @@ def markdown(report: dict) -> str:
         for setting in settings.values():
             row = setting["forwards"][i]
             steps = "-" if row["steps"] is None else f"{row['steps']:.2f}"
-            cells.append(f"{row['ms']:.1f} | {row['floors']:.2f} | {row['roofs']:.2f} | {steps}")
+            pair = ("" if not paired else
+                    "- | " if row["paired_floors"] is None else f"{row['paired_floors']:.2f} | ")
+            cells.append(f"{row['ms']:.1f} | {row['floors']:.2f} | {pair}{row['roofs']:.2f} | {steps}")
         roof = next(iter(settings.values()))["forwards"][i]["roof_ms"]  # of one sequence's n tokens
         lines.append(f"| {n} | {roof:.1f} | " + " | ".join(cells) + " |")
     if report.get("products"):
