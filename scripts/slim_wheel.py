@@ -1,5 +1,5 @@
 """Rewrite a wheel without the members a pattern names, so the GPU pipeline's carried wheels fit
-the device tool's 64 MiB (pyarrow's Flight RPC library, C++ headers and tests are 15 of its 55 MB
+a 64 MiB copy limit (pyarrow's Flight RPC library, C++ headers and tests are 15 of its 55 MB
 and nothing here imports them).
 
     python scripts/slim_wheel.py .whl/pyarrow-*.whl 'pyarrow/include/*' 'pyarrow/tests/*' '*flight*'

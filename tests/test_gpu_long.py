@@ -1,5 +1,5 @@
-"""scripts/gpu_long.sh's transport: a payload too big for one device call comes in chunks, each
-stashed by its own call and checked against the manifest before anything runs."""
+"""scripts/gpu_long.sh's transport: a payload too big for one 64 MiB copy comes in chunks, each
+stashed by its own command and checked against the manifest before anything runs."""
 
 from __future__ import annotations
 
