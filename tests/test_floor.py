@@ -62,7 +62,8 @@ def test_forward_costs_time_one_forward_of_n_tokens_per_repeat():
     assert list(costs) == [1, 4, 9] and all(c.ms > 0 and len(c.times_ms) == 3 for c in costs.values())
     assert all(c.paired_floors is None and c.bandwidth_gb_s == [] for c in costs.values())  # no probe
     verifies = [entry[1:] for entry in log if entry[0] == "verify"]
-    assert verifies == [(1, 1)] * 4 + [(4, 4)] * 4 + [(9, 9)] * 4  # a warm-up, then the repeats
+    # a warm-up of each size, then the sizes in turn, one forward each per repeat
+    assert verifies == [(1, 1), (4, 4), (9, 9)] * 4
     assert all(entry == ("commit", (0,)) for entry in log if entry[0] == "commit")  # the root only
     assert [r.length for r in runners] == [10 + 4] * 3  # each size on its own prefilled runner
 
@@ -79,7 +80,7 @@ def test_a_static_runner_is_sized_for_each_forward():
 def test_a_probe_before_each_forward_pairs_it_with_the_floor_of_its_moment():
     target = make_tiny_model("llama")
     nbytes = fl.weight_bytes(target)
-    readings = iter([10.0, 20.0, 40.0, 5.0, 5.0, 5.0])  # GB/s: the first size's three forwards, then the second's
+    readings = iter([10.0, 5.0, 20.0, 5.0, 40.0, 5.0])  # GB/s: the sizes take turns, repeat by repeat
     log = []
 
     class Timed(DynamicRunner):  # records when each forward runs against the probe's reads
@@ -92,7 +93,7 @@ def test_a_probe_before_each_forward_pairs_it_with_the_floor_of_its_moment():
         return next(readings)
 
     costs = fl.forward_costs(target, tokens=(1, 3), context=6, repeats=3, make=lambda n: Timed(target), probe=probe)
-    assert log == (["forward"] + ["probe", "forward"] * 3) * 2  # none before the warm-up, one before each timed
+    assert log == ["forward"] * 2 + ["probe", "forward"] * 6  # none before the warm-ups, one before each timed
     first = costs[1]
     assert first.bandwidth_gb_s == [10.0, 20.0, 40.0]
     floors = [nbytes / (gb * 1e9) * 1e3 for gb in first.bandwidth_gb_s]  # ms of each forward's floor

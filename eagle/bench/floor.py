@@ -155,11 +155,13 @@ def forward_costs(target: nn.Module, tokens: Sequence[int] = FORWARD_TOKENS, con
     """The target's verification of n new tokens on top of `context` committed ones, for each n
     in `tokens`: `repeats` timed forwards after one untimed warm-up (which compiles, on a compiled
     runner), through a runner of the engine from `make` (by default the dynamic one), and their
-    median in ms. Each forward commits its root only, so the context grows by one token per
-    forward, as in decoding. With `batch` B, each forward verifies n tokens for each of B
-    sequences (B x n tokens), as a batched round does. With a `probe` (GB/s, e.g. a
-    `BandwidthProbe`), a streaming read runs just before each timed forward and the forward is
-    also counted in floors of that moment (`ForwardCost.paired_floors`)."""
+    median in ms. The sizes take turns, one forward each per repeat, so that a change of the
+    machine's speed during the run (a shared VM's memory bandwidth moves by 30-50%) falls on every
+    size alike and their ratios (n tokens in 1-token steps) hold. Each forward commits its root
+    only, so each size's context grows by one token per forward, as in decoding. With `batch` B,
+    each forward verifies n tokens for each of B sequences (B x n tokens), as a batched round does.
+    With a `probe` (GB/s, e.g. a `BandwidthProbe`), a streaming read runs just before each timed
+    forward and the forward is also counted in floors of that moment (`ForwardCost.paired_floors`)."""
     make = make or runner_factory(target)
     device = next(target.parameters()).device
     sync = _sync(device)
@@ -167,25 +169,36 @@ def forward_costs(target: nn.Module, tokens: Sequence[int] = FORWARD_TOKENS, con
     g = torch.Generator().manual_seed(seed)
     vocab = target.config.vocab_size
     ids = torch.randint(3, vocab, (batch, context), generator=g).to(device)
-    costs = {}
+    sizes = {}  # n -> (its runner, its draft tokens, their tree)
     for n in tokens:
         kept = make(n)
         kept.prefill(ids, context + repeats + n + 1)
-        draft = torch.randint(3, vocab, (batch, n), generator=g).to(device)
-        parents = [binary_tree(n)] * batch
-        times, bandwidths = [], []
-        for i in range(repeats + 1):
-            if i and probe is not None:  # the first forward of a shape warms up (or compiles) its kernels
-                bandwidths.append(probe())
-            sync()
-            start = time.perf_counter()
-            kept.verify(draft, parents)
-            sync()
-            if i:
-                times.append((time.perf_counter() - start) * 1e3)
-            kept.commit([[0]] * batch)
-        paired = statistics.median(ms * gb_s * 1e6 / nbytes for ms, gb_s in zip(times, bandwidths)) if bandwidths else None
-        costs[n] = ForwardCost(statistics.median(times), times, bandwidths, paired)
+        sizes[n] = (kept, torch.randint(3, vocab, (batch, n), generator=g).to(device), [binary_tree(n)] * batch)
+    times: dict[int, list[float]] = {n: [] for n in sizes}
+    bandwidths: dict[int, list[float]] = {n: [] for n in sizes}
+
+    def forward(n: int) -> float:
+        kept, draft, parents = sizes[n]
+        sync()
+        start = time.perf_counter()
+        kept.verify(draft, parents)
+        sync()
+        ms = (time.perf_counter() - start) * 1e3
+        kept.commit([[0]] * batch)
+        return ms
+
+    for n in sizes:  # the first forward of a shape warms up (or compiles) its kernels
+        forward(n)
+    for _ in range(repeats):
+        for n in sizes:
+            if probe is not None:
+                bandwidths[n].append(probe())
+            times[n].append(forward(n))
+    costs = {}
+    for n in sizes:
+        pairs = zip(times[n], bandwidths[n])
+        paired = statistics.median(ms * gb_s * 1e6 / nbytes for ms, gb_s in pairs) if bandwidths[n] else None
+        costs[n] = ForwardCost(statistics.median(times[n]), times[n], bandwidths[n], paired)
     return costs
 
 
