@@ -27,6 +27,7 @@ it reports. The benchmark, the tree search and the timing print their output fol
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import sys
 import time
@@ -612,19 +613,23 @@ def floor(cfg: DictConfig) -> Path:
     report["floor_ms"] = report["weight_bytes"] / (bandwidth * 1e9) * 1e3
     if fcfg.product_rows:
         report["products"] = fl.product_costs(target, [int(n) for n in fcfg.product_rows], repeats=fcfg.repeats)
-    for setting, (kind, compiled, kernels) in settings.items():
-        use_kernels(target, kernels)
-        make = fl.runner_factory(target, kind, "default" if compiled else None, max_len=fcfg.max_len)
-        step = None
-        for batch in sorted({1, *(int(b) for b in fcfg.batch_sizes)}):  # a batch's forwards: B x n tokens
-            costs = fl.forward_costs(target, fcfg.tokens, fcfg.context, fcfg.repeats, make, seed=cfg.seed, batch=batch,
-                                     probe=probe if fcfg.paired else None)
+    # the settings take turns forward by forward (fl.settings_costs), on their own kernels: switching
+    # keeps every setting's packed weights (release=False), so a turn costs no packing
+    turns = {setting: fl.Setting(fl.runner_factory(target, kind, "default" if compiled else None, max_len=fcfg.max_len),
+                                 functools.partial(use_kernels, target, kernels, release=False))
+             for setting, (kind, compiled, kernels) in settings.items()}
+    steps = {}  # setting -> its 1-token step of one sequence
+    for batch in sorted({1, *(int(b) for b in fcfg.batch_sizes)}):  # a batch's forwards: B x n tokens
+        costs = fl.settings_costs(target, turns, fcfg.tokens, fcfg.context, fcfg.repeats, seed=cfg.seed, batch=batch,
+                                  probe=probe if fcfg.paired else None)
+        for setting, by_size in costs.items():
             name = setting if batch == 1 else f"{setting} x{batch}"
-            report["settings"][name] = fl.floor_report(target, bandwidth, costs, step, batch, gflops)
-            step = step or (costs[1].ms if 1 in costs else None)
+            steps.setdefault(setting, by_size[1].ms if 1 in by_size else None)
+            report["settings"][name] = fl.floor_report(target, bandwidth, by_size, steps[setting], batch, gflops)
             print(f"[floor] {name}: " + ", ".join(
                 f"{n} tokens {c.ms:.1f} ms" + (f" ({c.paired_floors:.2f} floors, paired)" if c.paired_floors else "")
-                for n, c in costs.items()))
+                for n, c in by_size.items()))
+    use_kernels(target, "default")  # frees what the settings packed
     return write_report(fcfg.out_dir, "floor", report, fl.markdown(report))
 
 

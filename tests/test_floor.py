@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from eagle.bench import floor as fl
-from eagle.decoding.kernels import kernels_of
+from eagle.decoding.kernels import kernels_of, use_kernels
 from eagle.decoding.runners import DynamicRunner, StaticRunner
 from eagle.tree import Tree
 from helpers.configs import compose_config
@@ -75,6 +75,23 @@ def test_a_static_runner_is_sized_for_each_forward():
     assert isinstance(runner, StaticRunner) and runner.width == 8 and runner.capacity == 0
     assert fl.forward_costs(target, tokens=(8,), context=10, repeats=2, make=make)[8].ms > 0
     assert isinstance(fl.runner_factory(target)(3), DynamicRunner)
+
+
+def test_settings_take_turns_each_on_its_own_kernels():
+    target = make_tiny_model("llama")
+    log = []
+
+    class Timed(DynamicRunner):
+        def verify(self, tokens, parents):
+            log.append(("forward", kernels_of(target), tokens.shape[1]))
+            return super().verify(tokens, parents)
+
+    settings = {name: fl.Setting(lambda n: Timed(target), lambda k=kernels: use_kernels(target, k, release=False))
+                for name, kernels in (("plain", "default"), ("packed", "onednn"))}
+    costs = fl.settings_costs(target, settings, tokens=(1, 3), context=6, repeats=2)
+    turn = [("forward", "default", 1), ("forward", "default", 3), ("forward", "onednn", 1), ("forward", "onednn", 3)]
+    assert log == turn * 3  # the warm-ups, then two repeats: one forward of each setting and size per turn
+    assert set(costs) == {"plain", "packed"} and all(len(c.times_ms) == 2 for by in costs.values() for c in by.values())
 
 
 def test_a_probe_before_each_forward_pairs_it_with_the_floor_of_its_moment():

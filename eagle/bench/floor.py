@@ -16,10 +16,11 @@ tree of n tokens should cost about one step. This module measures both sides on 
   products       `product_costs`: each product a step runs (by weight shape; siblings that share
                  one packed product count as one) of a few rows under each linear kernel, in ms
                  and GB/s (which kernel reads the weights at the memory's speed);
-  forward costs  `forward_costs`: the target's verification of n = 1, 2, 4, ... new tokens after a
-                 fixed context, through the engine's own runner (a tree of n nodes, so the tree
-                 mask is paid as in a round), each the median of a few repeats, in milliseconds
-                 and in units of the floor and of the 1-token step;
+  forward costs  `settings_costs`: the target's verification of n = 1, 2, 4, ... new tokens after a
+                 fixed context, through the engine's own runners (a tree of n nodes, so the tree
+                 mask is paid as in a round) under each setting (runner and kernels), the
+                 settings and sizes taking turns, each the median of a few repeats, in
+                 milliseconds and in units of the floor and of the 1-token step;
   paired floors  with a `BandwidthProbe`, a streaming read just before each timed forward: each
                  forward is divided by the floor of its own moment, and the median of those
                  ratios is reported beside the ratio to the one probe at the start. On a shared
@@ -153,52 +154,79 @@ def forward_costs(target: nn.Module, tokens: Sequence[int] = FORWARD_TOKENS, con
                   repeats: int = 5, make: RunnerFactory | None = None, seed: int = 0, batch: int = 1,
                   probe: Callable[[], float] | None = None) -> dict[int, ForwardCost]:
     """The target's verification of n new tokens on top of `context` committed ones, for each n
-    in `tokens`: `repeats` timed forwards after one untimed warm-up (which compiles, on a compiled
-    runner), through a runner of the engine from `make` (by default the dynamic one), and their
-    median in ms. The sizes take turns, one forward each per repeat, so that a change of the
-    machine's speed during the run (a shared VM's memory bandwidth moves by 30-50%) falls on every
-    size alike and their ratios (n tokens in 1-token steps) hold. Each forward commits its root
-    only, so each size's context grows by one token per forward, as in decoding. With `batch` B,
-    each forward verifies n tokens for each of B sequences (B x n tokens), as a batched round does.
-    With a `probe` (GB/s, e.g. a `BandwidthProbe`), a streaming read runs just before each timed
-    forward and the forward is also counted in floors of that moment (`ForwardCost.paired_floors`)."""
-    make = make or runner_factory(target)
+    in `tokens`, through a runner of the engine from `make` (by default the dynamic one): one
+    setting of `settings_costs`, which says how the forwards are timed."""
+    settings = {"": Setting(make or runner_factory(target))}
+    return settings_costs(target, settings, tokens, context, repeats, seed, batch, probe)[""]
+
+
+@dataclass
+class Setting:
+    """A way of running the target's forwards: its runners, and what puts the target on this
+    setting's kernels before each of its turns (None: nothing to switch)."""
+
+    make: RunnerFactory
+    activate: Callable[[], object] | None = None
+
+
+@torch.inference_mode()
+def settings_costs(target: nn.Module, settings: Mapping[str, Setting], tokens: Sequence[int] = FORWARD_TOKENS,
+                   context: int = 200, repeats: int = 5, seed: int = 0, batch: int = 1,
+                   probe: Callable[[], float] | None = None) -> dict[str, dict[int, ForwardCost]]:
+    """For each setting and each n in `tokens`: `repeats` timed forwards of n new tokens after
+    `context` committed ones, after one untimed warm-up (which compiles, on a compiled runner),
+    and their median in ms. The settings and sizes take turns, one forward of each per repeat,
+    so that a change of the machine's speed during the run (a shared VM's memory bandwidth moves
+    by 30-50%) falls on every setting and size alike, and their ratios (n tokens in 1-token
+    steps, one setting against another) hold. Each forward commits its root only, so each
+    runner's context grows by one token per forward, as in decoding. With `batch` B, each
+    forward verifies n tokens for each of B sequences (B x n tokens), as a batched round does.
+    With a `probe` (GB/s, e.g. a `BandwidthProbe`), a streaming read runs just before each
+    timed forward and the forward is also counted in floors of that moment
+    (`ForwardCost.paired_floors`)."""
     device = next(target.parameters()).device
     sync = _sync(device)
     nbytes = weight_bytes(target)
     g = torch.Generator().manual_seed(seed)
     vocab = target.config.vocab_size
     ids = torch.randint(3, vocab, (batch, context), generator=g).to(device)
-    sizes = {}  # n -> (its runner, its draft tokens, their tree)
-    for n in tokens:
-        kept = make(n)
-        kept.prefill(ids, context + repeats + n + 1)
-        sizes[n] = (kept, torch.randint(3, vocab, (batch, n), generator=g).to(device), [binary_tree(n)] * batch)
-    times: dict[int, list[float]] = {n: [] for n in sizes}
-    bandwidths: dict[int, list[float]] = {n: [] for n in sizes}
+    drafts = {n: torch.randint(3, vocab, (batch, n), generator=g).to(device) for n in tokens}
+    parents = {n: [binary_tree(n)] * batch for n in tokens}
+    runners = {}  # (setting, n) -> its runner, prefilled
+    for name, setting in settings.items():
+        if setting.activate is not None:
+            setting.activate()
+        for n in tokens:
+            runners[name, n] = setting.make(n)
+            runners[name, n].prefill(ids, context + repeats + n + 1)
+    times: dict[tuple, list[float]] = {key: [] for key in runners}
+    bandwidths: dict[tuple, list[float]] = {key: [] for key in runners}
 
-    def forward(n: int) -> float:
-        kept, draft, parents = sizes[n]
+    def forward(key: tuple) -> float:
+        kept, n = runners[key], key[1]
         sync()
         start = time.perf_counter()
-        kept.verify(draft, parents)
+        kept.verify(drafts[n], parents[n])
         sync()
         ms = (time.perf_counter() - start) * 1e3
         kept.commit([[0]] * batch)
         return ms
 
-    for n in sizes:  # the first forward of a shape warms up (or compiles) its kernels
-        forward(n)
-    for _ in range(repeats):
-        for n in sizes:
-            if probe is not None:
-                bandwidths[n].append(probe())
-            times[n].append(forward(n))
-    costs = {}
-    for n in sizes:
-        pairs = zip(times[n], bandwidths[n])
-        paired = statistics.median(ms * gb_s * 1e6 / nbytes for ms, gb_s in pairs) if bandwidths[n] else None
-        costs[n] = ForwardCost(statistics.median(times[n]), times[n], bandwidths[n], paired)
+    for turn in range(repeats + 1):  # turn 0: the first forward of each shape warms up (or compiles) its kernels
+        for name, setting in settings.items():
+            if setting.activate is not None:
+                setting.activate()
+            for n in tokens:
+                if turn and probe is not None:
+                    bandwidths[name, n].append(probe())
+                ms = forward((name, n))
+                if turn:
+                    times[name, n].append(ms)
+    costs: dict[str, dict[int, ForwardCost]] = {name: {} for name in settings}
+    for (name, n), measured in times.items():
+        pairs = zip(measured, bandwidths[name, n])
+        paired = statistics.median(ms * gb_s * 1e6 / nbytes for ms, gb_s in pairs) if bandwidths[name, n] else None
+        costs[name][n] = ForwardCost(statistics.median(measured), measured, bandwidths[name, n], paired)
     return costs
 
 
