@@ -185,6 +185,33 @@ def test_weights_changed_in_place_or_replaced_are_packed_again(family):
     assert same(), "a replaced parameter was not packed again"
 
 
+def test_one_call_tells_whether_any_parameter_changed():
+    ext = fused.load()
+    lin, unbiased = nn.Linear(4, 4), nn.Linear(4, 4, bias=False)
+    with torch.inference_mode():
+        frozen = nn.Linear(4, 4)  # inference tensors keep no version counter
+
+    def check(tensors, keys=None):
+        owners = [lin._parameters, lin._parameters, unbiased._parameters, frozen._parameters]
+        names = ["weight", "bias", "bias", "weight"]
+        if keys is None:
+            keys = torch.tensor([k for t in tensors for k in ((0, 0) if t is None else fused._key([t])[0])])
+        return ext.unchanged(owners, names, tensors, keys), keys
+
+    tensors = [lin.weight, lin.bias, None, frozen.weight]
+    same, keys = check(tensors)
+    assert same
+    with torch.no_grad():
+        lin.bias.add_(1)  # in place: its version moves
+    assert not check(tensors, keys)[0]
+    same, keys = check(tensors)  # the new versions recorded
+    assert same
+    lin.weight = nn.Parameter(lin.weight.detach().clone())  # replaced: another object
+    assert not check(tensors, keys)[0]
+    del lin._parameters["weight"]  # gone
+    assert not check(tensors, keys)[0]
+
+
 def test_training_and_other_dtypes_take_the_layers_own_forward():
     model = use_kernels(make_tiny_model("llama"), "fused")
     layer = model.model.layers[0]

@@ -58,9 +58,9 @@ class FusedUnavailable(RuntimeError):
     """The fused kernels cannot be built or run here (no compiler, no AVX2, not a CPU)."""
 
 
-def _cpu_tag() -> str:
-    """A short hash of this CPU's model and instruction flags: the build is `-march=native`, so a
-    home folder shared by machines with other CPUs must not reuse it."""
+def _build_tag() -> str:
+    """A short hash of this CPU's model and instruction flags, and of the kernels' source: the build
+    is `-march=native`, so a home folder shared by machines with other CPUs must not reuse it."""
     try:
         info = Path("/proc/cpuinfo").read_text()
         lines = [line for line in info.splitlines() if line.startswith(("model name", "flags"))][:2]
@@ -68,6 +68,10 @@ def _cpu_tag() -> str:
         import platform
 
         lines = [platform.processor(), platform.machine()]
+    # and of the source: two checkouts with different sources (branches, clones) sharing torch's
+    # extension folder would otherwise rebuild one name back and forth, and a process could load
+    # the other's build
+    lines.append(SOURCE.read_text())
     return hashlib.sha1("\n".join(lines).encode()).hexdigest()[:8]
 
 
@@ -83,7 +87,7 @@ def load():
     if capability not in ("AVX512", "AVX2"):
         raise FusedUnavailable(f"the fused kernels need AVX2 or AVX-512; this CPU offers {capability}")
     try:
-        return build(name=f"eagle_fused_{capability.lower()}_{_cpu_tag()}", sources=[str(SOURCE)],
+        return build(name=f"eagle_fused_{capability.lower()}_{_build_tag()}", sources=[str(SOURCE)],
                      extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"])
     except (OSError, RuntimeError, ImportError) as err:  # no compiler or ninja; a failed build
         raise FusedUnavailable(f"building {SOURCE.name} failed ({type(err).__name__}: {err}); "
@@ -186,6 +190,7 @@ class FusedLayer:
         self.gate_up = [mlp.gate_proj, mlp.up_proj]
         self.linears = [*self.qkv, attn.o_proj, *self.gate_up, mlp.down_proj]
         self.norms = (layer.input_layernorm, layer.post_attention_layernorm)
+        self.layer_idx = attn.layer_idx  # where its keys and values go in the model's cache
         self._packed: tuple | None = None
 
     def _params(self) -> list[Tensor | None]:
@@ -194,6 +199,16 @@ class FusedLayer:
         params = [_param(m, name) for m in self.linears for name in ("weight", "bias")]
         norm1, norm2 = self.norms
         return params + [None if isinstance(norm1, nn.Identity) else _param(norm1, "weight"), _param(norm2, "weight")]
+
+    def slots(self) -> list[tuple[dict, str]] | None:
+        """Where `_params` reads each parameter: (the module's parameter dict, the name), in
+        `_params`' order; None when one is not a registered parameter (a parametrization)."""
+        norm1, norm2 = self.norms
+        owners = [(m, name) for m in self.linears for name in ("weight", "bias")]
+        owners += ([] if isinstance(norm1, nn.Identity) else [(norm1, "weight")]) + [(norm2, "weight")]
+        if any(name not in m._parameters for m, name in owners):
+            return None
+        return [(m._parameters, name) for m, name in owners]
 
     def packed(self) -> dict:
         """The layer's packed weights and what its two kernel calls take besides the inputs, built
@@ -237,14 +252,15 @@ class FusedLayer:
         return self.run(hidden_states, cos_sin, mask, kwargs.get("cache", kwargs.get("past_key_values")), kwargs)
 
     def run(self, hidden_states: Tensor, cos_sin: tuple[Tensor, Tensor], mask: Tensor | None, cache,
-            kwargs: dict | None = None) -> Tensor:
-        """The layer on `hidden_states` (B, n, d), its inputs checked by the caller."""
-        ext, w = load(), self.packed()
+            kwargs: dict | None = None, packed: dict | None = None) -> Tensor:
+        """The layer on `hidden_states` (B, n, d), its inputs checked by the caller; `packed`: its
+        `packed()`, when the caller has just checked it (`FusedBackbone`)."""
+        ext, w = load(), self.packed() if packed is None else packed
         cos, sin = cos_sin
         q, k, v = ext.attention_inputs(hidden_states, w["norm1"], w["eps1"], w["qkv"], w["qkv_bias"],
                                        cos.to(torch.float32), sin.to(torch.float32), *w["heads"])
         if cache is not None:  # what the model's attention does
-            k, v = cache.update(k, v, self.layer.self_attn.layer_idx, kwargs=kwargs or {})
+            k, v = cache.update(k, v, self.layer_idx, kwargs=kwargs or {})
         if mask is not None and mask.shape[-1] > k.shape[-2]:
             mask = mask[..., : k.shape[-2]]  # as the model's attention reads it
         return ext.attention_mlp(hidden_states, q, k, v, mask, w["scaling"], w["o"], w["o_bias"], w["norm2"],
@@ -269,9 +285,29 @@ class FusedBackbone:
 
     def __init__(self, backbone: nn.Module, original):
         self.backbone, self.original = backbone, original
+        self._checked: tuple | None = None  # (layers, the `unchanged` arguments, their packed weights)
+
+    def _packed(self, layers: list[FusedLayer]) -> list[dict]:
+        """Each layer's `packed()`, checked for changed parameters in one call of the extension
+        (`unchanged`) instead of one Python check per layer; packed again where any changed."""
+        checked = self._checked
+        if checked is not None and checked[0] == layers and load().unchanged(*checked[1]):
+            return checked[2]
+        packed = [layer.packed() for layer in layers]  # packs again what changed
+        slots = [layer.slots() for layer in layers]
+        if any(s is None for s in slots):
+            self._checked = None  # a parameter that is not in its module's dict: check layer by layer
+            return packed
+        owners, names = zip(*[slot for layer in slots for slot in layer])
+        tensors = [owner[name] for owner, name in zip(owners, names)]
+        keys = torch.tensor([k for t in tensors for k in ((0, 0) if t is None else _key([t])[0])], dtype=torch.long)
+        self._checked = (layers, (list(owners), list(names), tensors, keys), packed)
+        return packed
 
     def _fused_layers(self) -> list[FusedLayer] | None:
-        layers = [layer.__dict__.get("forward") for layer in self.backbone.layers[: self.backbone.config.num_hidden_layers]]
+        # zip, not a slice: slicing a ModuleList builds a new one (30 `add_module` calls every forward)
+        count = range(self.backbone.config.num_hidden_layers)
+        layers = [layer.__dict__.get("forward") for _, layer in zip(count, self.backbone.layers)]
         return layers if all(isinstance(f, FusedLayer) for f in layers) else None
 
     def __call__(self, input_ids: Tensor | None = None, attention_mask: Tensor | None = None,
@@ -311,8 +347,8 @@ class FusedBackbone:
         if not _fused_mask(mask) or cos_sin[0].shape[-1] != first.head_dim:
             return own()
         hidden = inputs_embeds
-        for layer in layers:
-            hidden = layer.run(hidden, cos_sin, mask, cache, kwargs)  # kwargs reach `cache.update`, as HF's
+        for layer, packed in zip(layers, self._packed(layers)):
+            hidden = layer.run(hidden, cos_sin, mask, cache, kwargs, packed)  # kwargs reach `cache.update`, as HF's
         return BaseModelOutputWithPast(last_hidden_state=model.norm(hidden), cache=cache)
 
 

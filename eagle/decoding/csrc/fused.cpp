@@ -373,10 +373,32 @@ torch::Tensor attention_mlp(torch::Tensor x, torch::Tensor q, torch::Tensor keys
   return out.view({B, n, d});
 }
 
+// Whether every parameter is still what it was when its layer was packed: `owners[i][names[i]]` (a
+// module's parameter dict) is the object `tensors[i]` (None stays None), with the storage and the
+// version (0 for an inference tensor, which keeps none) recorded in `keys` (2 int64 per entry). One
+// call checks every layer of a model before a forward: the same check in Python costs ~30 us a layer
+// inside a forward, whose weights have just evicted everything else from the caches.
+bool unchanged(py::list owners, py::list names, py::list tensors, torch::Tensor keys) {
+  const size_t n = owners.size();
+  TORCH_CHECK(names.size() == n && tensors.size() == n && keys.scalar_type() == torch::kInt64 &&
+              keys.is_contiguous() && (size_t)keys.numel() == 2 * n, "unchanged: one name, tensor and 2 keys per owner");
+  const int64_t* key = keys.data_ptr<int64_t>();
+  for (size_t i = 0; i < n; ++i) {
+    PyObject* now = PyDict_GetItem(owners[i].ptr(), names[i].ptr());  // borrowed; NULL: no longer there
+    if (now != tensors[i].ptr()) return false;
+    if (now == Py_None) continue;
+    const torch::Tensor t = py::cast<torch::Tensor>(py::handle(now));
+    const int64_t version = t.is_inference() ? 0 : (int64_t)t._version();
+    if (version != key[2 * i] || reinterpret_cast<int64_t>(t.data_ptr()) != key[2 * i + 1]) return false;
+  }
+  return true;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("panel_width", &panel_width);
   m.def("pack", &pack);
   m.def("linear", &linear);
   m.def("attention_inputs", &attention_inputs);
   m.def("attention_mlp", &attention_mlp);
+  m.def("unchanged", &unchanged);
 }
