@@ -191,24 +191,23 @@ class FusedLayer:
         self.linears = [*self.qkv, attn.o_proj, *self.gate_up, mlp.down_proj]
         self.norms = (layer.input_layernorm, layer.post_attention_layernorm)
         self.layer_idx = attn.layer_idx  # where its keys and values go in the model's cache
+        norm1, norm2 = self.norms
+        # (module, name) of every parameter the packed weights come from (EAGLE's drafter layer has no input norm)
+        self.owners = [(m, name) for m in self.linears for name in ("weight", "bias")]
+        self.owners += ([] if isinstance(norm1, nn.Identity) else [(norm1, "weight")]) + [(norm2, "weight")]
         self._packed: tuple | None = None
 
     def _params(self) -> list[Tensor | None]:
-        # read from each module's parameter dict, not through `nn.Module.__getattr__`: this runs for every
-        # layer of every forward, and 16 attribute lookups a layer cost ~0.5 ms of SmolLM2's ~20 ms step
-        params = [_param(m, name) for m in self.linears for name in ("weight", "bias")]
-        norm1, norm2 = self.norms
-        return params + [None if isinstance(norm1, nn.Identity) else _param(norm1, "weight"), _param(norm2, "weight")]
+        # read from each module's parameter dict, not through `nn.Module.__getattr__` (16 lookups a
+        # layer cost ~0.5 ms of SmolLM2's ~20 ms step when every layer checked itself each forward)
+        return [_param(m, name) for m, name in self.owners]
 
     def slots(self) -> list[tuple[dict, str]] | None:
         """Where `_params` reads each parameter: (the module's parameter dict, the name), in
         `_params`' order; None when one is not a registered parameter (a parametrization)."""
-        norm1, norm2 = self.norms
-        owners = [(m, name) for m in self.linears for name in ("weight", "bias")]
-        owners += ([] if isinstance(norm1, nn.Identity) else [(norm1, "weight")]) + [(norm2, "weight")]
-        if any(name not in m._parameters for m, name in owners):
+        if any(name not in m._parameters for m, name in self.owners):
             return None
-        return [(m._parameters, name) for m, name in owners]
+        return [(m._parameters, name) for m, name in self.owners]
 
     def packed(self) -> dict:
         """The layer's packed weights and what its two kernel calls take besides the inputs, built
@@ -287,7 +286,7 @@ class FusedBackbone:
         self.backbone, self.original = backbone, original
         self._checked: tuple | None = None  # (layers, the `unchanged` arguments, their packed weights)
 
-    def _packed(self, layers: list[FusedLayer]) -> list[dict]:
+    def packed_layers(self, layers: list[FusedLayer]) -> list[dict]:
         """Each layer's `packed()`, checked for changed parameters in one call of the extension
         (`unchanged`) instead of one Python check per layer; packed again where any changed."""
         checked = self._checked
@@ -347,7 +346,7 @@ class FusedBackbone:
         if not _fused_mask(mask) or cos_sin[0].shape[-1] != first.head_dim:
             return own()
         hidden = inputs_embeds
-        for layer, packed in zip(layers, self._packed(layers)):
+        for layer, packed in zip(layers, self.packed_layers(layers)):
             hidden = layer.run(hidden, cos_sin, mask, cache, kwargs, packed)  # kwargs reach `cache.update`, as HF's
         return BaseModelOutputWithPast(last_hidden_state=model.norm(hidden), cache=cache)
 
