@@ -87,6 +87,40 @@ def test_growing_cache_holds_what_hugging_faces_cache_holds(monkeypatch):
     assert capped.get_seq_length() == 12 and capped.layers[0].keys[0, 0, 10:].eq(1).all()
 
 
+def test_a_growing_cache_lets_a_writer_fill_its_buffers_only_when_every_layer_is_ready():
+    """`reserve` / `commit` (the fused kernels' loop writes the buffers itself): the same cache as
+    `update` would make; no buffers where a layer is missing, replaced, of another length or full."""
+    from eagle.decoding import kv_cache
+
+    g = torch.Generator().manual_seed(0)
+    ours, ref = kv_cache.new_cache(max_len=12), kv_cache.new_cache(max_len=12)
+    assert ours.reserve(1) is None  # no layer yet: their first update creates them
+    for cache in (ours, ref):
+        for layer in range(2):
+            cache.update(torch.zeros(1, 2, 5, 4), torch.zeros(1, 2, 5, 4), layer)
+    for n in (2, 3):
+        k, v = torch.randn(2, 1, 2, n, 4, generator=g), torch.randn(2, 1, 2, n, 4, generator=g)
+        keys, values, slots, visible = ours.reserve(n)
+        assert len(keys) == len(values) == 2 and slots.tolist() == list(range(visible - n, visible))
+        for layer in range(2):
+            keys[layer][:, :, slots] = k[layer]
+            values[layer][:, :, slots] = v[layer]
+            ref.update(k[layer], v[layer], layer)
+        ours.commit(n)
+        assert ours.get_seq_length() == ref.get_seq_length() == visible
+        for a, b in zip(ours.layers, ref.layers, strict=True):
+            assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+    assert ours.reserve(3) is None, "12 slots hold 10 entries and no 3 more: update grows the buffer"
+    kv_cache.crop(ours, 9)
+    assert ours.reserve(3) is not None, "room again: nothing is written before `commit`"
+    ours.layers[1].values = ours.layers[1].values.clone()  # replaced, as beam reordering does
+    assert ours.reserve(1) is None
+    uneven = kv_cache.new_cache()
+    for layer, n in enumerate((5, 4)):
+        uneven.update(torch.zeros(1, 2, n, 4), torch.zeros(1, 2, n, 4), layer)
+    assert uneven.reserve(1) is None
+
+
 def test_tau_and_stats_are_consistent():
     target = make_tiny_model("qwen2")
     decoder = SpeculativeDecoder(target, TemplateProposer(DraftLM(target), tree("chain5")), eos_token_id=[])

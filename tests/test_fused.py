@@ -39,6 +39,27 @@ def test_fused_products_equal_f_linear_and_each_row_its_own_product(shape, bias)
     assert torch.equal(alone, got.reshape(-1, 200)), "a row's product must not depend on the rows beside it"
 
 
+
+
+@pytest.mark.parametrize("rows", [1, 7])
+def test_narrow_panels_share_a_weight_evenly_and_give_the_same_bits(rows):
+    # 3 panels of 4 vectors would go 2 to 1 to 2 threads; 6 panels of 2 go 3 to 3. Each output lane
+    # is the same FMA chain in either packing, so the products are bitwise the same
+    ext, threads = fused.load(), torch.get_num_threads()
+    torch.manual_seed(0)
+    out = 3 * ext.panel_width()
+    weight, x = torch.randn(out, 96), torch.randn(rows, 96)  # 7 rows: a block of 6 and 1
+    try:
+        torch.set_num_threads(1)
+        wide = ext.pack(weight)
+        torch.set_num_threads(2)
+        narrow = ext.pack(weight)
+        y_wide, y_narrow = ext.linear(x, wide, out, None), ext.linear(x, narrow, out, None)
+    finally:
+        torch.set_num_threads(threads)
+    assert wide.shape == (3, 96, ext.panel_width()) and narrow.shape == (6, 96, ext.panel_width() // 2)
+    assert torch.equal(y_wide, y_narrow)
+    torch.testing.assert_close(y_narrow, x @ weight.T, rtol=1e-5, atol=1e-4)
 def _layer_inputs(model, n: int, past: int):
     """A layer's keyword arguments for n new tokens after `past` cached ones, as the model builds them."""
     positions = torch.arange(past, past + n)[None]

@@ -25,6 +25,8 @@ from eagle.decoding.kernels import (
     restricted_linear,
     use_kernels,
 )
+from eagle.decoding.kv_cache import GrowingCache
+from eagle.decoding.static_cache import StaticKVCache
 from eagle.models.drafter import EagleDrafter
 from eagle.models.medusa import MedusaHeads
 from eagle.proposers import (
@@ -324,15 +326,21 @@ PROPOSERS = {
 @pytest.mark.parametrize("kernels", ["onednn", "fused"])
 @pytest.mark.parametrize("runner", ["dynamic", "static"])
 @pytest.mark.parametrize("name", list(PROPOSERS))
-def test_greedy_with_packed_kernels_identical_to_generate(name, runner, kernels):
+def test_greedy_with_packed_kernels_identical_to_generate(name, runner, kernels, monkeypatch):
     """Every model of the run on packed products (target, drafter, draft LM, heads), or on the
-    fused kernels: greedy output equals `generate` of the same target, token for token."""
+    fused kernels: greedy output equals `generate` of the same target, token for token (the
+    engine's caches let the extension loop over the layers and write them; `generate`'s Hugging
+    Face cache takes a call per layer)."""
     if kernels not in available_kernels("cpu"):
         pytest.skip(f"kernels={kernels} do not run here")
+    loops = []  # forwards whose layers the extension's loop ran (it commits the cache's new entries)
+    for cache_class in (GrowingCache, StaticKVCache):
+        monkeypatch.setattr(cache_class, "commit", lambda self, n, c=cache_class.commit: loops.append(n) or c(self, n))
     target = use_kernels(make_tiny_model("llama"), kernels)
     proposer = PROPOSERS[name](target, runner)
     kept = make_runner(runner, target, tree_size=proposer.max_nodes if proposer else 0)
     run_greedy_cases(target, proposer, kept, greedy_cases(target, 8), f"{kernels}/{name}/{runner}")
+    assert bool(loops) == (kernels == "fused"), "the target's forwards must have run the extension's loop"
     if kernels == "onednn":
         assert all((m._siblings._packed if m._siblings else m._packed) is not None
                    for m in target.modules() if isinstance(m, PackedLinear)), "every linear of the target must have run packed"

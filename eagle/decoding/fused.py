@@ -8,7 +8,8 @@ float32 step of the same model on the same machine took 1.1 floors: one fused lo
 module does the same inside the Hugging Face model:
 
   linears   every `nn.Linear` runs `csrc/fused.cpp`'s product on its weight packed once in panels of
-            4 SIMD vectors of outputs (the weight is read front to back, once for every 4 rows);
+            4 SIMD vectors of outputs, or 2 where that shares the panels more evenly between the
+            threads (the weight is read front to back, once per block of 6 rows with AVX-512, 2 with AVX2);
   layers    a supported decoder layer (`supported_layer`: Llama, Mistral and Qwen2 without a
             sliding window, and the EAGLE drafter's Llama layer without its input norm) runs as
             two calls around the model's own cache: norm + q/k/v + rotary embedding, then
@@ -285,6 +286,7 @@ class FusedBackbone:
     def __init__(self, backbone: nn.Module, original):
         self.backbone, self.original = backbone, original
         self._checked: tuple | None = None  # (layers, the `unchanged` arguments, their packed weights)
+        self._loop: tuple | None = None  # (the packed weights, the extension's `Layers` over them, or None)
 
     def packed_layers(self, layers: list[FusedLayer]) -> list[dict]:
         """Each layer's `packed()`, checked for changed parameters in one call of the extension
@@ -302,6 +304,15 @@ class FusedBackbone:
         keys = torch.tensor([k for t in tensors for k in ((0, 0) if t is None else _key([t])[0])], dtype=torch.long)
         self._checked = (layers, (list(owners), list(names), tensors, keys), packed)
         return packed
+
+    def layers_loop(self, layers: list[FusedLayer], packed: list[dict]):
+        """The extension's loop over these layers (`Layers`), built again when they are packed again;
+        None where layer i does not keep its keys and values in the cache's layer i."""
+        loop = self._loop
+        if loop is None or loop[0] is not packed:
+            in_order = all(layer.layer_idx == i for i, layer in enumerate(layers))
+            self._loop = loop = (packed, load().Layers(packed) if in_order else None)
+        return loop[1]
 
     def _fused_layers(self) -> list[FusedLayer] | None:
         # zip, not a slice: slicing a ModuleList builds a new one (30 `add_module` calls every forward)
@@ -345,9 +356,20 @@ class FusedBackbone:
         cos_sin = model.rotary_emb(inputs_embeds, position_ids=position_ids)
         if not _fused_mask(mask) or cos_sin[0].shape[-1] != first.head_dim:
             return own()
-        hidden = inputs_embeds
-        for layer, packed in zip(layers, self.packed_layers(layers)):
-            hidden = layer.run(hidden, cos_sin, mask, cache, kwargs, packed)  # kwargs reach `cache.update`, as HF's
+        hidden, packed = inputs_embeds, self.packed_layers(layers)
+        loop = self.layers_loop(layers, packed)
+        # a cache that lets the kernels write its buffers (ours: static and growing) takes no call per
+        # layer: the whole loop runs in the extension (~1 ms of SmolLM2's ~20 ms step, LOG.md)
+        reserve = getattr(cache, "reserve", None) if loop is not None else None
+        buffers = reserve(hidden.shape[1]) if reserve is not None else None
+        if buffers is not None and len(buffers[0]) == len(layers):
+            keys, values, slots, visible = buffers
+            cos, sin = cos_sin
+            hidden = loop.forward(hidden, cos, sin, mask, keys, values, slots, visible)
+            cache.commit(hidden.shape[1])
+        else:
+            for layer, weights in zip(layers, packed):
+                hidden = layer.run(hidden, cos_sin, mask, cache, kwargs, weights)  # kwargs reach `cache.update`, as HF's
         return BaseModelOutputWithPast(last_hidden_state=model.norm(hidden), cache=cache)
 
 

@@ -102,6 +102,19 @@ class StaticKVCache:
             values.scatter_(2, index.expand_as(value_states), value_states)
         return keys, values
 
+    def reserve(self, n: int) -> tuple[list[Tensor], list[Tensor], Tensor, int] | None:
+        """For a forward that writes the cache itself instead of calling `update` once per layer (the
+        fused kernels' loop over the layers, `eagle.decoding.fused`), which then calls `commit(n)`:
+        every layer's buffers, the slots `prepare` aimed the n new tokens at, and how many slots
+        attention reads (all of them, under the mask). None where a layer is not allocated yet (its
+        first `update` does it) or `prepare` aimed another number of tokens."""
+        if self.slots.shape[-1] != n or any(k is None for k in self.keys):
+            return None
+        return self.keys, self.values, self.slots, self.max_len
+
+    def commit(self, n: int) -> None:
+        """Nothing to do: the slots were the writer's to fill, and `length` is the owner's bookkeeping."""
+
     def select_rows(self, rows) -> None:
         """Keep only the batch rows `rows` (sequences still decoding) of every layer."""
         index = torch.tensor(list(rows), dtype=torch.long, device=self.device)

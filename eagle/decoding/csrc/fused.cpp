@@ -78,43 +78,59 @@ static inline vec vexp(vec x) {
   return vpow2(p, n);
 }
 
-constexpr int PW = 4 * VW;  // a panel's width: the outputs one block of accumulators covers
+constexpr int PW = 4 * VW;  // a panel's widest: the outputs one block of 4 accumulators covers
 constexpr int tail(int rows) { return rows < RB ? rows : 1; }  // a block of the last rows (unused sizes: 1)
 
 int64_t panel_width() { return PW; }
 
-// W (out, in) -> (panels, in, PW), zero-padded to whole panels: a panel is read front to back,
-// PW outputs' weights for one input k side by side.
-torch::Tensor pack(torch::Tensor w) {
-  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == torch::kFloat32, "pack: a (out, in) float32 weight");
-  const int64_t out = w.size(0), in = w.size(1), panels = (out + PW - 1) / PW;
-  auto padded = torch::zeros({panels * PW, in}, w.options());
-  padded.narrow(0, 0, out).copy_(w);
-  return padded.view({panels, PW, in}).transpose(1, 2).contiguous();
+// The vectors of outputs in each panel of a weight with `out` outputs: 4, or 2 where the threads
+// would share 4-vector panels unevenly and 2-vector ones less so (576 outputs are 9 panels of 64,
+// which 2 threads share 5 to 4: the thread reading 5/9 of the weight sets the time; 18 of 32
+// share 9 to 9). A panel is never split between threads: two threads reading parts of one panel's
+// lines made the 576-output products 25% slower (the prefetchers fetch the whole panel for each).
+static int64_t panel_vectors(int64_t out) {
+  const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
+  auto busiest = [&](int64_t c) {  // outputs of the most loaded thread
+    const int64_t panels = (out + c * VW - 1) / (c * VW);
+    return (panels + threads - 1) / threads * c * VW;
+  };
+  return busiest(2) < busiest(4) ? 2 : 4;
 }
 
-// R rows of x (stride in) against one panel: y[r, 0..width) (+)= x[r] . W[j] (+ bias[j])
-template <int R>
+// W (out, in) -> (panels, in, C * VW), zero-padded to whole panels of C vectors (`panel_vectors`):
+// a panel is read front to back, its outputs' weights for one input k side by side.
+torch::Tensor pack(torch::Tensor w) {
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == torch::kFloat32, "pack: a (out, in) float32 weight");
+  const int64_t out = w.size(0), in = w.size(1), width = panel_vectors(out) * VW, panels = (out + width - 1) / width;
+  auto padded = torch::zeros({panels * width, in}, w.options());
+  padded.narrow(0, 0, out).copy_(w);
+  return padded.view({panels, width, in}).transpose(1, 2).contiguous();
+}
+
+// R rows of x (stride in) against one panel of C vectors of outputs:
+// y[r, 0..width) (+)= x[r] . W[j] (+ bias[j])
+template <int R, int C>
 static inline void panel_rows(const float* __restrict P, const float* __restrict x, int64_t in,
                               float* __restrict y, int64_t ldy, int width, const float* bias, bool accumulate) {
   vec acc[R][4];
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < 4; ++c) acc[r][c] = vzero();
+    for (int c = 0; c < C; ++c) acc[r][c] = vzero();
   for (int64_t k = 0; k < in; ++k) {
-    const float* p = P + k * PW;
-    vec w0 = vload(p), w1 = vload(p + VW), w2 = vload(p + 2 * VW), w3 = vload(p + 3 * VW);
+    const float* p = P + k * C * VW;
+    vec w0 = vload(p), w1 = C > 1 ? vload(p + VW) : w0, w2 = C > 2 ? vload(p + 2 * VW) : w0;
+    vec w3 = C > 3 ? vload(p + 3 * VW) : w0;
     KEEP_IN_REGISTERS(w0, w1, w2, w3);
     for (int r = 0; r < R; ++r) {
       vec xv = vset1(x[r * in + k]);
       acc[r][0] = vfma(w0, xv, acc[r][0]);
-      acc[r][1] = vfma(w1, xv, acc[r][1]);
-      acc[r][2] = vfma(w2, xv, acc[r][2]);
-      acc[r][3] = vfma(w3, xv, acc[r][3]);
+      if (C > 1) acc[r][1] = vfma(w1, xv, acc[r][1]);
+      if (C > 2) acc[r][2] = vfma(w2, xv, acc[r][2]);
+      if (C > 3) acc[r][3] = vfma(w3, xv, acc[r][3]);
     }
   }
   for (int r = 0; r < R; ++r) {
     alignas(64) float buf[PW];
-    for (int c = 0; c < 4; ++c) vstore(buf + c * VW, acc[r][c]);
+    for (int c = 0; c < C; ++c) vstore(buf + c * VW, acc[r][c]);
     float* yr = y + r * ldy;
     for (int j = 0; j < width; ++j) {
       float v = bias ? buf[j] + bias[j] : buf[j];
@@ -123,27 +139,42 @@ static inline void panel_rows(const float* __restrict P, const float* __restrict
   }
 }
 
-// y (n, ldy) (+)= x (n, in) @ W^T (+ bias), W packed by `pack` with `out` real outputs
-static void gemm(const float* P, const float* x, int64_t n, int64_t in, int64_t out, float* y, int64_t ldy,
-                 const float* bias, bool accumulate) {
-  const int64_t panels = (out + PW - 1) / PW;
+// All n rows against C vectors of one panel, in blocks of RB rows (each row's sums are the same
+// whatever its block)
+template <int C>
+static void panel_all_rows(const float* P, const float* x, int64_t n, int64_t in, float* y, int64_t ldy, int width,
+                           const float* bias, bool accumulate) {
+  int64_t i = 0;
+  for (; i + RB <= n; i += RB) panel_rows<RB, C>(P, x + i * in, in, y + i * ldy, ldy, width, bias, accumulate);
+  switch (n - i) {  // the last n % RB rows in one block too
+    case 5: panel_rows<tail(5), C>(P, x + i * in, in, y + i * ldy, ldy, width, bias, accumulate); break;
+    case 4: panel_rows<tail(4), C>(P, x + i * in, in, y + i * ldy, ldy, width, bias, accumulate); break;
+    case 3: panel_rows<tail(3), C>(P, x + i * in, in, y + i * ldy, ldy, width, bias, accumulate); break;
+    case 2: panel_rows<tail(2), C>(P, x + i * in, in, y + i * ldy, ldy, width, bias, accumulate); break;
+    case 1: panel_rows<1, C>(P, x + i * in, in, y + i * ldy, ldy, width, bias, accumulate); break;
+    default: break;
+  }
+}
+
+// y (n, ldy) (+)= x (n, in) @ W^T (+ bias), W packed by `pack` (panels, in, C * VW) with `out` real outputs
+static void gemm(const torch::Tensor& packed, const float* x, int64_t n, int64_t in, int64_t out, float* y,
+                 int64_t ldy, const float* bias, bool accumulate) {
+  const float* P = packed.data_ptr<float>();
+  const int64_t panels = packed.size(0), pw = packed.size(2), vectors = pw / VW;
+  TORCH_CHECK(packed.size(1) == in && pw % VW == 0 && vectors <= 4 && panels * pw >= out,
+              "gemm: a weight packed by pack() for ", out, " outputs of ", in, " inputs");
   // every weight split over the threads, the smallest too: one thread reads a 2 MB weight at half
   // the memory's speed, and a parallel region costs a few microseconds
   at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
     for (int64_t p = begin; p < end; ++p) {
-      const float* panel = P + p * in * PW;
-      const int width = (int)std::min<int64_t>(PW, out - p * PW);
-      const float* b = bias ? bias + p * PW : nullptr;
-      int64_t i = 0;
-      for (; i + RB <= n; i += RB) panel_rows<RB>(panel, x + i * in, in, y + i * ldy + p * PW, ldy, width, b, accumulate);
-      // the last n % RB rows in one block too (each row's sums are the same whatever the block)
-      switch (n - i) {
-        case 5: panel_rows<tail(5)>(panel, x + i * in, in, y + i * ldy + p * PW, ldy, width, b, accumulate); break;
-        case 4: panel_rows<tail(4)>(panel, x + i * in, in, y + i * ldy + p * PW, ldy, width, b, accumulate); break;
-        case 3: panel_rows<tail(3)>(panel, x + i * in, in, y + i * ldy + p * PW, ldy, width, b, accumulate); break;
-        case 2: panel_rows<tail(2)>(panel, x + i * in, in, y + i * ldy + p * PW, ldy, width, b, accumulate); break;
-        case 1: panel_rows<1>(panel, x + i * in, in, y + i * ldy + p * PW, ldy, width, b, accumulate); break;
-        default: break;
+      const float* panel = P + p * in * pw;
+      const int width = (int)std::min<int64_t>(pw, out - p * pw);
+      const float* b = bias ? bias + p * pw : nullptr;
+      float* yp = y + p * pw;
+      switch (vectors) {
+        case 4: panel_all_rows<4>(panel, x, n, in, yp, ldy, width, b, accumulate); break;
+        case 2: panel_all_rows<2>(panel, x, n, in, yp, ldy, width, b, accumulate); break;
+        default: TORCH_CHECK(false, "gemm: panels of 2 or 4 vectors");
       }
     }
   });
@@ -161,7 +192,7 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor packed, int64_t out, c10::op
   auto sizes = x.sizes().vec();
   sizes.back() = out;
   auto y = torch::empty(sizes, x.options());
-  gemm(packed.data_ptr<float>(), xc.data_ptr<float>(), xc.numel() / in, in, out, y.data_ptr<float>(), out,
+  gemm(packed, xc.data_ptr<float>(), xc.numel() / in, in, out, y.data_ptr<float>(), out,
        opt_ptr(bias), false);
   return y;
 }
@@ -203,7 +234,7 @@ std::vector<torch::Tensor> attention_inputs(torch::Tensor x, c10::optional<torch
   auto h = torch::empty({rows, d}, x.options());
   rmsnorm(xc.data_ptr<float>(), opt_ptr(norm_w), (float)eps, h.data_ptr<float>(), rows, d);
   auto qkv = torch::empty({rows, width}, x.options());
-  gemm(packed_qkv.data_ptr<float>(), h.data_ptr<float>(), rows, d, width, qkv.data_ptr<float>(), width,
+  gemm(packed_qkv, h.data_ptr<float>(), rows, d, width, qkv.data_ptr<float>(), width,
        opt_ptr(bias_qkv), false);
   auto q = torch::empty({B, heads, n, hd}, x.options());
   auto k = torch::empty({B, kv_heads, n, hd}, x.options());
@@ -354,11 +385,11 @@ torch::Tensor attention_mlp(torch::Tensor x, torch::Tensor q, torch::Tensor keys
     }
   });
   float* X = out.data_ptr<float>();
-  gemm(packed_o.data_ptr<float>(), A, rows, heads * hd, d, X, d, opt_ptr(bias_o), true);
+  gemm(packed_o, A, rows, heads * hd, d, X, d, opt_ptr(bias_o), true);
   auto h = torch::empty({rows, d}, x.options());
   rmsnorm(X, norm_w.data_ptr<float>(), (float)eps, h.data_ptr<float>(), rows, d);
   auto gu = torch::empty({rows, 2 * inter}, x.options());
-  gemm(packed_gate_up.data_ptr<float>(), h.data_ptr<float>(), rows, d, 2 * inter, gu.data_ptr<float>(), 2 * inter,
+  gemm(packed_gate_up, h.data_ptr<float>(), rows, d, 2 * inter, gu.data_ptr<float>(), 2 * inter,
        opt_ptr(bias_gate_up), false);
   auto act = torch::empty({rows, inter}, x.options());
   float *GU = gu.data_ptr<float>(), *ACT = act.data_ptr<float>();
@@ -369,7 +400,7 @@ torch::Tensor attention_mlp(torch::Tensor x, torch::Tensor q, torch::Tensor keys
       ACT[e] = g / (1.f + std::exp(-g)) * GU[i * 2 * inter + inter + k];
     }
   });
-  gemm(packed_down.data_ptr<float>(), ACT, rows, inter, d, X, d, opt_ptr(bias_down), true);
+  gemm(packed_down, ACT, rows, inter, d, X, d, opt_ptr(bias_down), true);
   return out.view({B, n, d});
 }
 
@@ -394,6 +425,87 @@ bool unchanged(py::list owners, py::list names, py::list tensors, torch::Tensor 
   return true;
 }
 
+// One decoder layer's packed weights and sizes (fused.py's `FusedLayer.packed()`)
+struct LayerWeights {
+  torch::Tensor qkv, o, gate_up, down, norm2;
+  c10::optional<torch::Tensor> norm1, qkv_bias, o_bias, gate_up_bias, down_bias;
+  double eps1, eps2, scaling;
+  int64_t heads, kv_heads, hd, inter;
+};
+
+static c10::optional<torch::Tensor> opt_tensor(const py::dict& d, const char* key) {
+  py::object v = d[key];
+  if (v.is_none()) return c10::nullopt;
+  return py::cast<torch::Tensor>(v);
+}
+
+// The new keys or values k (B, H, n, hd) written into a cache buffer (B, H, capacity, hd) at slots
+// (n,) for every sequence or (B, n) one row each: what `cache.update` does, without a call out
+static void write_slots(torch::Tensor& buf, const torch::Tensor& k, const torch::Tensor& slots) {
+  const int64_t B = k.size(0), H = k.size(1), n = k.size(2), hd = k.size(3), capacity = buf.size(2);
+  TORCH_CHECK(buf.scalar_type() == torch::kFloat32 && buf.dim() == 4 && buf.size(0) == B && buf.size(1) == H &&
+              buf.size(3) == hd && buf.stride(3) == 1, "layers: a float32 cache buffer of (", B, ", ", H, ", *, ", hd, ")");
+  const bool per_row = slots.dim() == 2;
+  const int64_t* S = slots.data_ptr<int64_t>();
+  const float* src = k.data_ptr<float>();  // contiguous: made by attention_inputs
+  float* dst = buf.data_ptr<float>();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t slot = per_row ? S[b * n + j] : S[j];
+      TORCH_CHECK(slot >= 0 && slot < capacity, "layers: slot ", slot, " outside a cache of ", capacity);
+      for (int64_t h = 0; h < H; ++h)
+        std::memcpy(dst + b * buf.stride(0) + h * buf.stride(1) + slot * buf.stride(2), src + ((b * H + h) * n + j) * hd,
+                    hd * sizeof(float));
+    }
+}
+
+// A model's decoder layers in one call: the loop over `attention_inputs`, the cache's write and
+// `attention_mlp` of each layer, for caches whose buffers the kernels may write themselves (the
+// static cache's, the growing cache's). Built once from each layer's packed weights; Python's loop
+// over 30 layers, with a call into the cache each, cost ~1-2 ms of SmolLM2's ~20 ms step.
+class Layers {
+ public:
+  explicit Layers(py::list packed) {
+    for (py::handle item : packed) {
+      const py::dict d = py::reinterpret_borrow<py::dict>(item);
+      const py::tuple heads = d["heads"];
+      layers_.push_back({py::cast<torch::Tensor>(d["qkv"]), py::cast<torch::Tensor>(d["o"]),
+                         py::cast<torch::Tensor>(d["gate_up"]), py::cast<torch::Tensor>(d["down"]),
+                         py::cast<torch::Tensor>(d["norm2"]), opt_tensor(d, "norm1"), opt_tensor(d, "qkv_bias"),
+                         opt_tensor(d, "o_bias"), opt_tensor(d, "gate_up_bias"), opt_tensor(d, "down_bias"),
+                         py::cast<double>(d["eps1"]), py::cast<double>(d["eps2"]), py::cast<double>(d["scaling"]),
+                         py::cast<int64_t>(heads[0]), py::cast<int64_t>(heads[1]), py::cast<int64_t>(heads[2]),
+                         py::cast<int64_t>(d["inter"])});
+    }
+  }
+
+  // x (B, n, d) through every layer; keys[i], values[i] (B, kv_heads, capacity, hd): layer i's
+  // cache, the new entries written at `slots` ((n,) or (B, n)), then attention over its first
+  // `visible` slots under `mask` (as attention_mlp). -> (B, n, d)
+  torch::Tensor forward(torch::Tensor x, torch::Tensor cos, torch::Tensor sin, c10::optional<torch::Tensor> mask,
+                        std::vector<torch::Tensor> keys, std::vector<torch::Tensor> values, torch::Tensor slots,
+                        int64_t visible) {
+    TORCH_CHECK(keys.size() == layers_.size() && values.size() == layers_.size(), "layers: one cache layer per layer");
+    TORCH_CHECK(slots.scalar_type() == torch::kInt64 && slots.is_contiguous() && slots.size(-1) == x.size(1) &&
+                (slots.dim() == 1 || (slots.dim() == 2 && slots.size(0) == x.size(0))),
+                "layers: int64 slots (n,) or (B, n) for the n new tokens");
+    auto c = cos.to(torch::kFloat32), s = sin.to(torch::kFloat32);
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      const LayerWeights& w = layers_[i];
+      auto qkv = attention_inputs(x, w.norm1, w.eps1, w.qkv, w.qkv_bias, c, s, w.heads, w.kv_heads, w.hd);
+      write_slots(keys[i], qkv[1], slots);
+      write_slots(values[i], qkv[2], slots);
+      TORCH_CHECK(visible > 0 && visible <= keys[i].size(2), "layers: ", visible, " visible slots of ", keys[i].size(2));
+      x = attention_mlp(x, qkv[0], keys[i].narrow(2, 0, visible), values[i].narrow(2, 0, visible), mask, w.scaling,
+                        w.o, w.o_bias, w.norm2, w.eps2, w.gate_up, w.inter, w.down, w.gate_up_bias, w.down_bias);
+    }
+    return x;
+  }
+
+ private:
+  std::vector<LayerWeights> layers_;
+};
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("panel_width", &panel_width);
   m.def("pack", &pack);
@@ -401,4 +513,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attention_inputs", &attention_inputs);
   m.def("attention_mlp", &attention_mlp);
   m.def("unchanged", &unchanged);
+  py::class_<Layers>(m, "Layers").def(py::init<py::list>()).def("forward", &Layers::forward);
 }
