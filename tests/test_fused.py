@@ -5,6 +5,8 @@ restores the model. Greedy decoding on them, for every method family, is in test
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -287,3 +289,18 @@ def test_a_build_that_fails_says_why(monkeypatch):
     finally:
         fused.load.cache_clear()
         fused.available.cache_clear()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="2 MB pages are asked for on Linux only")
+def test_packed_weights_start_on_a_2mb_page_and_are_zero_padded():
+    ext = fused.load()
+    big = ext.huge_zeros([3 * 2**20 // 4 + 5])  # 3 MB and a bit: the last part stays in 4 KB pages
+    small = ext.huge_zeros([7, 3])  # under 2 MB: an ordinary tensor
+    assert big.data_ptr() % 2**21 == 0 and not big.any() and big.shape == (3 * 2**20 // 4 + 5,)
+    assert small.shape == (7, 3) and not small.any()
+    weight = torch.randn(3 * ext.panel_width() * 40 + 3, 576)  # ~11 MB, the last panel 3 real outputs
+    packed = ext.pack(weight)
+    assert packed.data_ptr() % 2**21 == 0
+    width = packed.shape[-1]
+    assert torch.equal(packed[0, :, :width], weight[:width].T)
+    assert torch.equal(packed[-1, :, :3], weight[-3:].T) and not packed[-1, :, 3:].any()

@@ -6,7 +6,9 @@ bytes, so while the arithmetic stays small next to them (n x 2 x parameters FLOP
 tree of n tokens should cost about one step. This module measures both sides on this machine:
 
   bandwidth      `read_bandwidth`: the best of a few streaming reads (a sum) of a buffer several
-                 times larger than any cache, with the threads the decoding uses;
+                 times larger than any cache, with the threads the decoding uses, in 2 MB pages
+                 where the fused kernels' weights are (`eagle.decoding.fused`: a read of 4 KB
+                 pages is ~5% slower, and the floor is the fastest read of the memory);
   floor          the target's weight bytes / that bandwidth (`weight_bytes`);
   roof           a forward of n tokens also does n x 2 x (linear weights) FLOP (`linear_flops`), at
                  most at the machine's peak rate (`peak_gflops`: a large square product), so it
@@ -44,6 +46,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from eagle.decoding import fused
 from eagle.decoding.kernels import PackedLinear, available_kernels, kernels_of, use_kernels
 from eagle.decoding.runners import TargetRunner, make_runner
 
@@ -90,7 +93,11 @@ class BandwidthProbe:
         self.device, self.repeats = torch.device(device), repeats
         # random values, not a constant: a host that merges identical pages (KSM) would serve a buffer
         # of ones from a few physical pages, out of the caches
-        self.buffer = torch.rand(megabytes * 2**20 // 4, dtype=torch.float32, device=self.device)
+        numel = megabytes * 2**20 // 4
+        if self.device.type == "cpu" and fused.available():  # 2 MB pages, as the packed weights'
+            self.buffer = fused.load().huge_zeros([numel]).uniform_()
+        else:
+            self.buffer = torch.rand(numel, dtype=torch.float32, device=self.device)
         self.buffer.sum()  # first touch: page faults and lazy initialisation are not bandwidth
         _sync(self.device)()
 

@@ -11,6 +11,9 @@
 #include <cmath>
 #include <cstring>
 #include <vector>
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 #if defined(__AVX512F__)
 typedef __m512 vec;
@@ -97,14 +100,47 @@ static int64_t panel_vectors(int64_t out) {
   return busiest(2) < busiest(4) ? 2 : 4;
 }
 
+// A zero-filled float32 tensor in memory that Linux backs with 2 MB pages where it can (transparent
+// huge pages, asked for with madvise: the "madvise" mode most kernels default to gives them to no
+// one else). A stream of a 4 KB-paged weight crosses a page every 64 cache lines, with a TLB miss
+// and the prefetchers stopped at each: products of SmolLM2's packed weights ran 6% faster on 2 MB
+// pages, a streaming read 5% faster (LOG.md). The mapping starts on a 2 MB boundary and ends at the
+// tensor's last 4 KB page, so a last part smaller than 2 MB stays in 4 KB pages: no memory is
+// wasted. Elsewhere (or if the mapping fails) an ordinary tensor.
+torch::Tensor huge_zeros(at::IntArrayRef sizes) {
+  const auto options = torch::TensorOptions().dtype(torch::kFloat32);
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  constexpr size_t HUGE = size_t(2) << 20, PAGE = 4096;
+  int64_t numel = 1;
+  for (int64_t s : sizes) numel *= s;
+  const size_t bytes = (numel * sizeof(float) + PAGE - 1) / PAGE * PAGE;
+  if (bytes >= HUGE) {
+    void* map = mmap(nullptr, bytes + HUGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (map != MAP_FAILED) {
+      char* start = static_cast<char*>(map);
+      char* aligned = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(start) + HUGE - 1) / HUGE * HUGE);
+      if (aligned > start) munmap(start, aligned - start);  // the slack before the boundary...
+      char* end = aligned + bytes;
+      if (start + bytes + HUGE > end) munmap(end, start + bytes + HUGE - end);  // ...and after the tensor
+      madvise(aligned, bytes, MADV_HUGEPAGE);  // a hint: without it (THP off), 4 KB pages as usual
+      return torch::from_blob(aligned, sizes, [bytes](void* p) { munmap(p, bytes); }, options);
+    }
+  }
+#endif
+  return torch::zeros(sizes, options);
+}
+
 // W (out, in) -> (panels, in, C * VW), zero-padded to whole panels of C vectors (`panel_vectors`):
 // a panel is read front to back, its outputs' weights for one input k side by side.
 torch::Tensor pack(torch::Tensor w) {
-  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == torch::kFloat32, "pack: a (out, in) float32 weight");
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == torch::kFloat32 && w.is_cpu(), "pack: a (out, in) float32 weight on the CPU");
   const int64_t out = w.size(0), in = w.size(1), width = panel_vectors(out) * VW, panels = (out + width - 1) / width;
-  auto padded = torch::zeros({panels * width, in}, w.options());
-  padded.narrow(0, 0, out).copy_(w);
-  return padded.view({panels, width, in}).transpose(1, 2).contiguous();
+  auto packed = huge_zeros({panels, in, width});  // the padding's outputs stay zero
+  for (int64_t p = 0; p < panels; ++p) {
+    const int64_t rows = std::min<int64_t>(width, out - p * width);
+    packed[p].narrow(1, 0, rows).copy_(w.narrow(0, p * width, rows).t());
+  }
+  return packed;
 }
 
 // R rows of x (stride in) against one panel of C vectors of outputs:
@@ -509,6 +545,7 @@ class Layers {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("panel_width", &panel_width);
   m.def("pack", &pack);
+  m.def("huge_zeros", &huge_zeros);
   m.def("linear", &linear);
   m.def("attention_inputs", &attention_inputs);
   m.def("attention_mlp", &attention_mlp);
