@@ -347,3 +347,6 @@ def test_greedy_with_packed_kernels_identical_to_generate(name, runner, kernels,
     else:
         layers = [m.forward for m in target.model.layers]
         assert all(isinstance(f, FusedLayer) and f._packed is not None for f in layers), "every layer must have run fused"
+        if name.startswith("eagle"):  # the drafter's layer too (it is built in training mode; drafting is not)
+            drafter_layer = proposer.model.drafter.layers[0].forward
+            assert isinstance(drafter_layer, FusedLayer) and drafter_layer._packed is not None

@@ -120,9 +120,10 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 def place(drafter: nn.Module, model: nn.Module, dtype) -> nn.Module:
     """On the target's device; in `dtype`, or the target's dtype (a drafter in another
-    dtype than its target is a classic source of lost acceptance)."""
+    dtype than its target is a classic source of lost acceptance); in eval mode, as `load_target`
+    leaves the target (training switches it back)."""
     p = next(model.parameters())
-    return drafter.to(p.device, resolve_dtype(dtype) if dtype is not None else p.dtype)
+    return drafter.to(p.device, resolve_dtype(dtype) if dtype is not None else p.dtype).eval()
 
 
 def validate_target(config: DrafterConfig | MedusaConfig, model: nn.Module, tokenizer=None,

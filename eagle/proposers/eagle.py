@@ -54,6 +54,9 @@ class EagleDraftModel:
                  pass_shape: tuple[int, int] | None = None):
         if (compile_mode is not None or pass_shape is not None) and not (cache.fixed_shape and pass_shape):
             raise ValueError("compiling the drafter needs a static cache and a pass_shape")
+        # drafting is inference: a drafter left in training mode (as built or loaded) would run its
+        # decoder layer on PyTorch's operations instead of the fused kernels, and draw any dropout
+        drafter.eval()
         self.drafter, self.cache, self.pass_shape, self.compile_mode = drafter, cache, pass_shape, compile_mode
         self._rows: RowsDraftCache | None = None  # a batch drafted in one pass (built on first use)
         self.needs_parent_tokens = drafter.needs_prev_ids  # TemplateProposer passes them to `step`

@@ -30,7 +30,7 @@ class MedusaDraftModel:
     """Medusa heads as a `TreeDraftModel` (see `eagle.proposers.template`); it has no cache."""
 
     def __init__(self, heads: MedusaHeads):
-        self.heads = heads
+        self.heads = heads.eval()  # drafting is inference
 
     @property
     def dtype(self) -> torch.dtype:
