@@ -88,15 +88,15 @@ def test_rows_leave_the_batch_when_they_finish(runner):
     assert all(r.stats.tau == r.stats.committed / max(r.stats.forwards, 1) for r in results)
 
 
-@pytest.mark.parametrize("kernels", ["default", "fused"])
-def test_a_batch_decodes_as_each_sequence_alone(kernels):
+@pytest.mark.parametrize("kernels,runner", [("default", "dynamic"), ("fused", "dynamic"), ("fused", "static")])
+def test_a_batch_decodes_as_each_sequence_alone(kernels, runner):
     """One prompt through `generate` and through `generate_batch` beside others: the same text
     and the same rounds (greedy: the same accepted paths); on the fused kernels too, whose rows
-    are computed alike at any batch size."""
+    are computed alike at any batch size (with the static cache, each row writes its own slots)."""
     if kernels not in available_kernels("cpu"):
         pytest.skip(f"kernels={kernels} do not run here")
     target = use_kernels(make_tiny_model("llama"), kernels)
-    proposer, kept = _oracle(target, "dynamic")
+    proposer, kept = _oracle(target, runner)
     batch, budgets, eos, _ = batch_case(target)
     decoder = SpeculativeDecoder(target, proposer, eos_token_id=eos, runner=kept)
     together = decoder.generate_batch(batch, budgets)

@@ -522,9 +522,9 @@ class Layers {
                         std::vector<torch::Tensor> keys, std::vector<torch::Tensor> values, torch::Tensor slots,
                         int64_t visible) {
     TORCH_CHECK(keys.size() == layers_.size() && values.size() == layers_.size(), "layers: one cache layer per layer");
-    TORCH_CHECK(slots.scalar_type() == torch::kInt64 && slots.is_contiguous() && slots.size(-1) == x.size(1) &&
-                (slots.dim() == 1 || (slots.dim() == 2 && slots.size(0) == x.size(0))),
-                "layers: int64 slots (n,) or (B, n) for the n new tokens");
+    TORCH_CHECK(slots.size(-1) == x.size(1) && (slots.dim() == 1 || (slots.dim() == 2 && slots.size(0) == x.size(0))),
+                "layers: slots (n,) or (B, n) for the n new tokens");
+    slots = slots.to(torch::kInt64).contiguous();  // (a no-op for the caches' own)
     auto c = cos.to(torch::kFloat32), s = sin.to(torch::kFloat32);
     for (size_t i = 0; i < layers_.size(); ++i) {
       const LayerWeights& w = layers_[i];
