@@ -82,13 +82,14 @@ class GrowingCache(DynamicCache):
         go to, and how many slots attention then reads. None, with nothing changed, where a layer is
         not ready for that: not created or initialised yet, not a view of its buffer (a method of the
         base class replaced it), lengths that differ, or no room (its `update` grows it)."""
-        layers = self.layers
-        if not layers or not all(isinstance(layer, GrowingLayer) and layer.is_initialized
-                                 and layer._keys_buf is not None for layer in layers):
+        layers, old = self.layers, None
+        if not layers:
             return None
-        old = layers[0].keys.shape[-2]
         for layer in layers:
+            if not (isinstance(layer, GrowingLayer) and layer.is_initialized and layer._keys_buf is not None):
+                return None
             keys, values, keys_buf, values_buf = layer.keys, layer.values, layer._keys_buf, layer._values_buf
+            old = keys.shape[-2] if old is None else old
             # a view of the buffer's first entries starts where the buffer does, with its strides
             if (keys.data_ptr() != keys_buf.data_ptr() or values.data_ptr() != values_buf.data_ptr()
                     or keys.stride() != keys_buf.stride() or values.stride() != values_buf.stride()
