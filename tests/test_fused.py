@@ -128,6 +128,37 @@ def test_a_tokens_logits_do_not_depend_on_how_many_tokens_its_forward_carries(fa
     torch.testing.assert_close(whole, reference, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("heads, kv_heads, head_dim", [
+    (6, 2, 64),  # groups of 3, as SmolLM2: whole blocks of value vectors
+    (6, 1, 40),  # one group of 6 in jobs of 4 + 2 heads; 40 = 2 x 16 + 8 (or 5 x 8) floats
+    (9, 3, 24),  # single vectors and a scalar tail
+])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_attention_jobs_of_one_head_or_several_give_every_head_the_same_bits(heads, kv_heads, head_dim, threads):
+    """A forward of a few tokens runs one head a job (few jobs: the threads' balance), one of 12
+    runs the heads of a group together; each head's attention, and so every logit, is the same."""
+    model = use_kernels(make_tiny_model("llama", hidden_size=heads * head_dim, num_attention_heads=heads,
+                                        num_key_value_heads=kv_heads, head_dim=head_dim, intermediate_size=96), "fused")
+    ids = torch.randint(3, model.config.vocab_size, (1, 12))
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with torch.inference_mode():
+            whole = model(ids).logits[0]
+            cache = DynamicCache()
+            model(ids[:, :10], cache=cache)
+            steps = [model(ids[:, t:t + 1], cache=cache).logits[0] for t in range(10, 12)]
+    finally:
+        torch.set_num_threads(old)
+    reference = use_kernels(make_tiny_model("llama", hidden_size=heads * head_dim, num_attention_heads=heads,
+                                            num_key_value_heads=kv_heads, head_dim=head_dim, intermediate_size=96),
+                            "default")
+    with torch.inference_mode():
+        expected = reference(ids).logits[0]
+    assert torch.equal(torch.cat(steps), whole[10:]), "a head's attention must not depend on its job's other heads"
+    torch.testing.assert_close(whole, expected, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("family", ["mistral", "gemma2", "phi3", "gpt2"])
 def test_other_layers_keep_their_forward_and_still_run_fused_products(family):
     """A sliding window (mistral here), other norms and MLPs (gemma2), fused projections (phi3):

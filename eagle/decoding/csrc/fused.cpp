@@ -32,6 +32,8 @@ static inline float vsum(vec v) { return _mm512_reduce_add_ps(v); }
 static inline vec vmul(vec a, vec b) { return _mm512_mul_ps(a, b); }
 static inline vec vdiv(vec a, vec b) { return _mm512_div_ps(a, b); }
 static inline vec vmax(vec a, vec b) { return _mm512_max_ps(a, b); }
+static inline vec vmin(vec a, vec b) { return _mm512_min_ps(a, b); }
+static inline vec vsub(vec a, vec b) { return _mm512_sub_ps(a, b); }
 static inline vec vround(vec v) { return _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 static inline vec vpow2(vec p, vec n) { return _mm512_scalef_ps(p, n); }  // p * 2^n
 #elif defined(__AVX2__) && defined(__FMA__)
@@ -54,6 +56,8 @@ static inline float vsum(vec v) {
 static inline vec vmul(vec a, vec b) { return _mm256_mul_ps(a, b); }
 static inline vec vdiv(vec a, vec b) { return _mm256_div_ps(a, b); }
 static inline vec vmax(vec a, vec b) { return _mm256_max_ps(a, b); }
+static inline vec vmin(vec a, vec b) { return _mm256_min_ps(a, b); }
+static inline vec vsub(vec a, vec b) { return _mm256_sub_ps(a, b); }
 static inline vec vround(vec v) { return _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 static inline vec vpow2(vec p, vec n) {  // p * 2^n, n a whole number in [-126, 127]
   const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
@@ -64,10 +68,10 @@ static inline vec vpow2(vec p, vec n) {  // p * 2^n, n a whole number in [-126, 
 #endif
 
 // e^x of every lane (Cephes' expf: x = n ln 2 + r, |r| <= ln 2 / 2, e^r by a degree-7 polynomial;
-// within 2 ulp of std::exp; x below -87.3 gives ~1e-38, not 0): the attention's probabilities,
-// a vector at a time instead of one std::exp per key
+// within 2 ulp of std::exp; x below -87.3 gives ~1e-38, not 0; x at most 88): the attention's
+// probabilities and the MLP's SiLU, a vector at a time instead of one std::exp per float
 static inline vec vexp(vec x) {
-  x = vmax(x, vset1(-87.3f));  // inputs are score - max <= 0
+  x = vmax(x, vset1(-87.3f));  // inputs: score - max <= 0, or -g capped at 88
   const vec n = vround(vmul(x, vset1(1.44269504088896341f)));
   vec r = vfma(n, vset1(-0.693359375f), x);  // x - n ln 2, ln 2 in two parts
   r = vfma(n, vset1(2.12194440e-4f), r);
@@ -239,8 +243,14 @@ static void rmsnorm(const float* x, const float* w, float eps, float* y, int64_t
     const float* xi = x + i * d;
     float* yi = y + i * d;
     if (!w) { std::memcpy(yi, xi, d * sizeof(float)); continue; }
-    float ss = 0.f;
-    for (int64_t k = 0; k < d; ++k) ss += xi[k] * xi[k];
+    vec acc = vzero();  // the sum of squares a vector at a time, then across its lanes
+    int64_t k = 0;
+    for (; k + VW <= d; k += VW) {
+      const vec v = vload(xi + k);
+      acc = vfma(v, v, acc);
+    }
+    float ss = vsum(acc);
+    for (; k < d; ++k) ss += xi[k] * xi[k];
     const float r = 1.f / std::sqrt(ss / d + eps);
     for (int64_t k = 0; k < d; ++k) yi[k] = w[k] * (xi[k] * r);
   }
@@ -296,6 +306,56 @@ std::vector<torch::Tensor> attention_inputs(torch::Tensor x, c10::optional<torch
   return {q, k, v};
 }
 
+// o[e] (hd floats each, e < H, side by side) = sum over the m seen slots, in slot order, of
+// p[e][j] * V[seen[j]]: the values of H heads of one group, each vector loaded once for all H;
+// every output lane is its own FMA chain in slot order (the same floats as one head at a time),
+// and BV x H chains run side by side (one head's alone are bound by the FMA's latency)
+template <int H, int BV>
+static void weighted_values(const float* p, int64_t pstride, const int64_t* seen, int64_t m, const float* Vg,
+                            int64_t vs2, int64_t hd, int64_t hv, float* o) {
+  int64_t k = 0;
+  for (; k + BV * VW <= hv; k += BV * VW) {
+    vec acc[H][BV];
+    for (int e = 0; e < H; ++e)
+      for (int c = 0; c < BV; ++c) acc[e][c] = vzero();
+    for (int64_t j = 0; j < m; ++j) {
+      const float* vj = Vg + seen[j] * vs2 + k;
+      vec v[BV];
+      for (int c = 0; c < BV; ++c) v[c] = vload(vj + c * VW);
+      for (int e = 0; e < H; ++e) {
+        const vec pe = vset1(p[e * pstride + j]);
+        for (int c = 0; c < BV; ++c) acc[e][c] = vfma(pe, v[c], acc[e][c]);
+      }
+    }
+    for (int e = 0; e < H; ++e)
+      for (int c = 0; c < BV; ++c) vstore(o + e * hd + k + c * VW, acc[e][c]);
+  }
+  for (; k < hv; k += VW) {
+    vec acc[H];
+    for (int e = 0; e < H; ++e) acc[e] = vzero();
+    for (int64_t j = 0; j < m; ++j) {
+      const vec v = vload(Vg + seen[j] * vs2 + k);
+      for (int e = 0; e < H; ++e) acc[e] = vfma(vset1(p[e * pstride + j]), v, acc[e]);
+    }
+    for (int e = 0; e < H; ++e) vstore(o + e * hd + k, acc[e]);
+  }
+  for (k = hv; k < hd; ++k)
+    for (int e = 0; e < H; ++e) {
+      float acc = 0.f;
+      for (int64_t j = 0; j < m; ++j) acc += p[e * pstride + j] * Vg[seen[j] * vs2 + k];
+      o[e * hd + k] = acc;
+    }
+}
+
+// the registers hold BV x H accumulators, BV value vectors and a broadcast: 4 x 4 + 5 of AVX-512's
+// 32; AVX2's 16 take 4 x 1 + 5, or 2 x 3 + 3
+template <int H>
+static void weighted_values(const float* p, int64_t pstride, const int64_t* seen, int64_t m, const float* Vg,
+                            int64_t vs2, int64_t hd, int64_t hv, float* o) {
+  constexpr int BV = VW == 16 || H == 1 ? 4 : 2;
+  weighted_values<H, BV>(p, pstride, seen, m, Vg, vs2, hd, hv, o);
+}
+
 // The rest of a decoder layer: attention over the cache, o_proj and the residual, norm, the gated
 // MLP (SiLU) and its residual. x (B, n, d); q (B, heads, n, hd); keys, values (B, kv_heads, L, hd)
 // (any strides but the last); mask: none (causal: row i sees slots 0..L-n+i), bool (B or 1, 1, n, L)
@@ -327,21 +387,27 @@ torch::Tensor attention_mlp(torch::Tensor x, torch::Tensor q, torch::Tensor keys
   const float skip = -FLT_MAX / 2, sc = (float)scaling;
   auto att = torch::empty({rows, heads * hd}, x.options());
   float* A = att.data_ptr<float>();
-  // Each (row, head) job: the seen slots, their scores, the softmax, the weighted values. The work
+  // Each job: one row and up to 4 heads of one key/value group (GQA: the group's heads read the same
+  // keys and values under the same mask): the seen slots found once, the values read once for all of
+  // them with 4 x heads FMA chains side by side (one head's 4 are bound by the FMA's latency).
+  // With 3-16 new tokens of SmolLM2 the layers ran 6-9% faster than with one head a job (LOG.md). A
+  // few jobs (a 1-token step's: 3 groups) keep one head each, so that the threads share them evenly. The work
   // is scheduled for throughput without changing any float: a key's dot product is the same FMA
   // chain over the head dim and the same horizontal sum whether it runs alone or beside others,
-  // and each output lane sums its values in slot order, so the result is bitwise that of one key
-  // and one vector at a time (the exactness above does not depend on the schedule).
-  at::parallel_for(0, rows * heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> score(L + VW);  // whole vectors for vexp and the division
+  // and each output lane sums its values in slot order, so every head's result is bitwise the same
+  // whatever its job holds (the exactness above does not depend on the schedule).
+  const int64_t hc = rows * kv_heads >= 4 * at::get_num_threads() ? std::min<int64_t>(group, 4) : 1;
+  const int64_t chunks = (group + hc - 1) / hc;  // jobs per row and group
+  at::parallel_for(0, rows * kv_heads * chunks, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores(4 * (L + VW));  // whole vectors for vexp and the division
     std::vector<int64_t> seen(L);
     for (int64_t job = begin; job < end; ++job) {
-      const int64_t b = job / (n * heads), i = job / heads % n, h = job % heads, g = h / group;
-      const float* qi = Q + ((b * heads + h) * n + i) * hd;
+      const int64_t r = job / (kv_heads * chunks), g = job / chunks % kv_heads, c = job % chunks;
+      const int64_t b = r / n, i = r % n, h0 = g * group + c * hc, H = std::min<int64_t>(hc, group - c * hc);
       const float* Kg = K + b * ks0 + g * ks1;
       const float* Vg = V + b * vs0 + g * vs1;
       const int64_t mrow = b * ms0 + i * ms2;
-      int64_t m = 0;  // the seen slots, in slot order, each with its additive mask in score[]
+      int64_t m = 0;  // the seen slots, in slot order, each with its additive mask in scores[]
       for (int64_t t = 0; t < L; ++t) {
         float add = 0.f;
         if (!has_mask) {
@@ -352,71 +418,56 @@ torch::Tensor attention_mlp(torch::Tensor x, torch::Tensor q, torch::Tensor keys
           add = MF[mrow + t * ms3];
           if (add <= skip) continue;
         }
-        score[m] = add;
+        scores[m] = add;
         seen[m++] = t;
       }
-      auto dot = [&](const float* kt, vec a) {  // a: the key's FMA chain over the whole vectors
-        float d = vsum(a);
-        for (int64_t k = hv; k < hd; ++k) d += qi[k] * kt[k];
-        return d;
-      };
-      int64_t j = 0;
-      for (; j + 4 <= m; j += 4) {  // 4 keys' chains side by side: latency hidden, not changed
-        const float *k0 = Kg + seen[j] * ks2, *k1 = Kg + seen[j + 1] * ks2;
-        const float *k2 = Kg + seen[j + 2] * ks2, *k3 = Kg + seen[j + 3] * ks2;
-        vec a0 = vzero(), a1 = vzero(), a2 = vzero(), a3 = vzero();
-        for (int64_t k = 0; k < hv; k += VW) {
-          const vec qk = vload(qi + k);
-          a0 = vfma(qk, vload(k0 + k), a0);
-          a1 = vfma(qk, vload(k1 + k), a1);
-          a2 = vfma(qk, vload(k2 + k), a2);
-          a3 = vfma(qk, vload(k3 + k), a3);
+      for (int64_t e = 1; e < H; ++e) std::memcpy(&scores[e * (L + VW)], &scores[0], m * sizeof(float));
+      for (int64_t e = 0; e < H; ++e) {
+        float* score = &scores[e * (L + VW)];
+        const float* qi = Q + ((b * heads + h0 + e) * n + i) * hd;
+        auto dot = [&](const float* kt, vec a) {  // a: the key's FMA chain over the whole vectors
+          float d = vsum(a);
+          for (int64_t k = hv; k < hd; ++k) d += qi[k] * kt[k];
+          return d;
+        };
+        int64_t j = 0;
+        for (; j + 4 <= m; j += 4) {  // 4 keys' chains side by side: latency hidden, not changed
+          const float *k0 = Kg + seen[j] * ks2, *k1 = Kg + seen[j + 1] * ks2;
+          const float *k2 = Kg + seen[j + 2] * ks2, *k3 = Kg + seen[j + 3] * ks2;
+          vec a0 = vzero(), a1 = vzero(), a2 = vzero(), a3 = vzero();
+          for (int64_t k = 0; k < hv; k += VW) {
+            const vec qk = vload(qi + k);
+            a0 = vfma(qk, vload(k0 + k), a0);
+            a1 = vfma(qk, vload(k1 + k), a1);
+            a2 = vfma(qk, vload(k2 + k), a2);
+            a3 = vfma(qk, vload(k3 + k), a3);
+          }
+          score[j] = dot(k0, a0) * sc + score[j];
+          score[j + 1] = dot(k1, a1) * sc + score[j + 1];
+          score[j + 2] = dot(k2, a2) * sc + score[j + 2];
+          score[j + 3] = dot(k3, a3) * sc + score[j + 3];
         }
-        score[j] = dot(k0, a0) * sc + score[j];
-        score[j + 1] = dot(k1, a1) * sc + score[j + 1];
-        score[j + 2] = dot(k2, a2) * sc + score[j + 2];
-        score[j + 3] = dot(k3, a3) * sc + score[j + 3];
-      }
-      for (; j < m; ++j) {
-        const float* kt = Kg + seen[j] * ks2;
-        vec a = vzero();
-        for (int64_t k = 0; k < hv; k += VW) a = vfma(vload(qi + k), vload(kt + k), a);
-        score[j] = dot(kt, a) * sc + score[j];
-      }
-      float top = -INFINITY;
-      for (j = 0; j < m; ++j) top = std::max(top, score[j]);
-      const vec neg_top = vset1(-top);  // score + (-top): the same float as score - top
-      for (j = 0; j < m; j += VW) vstore(&score[j], vexp(vadd(vload(&score[j]), neg_top)));
-      float z = 0.f;
-      for (j = 0; j < m; ++j) z += score[j];
-      const vec vz = vset1(z);  // IEEE division: a vector's quotients are the scalar ones
-      for (j = 0; j < m; j += VW) vstore(&score[j], vdiv(vload(&score[j]), vz));  // the probabilities
-      float* o = A + (b * n + i) * heads * hd + h * hd;
-      int64_t k = 0;
-      for (; k + 4 * VW <= hv; k += 4 * VW) {  // 4 output vectors' chains side by side
-        vec o0 = vzero(), o1 = vzero(), o2 = vzero(), o3 = vzero();
-        for (j = 0; j < m; ++j) {
-          const vec p = vset1(score[j]);
-          const float* vj = Vg + seen[j] * vs2 + k;
-          o0 = vfma(p, vload(vj), o0);
-          o1 = vfma(p, vload(vj + VW), o1);
-          o2 = vfma(p, vload(vj + 2 * VW), o2);
-          o3 = vfma(p, vload(vj + 3 * VW), o3);
+        for (; j < m; ++j) {
+          const float* kt = Kg + seen[j] * ks2;
+          vec a = vzero();
+          for (int64_t k = 0; k < hv; k += VW) a = vfma(vload(qi + k), vload(kt + k), a);
+          score[j] = dot(kt, a) * sc + score[j];
         }
-        vstore(o + k, o0);
-        vstore(o + k + VW, o1);
-        vstore(o + k + 2 * VW, o2);
-        vstore(o + k + 3 * VW, o3);
+        float top = -INFINITY;
+        for (j = 0; j < m; ++j) top = std::max(top, score[j]);
+        const vec neg_top = vset1(-top);  // score + (-top): the same float as score - top
+        for (j = 0; j < m; j += VW) vstore(&score[j], vexp(vadd(vload(&score[j]), neg_top)));
+        float z = 0.f;
+        for (j = 0; j < m; ++j) z += score[j];
+        const vec vz = vset1(z);  // IEEE division: a vector's quotients are the scalar ones
+        for (j = 0; j < m; j += VW) vstore(&score[j], vdiv(vload(&score[j]), vz));  // the probabilities
       }
-      for (; k < hv; k += VW) {
-        vec acc = vzero();
-        for (j = 0; j < m; ++j) acc = vfma(vset1(score[j]), vload(Vg + seen[j] * vs2 + k), acc);
-        vstore(o + k, acc);
-      }
-      for (k = hv; k < hd; ++k) {
-        float acc = 0.f;
-        for (j = 0; j < m; ++j) acc += score[j] * Vg[seen[j] * vs2 + k];
-        o[k] = acc;
+      float* o = A + (b * n + i) * heads * hd + h0 * hd;  // the H heads' outputs, side by side
+      switch (H) {
+        case 4: weighted_values<4>(scores.data(), L + VW, seen.data(), m, Vg, vs2, hd, hv, o); break;
+        case 3: weighted_values<3>(scores.data(), L + VW, seen.data(), m, Vg, vs2, hd, hv, o); break;
+        case 2: weighted_values<2>(scores.data(), L + VW, seen.data(), m, Vg, vs2, hd, hv, o); break;
+        default: weighted_values<1>(scores.data(), L + VW, seen.data(), m, Vg, vs2, hd, hv, o); break;
       }
     }
   });
@@ -429,11 +480,19 @@ torch::Tensor attention_mlp(torch::Tensor x, torch::Tensor q, torch::Tensor keys
        opt_ptr(bias_gate_up), false);
   auto act = torch::empty({rows, inter}, x.options());
   float *GU = gu.data_ptr<float>(), *ACT = act.data_ptr<float>();
-  at::parallel_for(0, rows * inter, 4096, [&](int64_t begin, int64_t end) {  // SiLU(gate) * up
-    for (int64_t e = begin; e < end; ++e) {
-      const int64_t i = e / inter, k = e % inter;
-      const float g = GU[i * 2 * inter + k];
-      ACT[e] = g / (1.f + std::exp(-g)) * GU[i * 2 * inter + inter + k];
+  // SiLU(gate) * up, a vector at a time (vexp; std::exp one float at a time cost ~5% of a 5-token
+  // forward, LOG.md); e^-g is capped at e^88, where g / (1 + e^-g) is within 1e-36 of 0
+  at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / inter), [&](int64_t begin, int64_t end) {
+    const vec one = vset1(1.f), cap = vset1(88.f);
+    for (int64_t i = begin; i < end; ++i) {
+      const float *G = GU + i * 2 * inter, *U = G + inter;
+      float* act = ACT + i * inter;
+      int64_t k = 0;
+      for (; k + VW <= inter; k += VW) {
+        const vec g = vload(G + k);
+        vstore(act + k, vmul(vdiv(g, vadd(one, vexp(vmin(vsub(vzero(), g), cap)))), vload(U + k)));
+      }
+      for (; k < inter; ++k) act[k] = G[k] / (1.f + std::exp(-G[k])) * U[k];
     }
   });
   gemm(packed_down, ACT, rows, inter, d, X, d, opt_ptr(bias_down), true);
