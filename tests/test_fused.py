@@ -14,6 +14,7 @@ from torch import nn
 from transformers import DynamicCache
 
 from eagle.decoding import fused
+from eagle.decoding.engine import SpeculativeDecoder
 from eagle.decoding.kernels import kernels_of, use_kernels
 from eagle.decoding.masks import causal_mask, tree_attention_mask
 from eagle.models.drafter import EagleDrafter
@@ -228,7 +229,7 @@ def test_weights_changed_in_place_or_replaced_are_packed_again(family):
     assert same()
     layer = fast.model.layers[1]
     changes = [lambda: layer.mlp.down_proj.weight.mul_(2), lambda: layer.post_attention_layernorm.weight.add_(1),
-               lambda: layer.input_layernorm.weight.mul_(-1)]
+               lambda: layer.input_layernorm.weight.mul_(-1), lambda: fast.model.norm.weight.mul_(3)]
     if family == "qwen2":
         changes.append(lambda: layer.self_attn.k_proj.bias.add_(1))
     for change in changes:  # each change alone must reach the logits (the sizes make it large enough)
@@ -237,6 +238,35 @@ def test_weights_changed_in_place_or_replaced_are_packed_again(family):
         assert same(), "a weight changed in place was not packed again"
     layer.self_attn.o_proj.weight = nn.Parameter(torch.randn_like(layer.self_attn.o_proj.weight))
     assert same(), "a replaced parameter was not packed again"
+
+
+def test_inside_weights_fixed_the_weights_are_checked_once_and_again_in_the_next_scope(monkeypatch):
+    model = use_kernels(make_tiny_model("llama"), "fused")
+    ext, calls = fused.load(), []
+    check = ext.unchanged
+    monkeypatch.setattr(ext, "unchanged", lambda *args: calls.append(1) or check(*args))
+    ids = torch.randint(3, model.config.vocab_size, (1, 6))
+    with torch.inference_mode():
+        model(ids)  # packs
+        calls.clear()
+        for _ in range(3):
+            model(ids)
+        assert len(calls) == 3, "outside a scope every forward checks"
+        calls.clear()
+        with fused.weights_fixed(model):
+            for _ in range(3):
+                model(ids)
+        assert len(calls) == 1, "inside a scope only its first forward checks"
+        with torch.no_grad():
+            model.model.layers[0].mlp.down_proj.weight.mul_(2)
+        with fused.weights_fixed(model):
+            got = model(ids).logits
+        plain = make_tiny_model("llama")
+        plain.load_state_dict(model.state_dict())
+        torch.testing.assert_close(got, plain(ids).logits, rtol=1e-5, atol=1e-5)  # the change was packed
+        calls.clear()
+        SpeculativeDecoder(model).generate(ids, 5)
+    assert len(calls) == 1, "the engine decodes in one scope: one check for its 5 forwards"
 
 
 def test_one_call_tells_whether_any_parameter_changed():
@@ -293,14 +323,15 @@ def test_switching_back_restores_the_layers_and_frees_the_packed_weights():
     kept = model.model.layers[0].forward
     use_kernels(model, "default", release=False)  # timing settings in turn keeps them
     assert "forward" not in model.model.layers[0].__dict__ and kernels_of(model) == "default"
-    assert "forward" not in model.model.__dict__
+    assert "forward" not in model.model.__dict__ and "forward" not in model.model.norm.__dict__
     assert use_kernels(model, "fused").model.layers[0].forward is kept and kept._packed is not None
-    assert isinstance(model.model.forward, fused.FusedBackbone)
+    assert isinstance(model.model.forward, fused.FusedBackbone) and isinstance(model.model.norm.forward, fused.FusedNorm)
     use_kernels(model, "onednn")
     assert "forward" not in model.model.layers[0].__dict__ and kernels_of(model) == "onednn"
     assert kept._packed is None and not hasattr(model.lm_head, "_fused")
     use_kernels(model, "default")
     assert not any(hasattr(m, a) for m in model.modules() for a in ("_fused", "_packed", "_eagle_fused"))
+    assert not any("forward" in m.__dict__ for m in model.modules())
 
 
 def test_a_build_that_fails_says_why(monkeypatch):

@@ -30,6 +30,7 @@ from torch import nn
 
 from eagle.acceptance import TypicalAcceptance
 from eagle.decoding.engine import Proposer, SpeculativeDecoder, check_fits
+from eagle.decoding.fused import weights_fixed
 from eagle.decoding.kernels import kernels_of, use_kernels
 from eagle.decoding.runners import RUNNERS, make_runner
 from eagle.decoding.stats import DecodeResult, DecodeStats, RoundStats
@@ -246,7 +247,7 @@ class HFMethod(Method):
                  self.target.register_forward_hook(self._after)]
         start = time.perf_counter()
         try:
-            with torch.inference_mode():
+            with torch.inference_mode(), weights_fixed(self.target):  # as the engine decodes (fused kernels)
                 out = self.target.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens, eos_token_id=eos,
                                            pad_token_id=pad, **sampling, **self.generate_kwargs)
         finally:

@@ -40,6 +40,7 @@ from eagle.acceptance import (
     verify_tree_stochastic,
     verify_tree_typical,
 )
+from eagle.decoding.fused import weights_fixed
 from eagle.decoding.runners import ContextOverflowError, DynamicRunner, TargetRunner
 from eagle.decoding.stats import DecodeResult, DecodeStats, RoundStats
 from eagle.sampling import RowProbs, SamplingPolicy, check_generator
@@ -219,6 +220,12 @@ class SpeculativeDecoder:
             one `DecodeResult` per prompt, in order; a sequence that finishes (EOS, its
             max_new_tokens) leaves the batch, so its time is the time it took until then.
         """
+        with weights_fixed(self.target):  # fused kernels: the weights are checked for changes once a call
+            return self._generate_batch(prompts, max_new_tokens, generator, on_commit)
+
+    def _generate_batch(self, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int],
+                        generator: torch.Generator | None, on_commit: Callable[[int, list[int]], None] | None
+                        ) -> list[DecodeResult]:
         prompts = [list(map(int, p)) for p in prompts]
         budgets = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
         if not prompts or len(budgets) != len(prompts):

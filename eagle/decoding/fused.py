@@ -17,8 +17,10 @@ module does the same inside the Hugging Face model:
             o_proj + residual + norm + gated MLP + residual. The mask, the positions (cos and sin)
             and the cache are the model's own, so trees, static caches and padding work unchanged;
   backbone  a base model whose layers all run fused (`FusedBackbone`) loops over their kernel
-            calls itself, with the model's own embedding, mask, rotary embedding and final norm,
-            instead of calling 30 modules (0.5-1.6 ms of SmolLM2's ~24 ms step); on a cache that
+            calls itself, with the model's own embedding, mask, rotary embedding and final norm
+            (an RMSNorm runs in the extension: `FusedNorm`), instead of calling 30 modules (0.5-1.6
+            ms of SmolLM2's ~24 ms step); it checks the layers' weights for changes before each forward, or once per
+            `weights_fixed` scope (the engine's decoding runs in one); on a cache that
             lets the kernels write its buffers (`reserve` / `commit`: the engine's static and
             growing caches) the loop itself runs in the extension (`Layers`), one call for every
             layer (~0.7 ms of a ~21 ms step); any other cache gets its `update` call per layer.
@@ -41,6 +43,8 @@ import hashlib
 import os
 import shutil
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -290,13 +294,18 @@ class FusedBackbone:
         self.backbone, self.original = backbone, original
         self._checked: tuple | None = None  # (layers, the `unchanged` arguments, their packed weights)
         self._loop: tuple | None = None  # (the packed weights, the extension's `Layers` over them, or None)
+        self._fixed = 0  # the `weights_fixed` scopes this backbone is in
+        self._verified = False  # checked since the innermost scope began: no need to check again in it
 
     def packed_layers(self, layers: list[FusedLayer]) -> list[dict]:
         """Each layer's `packed()`, checked for changed parameters in one call of the extension
-        (`unchanged`) instead of one Python check per layer; packed again where any changed."""
+        (`unchanged`) instead of one Python check per layer, once per `weights_fixed` scope
+        inside one; packed again where any changed."""
         checked = self._checked
-        if checked is not None and checked[0] == layers and load().unchanged(*checked[1]):
+        if checked is not None and checked[0] == layers and (self._verified or load().unchanged(*checked[1])):
+            self._verified = self._fixed > 0
             return checked[2]
+        self._verified = False
         packed = [layer.packed() for layer in layers]  # packs again what changed
         slots = [layer.slots() for layer in layers]
         if any(s is None for s in slots):
@@ -306,6 +315,7 @@ class FusedBackbone:
         tensors = [owner[name] for owner, name in zip(owners, names)]
         keys = torch.tensor([k for t in tensors for k in ((0, 0) if t is None else _key([t])[0])], dtype=torch.long)
         self._checked = (layers, (list(owners), list(names), tensors, keys), packed)
+        self._verified = self._fixed > 0
         return packed
 
     def layers_loop(self, layers: list[FusedLayer], packed: list[dict]):
@@ -377,6 +387,41 @@ class FusedBackbone:
         return BaseModelOutputWithPast(last_hidden_state=model.norm(hidden), cache=cache)
 
 
+class FusedNorm:
+    """A fused base model's final RMSNorm in the extension (PyTorch's six operations on a step's row
+    cost ~0.17 ms of SmolLM2's ~16 ms step, their code and data evicted by the weights' stream).
+    Installed as the norm's `forward`, so the model's own forward (a call `FusedBackbone` steps aside
+    from) normalises the same way, to the bit; anything not fused goes to `original`."""
+
+    def __init__(self, norm: nn.Module, original):
+        self.norm, self.original = norm, original
+
+    def __call__(self, hidden_states: Tensor) -> Tensor:
+        weight = _param(self.norm, "weight")
+        if weight is None or not _runs_fused(hidden_states, weight):
+            return self.original(hidden_states)
+        return load().rms_norm(hidden_states, weight.detach(), self.norm.variance_epsilon)
+
+
+@contextmanager
+def weights_fixed(model: nn.Module) -> Iterator[None]:
+    """Inside: `model`'s weights do not change, so each fused backbone in it checks its layers'
+    parameters for changes (`unchanged`) at its first forward, not before every one. The check
+    reads ~500 Python and tensor objects that the stream of the weights has just evicted from the
+    caches: ~0.3 ms of SmolLM2's ~16 ms step (LOG.md). The engine decodes inside one; a change made
+    inside (a callback that edits the weights mid-generation) is seen in the next scope, or outside."""
+    backbones = [f for m in model.modules() if isinstance(f := m.__dict__.get("forward"), FusedBackbone)]
+    for backbone in backbones:
+        backbone._fixed += 1
+        backbone._verified = False  # the scope's first forward checks
+    try:
+        yield
+    finally:
+        for backbone in backbones:
+            backbone._fixed -= 1
+            backbone._verified = False
+
+
 def fuse_layers(model: nn.Module) -> int:
     """Install the fused forward on every supported decoder layer of `model` (`supported_layer`);
     returns how many run it."""
@@ -393,6 +438,10 @@ def fuse_layers(model: nn.Module) -> int:
             backbone = FusedBackbone(module, module.forward)
             if backbone._fused_layers() is not None:
                 module.forward = backbone
+                norm = module.norm
+                if (type(norm).__name__ in NORMS and hasattr(norm, "variance_epsilon")
+                        and not isinstance(norm.__dict__.get("forward"), FusedNorm)):
+                    norm.forward = FusedNorm(norm, norm.forward)
     return count
 
 
@@ -401,7 +450,7 @@ def unfuse_layers(model: nn.Module, release: bool = True) -> None:
     kept for the next `fuse_layers` if `release` is False."""
     for module in model.modules():
         layer = module.__dict__.get("forward")
-        if isinstance(layer, FusedBackbone):
+        if isinstance(layer, (FusedBackbone, FusedNorm)):
             del module.forward
         elif isinstance(layer, FusedLayer):
             del module.forward
