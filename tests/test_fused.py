@@ -256,7 +256,7 @@ def test_inside_weights_fixed_the_weights_are_checked_once_and_again_in_the_next
         with fused.weights_fixed(model):
             for _ in range(3):
                 model(ids)
-        assert len(calls) == 1, "inside a scope only its first forward checks"
+        assert len(calls) == 1, "inside a scope the weights are checked once"
         with torch.no_grad():
             model.model.layers[0].mlp.down_proj.weight.mul_(2)
         with fused.weights_fixed(model):

@@ -318,6 +318,11 @@ class FusedBackbone:
         self._verified = self._fixed > 0
         return packed
 
+    def still_packed(self) -> bool:
+        """Whether the layers' packed weights are those of their parameters now (False: not known)."""
+        checked = self._checked
+        return checked is not None and checked[0] == self._fused_layers() and load().unchanged(*checked[1])
+
     def layers_loop(self, layers: list[FusedLayer], packed: list[dict]):
         """The extension's loop over these layers (`Layers`), built again when they are packed again;
         None where layer i does not keep its keys and values in the cache's layer i."""
@@ -406,14 +411,15 @@ class FusedNorm:
 @contextmanager
 def weights_fixed(model: nn.Module) -> Iterator[None]:
     """Inside: `model`'s weights do not change, so each fused backbone in it checks its layers'
-    parameters for changes (`unchanged`) at its first forward, not before every one. The check
+    parameters for changes (`unchanged`) once, as the scope begins (or at its first forward, if
+    nothing was packed yet), not before every forward. The check
     reads ~500 Python and tensor objects that the stream of the weights has just evicted from the
     caches: ~0.3 ms of SmolLM2's ~16 ms step (LOG.md). The engine decodes inside one; a change made
     inside (a callback that edits the weights mid-generation) is seen in the next scope, or outside."""
     backbones = [f for m in model.modules() if isinstance(f := m.__dict__.get("forward"), FusedBackbone)]
     for backbone in backbones:
         backbone._fixed += 1
-        backbone._verified = False  # the scope's first forward checks
+        backbone._verified = backbone.still_packed()  # checked now, or at the scope's first forward
     try:
         yield
     finally:
