@@ -493,8 +493,9 @@ torch::Tensor attention_mlp(torch::Tensor x, torch::Tensor q, torch::Tensor keys
        opt_ptr(bias_gate_up), false);
   auto act = torch::empty({rows, inter}, x.options());
   float *GU = gu.data_ptr<float>(), *ACT = act.data_ptr<float>();
-  // SiLU(gate) * up, a vector at a time (vexp; std::exp one float at a time cost ~5% of a 5-token
-  // forward, LOG.md); e^-g is capped at e^88, where g / (1 + e^-g) is within 1e-36 of 0
+  // SiLU(gate) * up, a vector at a time (vexp: with the norms' sums of squares, also vectors now,
+  // std::exp one float at a time cost ~3% of a step and ~5% of a 5-token forward, LOG.md); e^-g is
+  // capped at e^88, where g / (1 + e^-g) is within 1e-36 of 0
   at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / inter), [&](int64_t begin, int64_t end) {
     const vec one = vset1(1.f), cap = vset1(88.f);
     for (int64_t i = begin; i < end; ++i) {
