@@ -267,6 +267,30 @@ def test_inside_weights_fixed_the_weights_are_checked_once_and_again_in_the_next
     assert len(calls) == 1, "the engine decodes in one scope: one check for its 5 forwards"
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("path", [[0, 2], [0, 1, 3], [0, 2, 3, 6], [0, 5]])
+def test_the_extension_moves_an_accepted_path_as_the_indexing_does(monkeypatch, dtype, path):
+    from eagle.decoding import kv_cache
+
+    fused.load()  # loaded: `keep_path` takes the extension's move
+    g = torch.Generator().manual_seed(len(path))
+    caches = [kv_cache.new_cache(max_len=64) for _ in range(2)]
+    for layer in range(3):  # 10 committed entries, then a tree of 7
+        k, v = torch.randn(2, 3, 17, 8, generator=g).to(dtype), torch.randn(2, 3, 17, 8, generator=g).to(dtype)
+        for cache in caches:
+            cache.update(k, v, layer)
+    moves = []
+    monkeypatch.setattr(fused, "loaded", lambda: False)
+    kv_cache.keep_path(caches[0], 10, path)  # PyTorch's indexing
+    monkeypatch.setattr(fused, "loaded", lambda: True)
+    real = fused.load().move_slots
+    monkeypatch.setattr(fused.load(), "move_slots", lambda *args: moves.append(1) or real(*args))
+    kv_cache.keep_path(caches[1], 10, path)
+    assert moves == [1], "one call for every layer"
+    for a, b in zip(caches[0].layers, caches[1].layers, strict=True):
+        assert a.keys.shape[-2] == 10 + len(path) and torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+
+
 def test_one_call_tells_whether_any_parameter_changed():
     ext = fused.load()
     lin, unbiased = nn.Linear(4, 4), nn.Linear(4, 4, bias=False)

@@ -102,6 +102,12 @@ def load():
                                "kernels=fused needs a C++ compiler (g++) and ninja") from err
 
 
+def loaded() -> bool:
+    """Whether the extension is already built and loaded in this process: a caller that is only
+    faster with it (`eagle.decoding.kv_cache.keep_path`) does not make a process build it."""
+    return load.cache_info().currsize > 0
+
+
 @functools.cache
 def available() -> bool:
     """Whether the fused kernels can run here (builds them on first call; a failure is not retried)."""

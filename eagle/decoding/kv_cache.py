@@ -20,6 +20,8 @@ import functools
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
+from eagle.decoding import fused
+
 MIN_CAPACITY = 256  # entries a layer's first buffer holds; then it doubles
 
 
@@ -128,12 +130,17 @@ def keep_path(cache, prefix_len: int, path: list[int]) -> None:
     n_keep = len(path)
     contiguous = path == list(range(n_keep))
     if not contiguous:  # a chain's accepted prefix is already in place: only crop
-        src = torch.as_tensor(path, dtype=torch.long) + prefix_len
-        for layer in cache.layers:
-            device = layer.keys.device
-            # (B, H_kv, T, D): gather first (a copy), then write back in place
-            layer.keys[:, :, prefix_len:prefix_len + n_keep] = layer.keys[:, :, src.to(device)]
-            layer.values[:, :, prefix_len:prefix_len + n_keep] = layer.values[:, :, src.to(device)]
+        tensors = [t for layer in cache.layers for t in (layer.keys, layer.values)]  # (B, H_kv, T, D)
+        if fused.loaded() and all(t.device.type == "cpu" and t.stride(-1) == 1 for t in tensors):
+            # in a process on the fused kernels: every layer's move in one call (~0.3 ms a round on SmolLM2)
+            fused.load().move_slots(tensors, [prefix_len + i for i in path], prefix_len)
+        else:
+            src = torch.as_tensor(path, dtype=torch.long) + prefix_len
+            for layer in cache.layers:
+                device = layer.keys.device
+                # gather first (a copy), then write back in place
+                layer.keys[:, :, prefix_len:prefix_len + n_keep] = layer.keys[:, :, src.to(device)]
+                layer.values[:, :, prefix_len:prefix_len + n_keep] = layer.values[:, :, src.to(device)]
     crop(cache, prefix_len + n_keep)
 
 
