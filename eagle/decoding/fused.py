@@ -19,8 +19,8 @@ module does the same inside the Hugging Face model:
   backbone  a base model whose layers all run fused (`FusedBackbone`) loops over their kernel
             calls itself, with the model's own embedding, mask, rotary embedding and final norm
             (an RMSNorm runs in the extension: `FusedNorm`), instead of calling 30 modules (0.5-1.6
-            ms of SmolLM2's ~24 ms step); it checks the layers' weights for changes before each forward, or once per
-            `weights_fixed` scope (the engine's decoding runs in one); on a cache that
+            ms of SmolLM2's ~24 ms step); it checks the layers' weights for changes before each
+            forward, or once a `weights_fixed` scope (the engine decodes in one); on a cache that
             lets the kernels write its buffers (`reserve` / `commit`: the engine's static and
             growing caches) the loop itself runs in the extension (`Layers`), one call for every
             layer (~0.7 ms of a ~21 ms step); any other cache gets its `update` call per layer.
@@ -305,8 +305,8 @@ class FusedBackbone:
 
     def packed_layers(self, layers: list[FusedLayer]) -> list[dict]:
         """Each layer's `packed()`, checked for changed parameters in one call of the extension
-        (`unchanged`) instead of one Python check per layer, once per `weights_fixed` scope
-        inside one; packed again where any changed."""
+        (`unchanged`) instead of one Python check per layer (inside a `weights_fixed` scope, once
+        for the scope); packed again where any changed."""
         checked = self._checked
         if checked is not None and checked[0] == layers and (self._verified or load().unchanged(*checked[1])):
             self._verified = self._fixed > 0
@@ -418,10 +418,10 @@ class FusedNorm:
 def weights_fixed(model: nn.Module) -> Iterator[None]:
     """Inside: `model`'s weights do not change, so each fused backbone in it checks its layers'
     parameters for changes (`unchanged`) once, as the scope begins (or at its first forward, if
-    nothing was packed yet), not before every forward. The check
-    reads ~500 Python and tensor objects that the stream of the weights has just evicted from the
-    caches: ~0.3 ms of SmolLM2's ~16 ms step (LOG.md). The engine decodes inside one; a change made
-    inside (a callback that edits the weights mid-generation) is seen in the next scope, or outside."""
+    nothing was packed yet), not before every forward. The check reads ~500 Python and tensor
+    objects that the stream of the weights has just evicted from the caches: ~0.3 ms of SmolLM2's
+    ~16 ms step (LOG.md). The engine decodes inside one; a change made inside (a callback that
+    edits the weights mid-generation) is seen in the next scope, or outside one."""
     backbones = [f for m in model.modules() if isinstance(f := m.__dict__.get("forward"), FusedBackbone)]
     for backbone in backbones:
         backbone._fixed += 1
