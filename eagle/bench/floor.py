@@ -47,7 +47,6 @@ import torch
 from torch import nn
 
 from eagle.decoding import fused
-from eagle.decoding.fused import weights_fixed
 from eagle.decoding.kernels import PackedLinear, available_kernels, kernels_of, use_kernels
 from eagle.decoding.runners import TargetRunner, make_runner
 
@@ -212,7 +211,7 @@ def settings_costs(target: nn.Module, settings: Mapping[str, Setting], tokens: S
 
     def forward(key: tuple) -> float:
         kept, n = runners[key], key[1]
-        with weights_fixed(target):  # as the engine decodes: the fused weights' check comes before, untimed
+        with fused.weights_fixed(target):  # as the engine decodes: the fused weights' check comes before, untimed
             sync()
             start = time.perf_counter()
             kept.verify(drafts[n], parents[n])

@@ -308,7 +308,7 @@ class FusedBackbone:
         (`unchanged`) instead of one Python check per layer (inside a `weights_fixed` scope, once
         for the scope); packed again where any changed."""
         checked = self._checked
-        if checked is not None and checked[0] == layers and (self._verified or load().unchanged(*checked[1])):
+        if (self._verified and checked is not None and checked[0] == layers) or self.still_packed(layers):
             self._verified = self._fixed > 0
             return checked[2]
         self._verified = False
@@ -324,10 +324,12 @@ class FusedBackbone:
         self._verified = self._fixed > 0
         return packed
 
-    def still_packed(self) -> bool:
-        """Whether the layers' packed weights are those of their parameters now (False: not known)."""
+    def still_packed(self, layers: list[FusedLayer] | None = None) -> bool:
+        """Whether `layers` (by default the backbone's fused layers now) are the ones packed last and
+        their packed weights are those of their parameters now (False: not known)."""
         checked = self._checked
-        return checked is not None and checked[0] == self._fused_layers() and load().unchanged(*checked[1])
+        layers = self._fused_layers() if layers is None else layers
+        return checked is not None and checked[0] == layers and load().unchanged(*checked[1])
 
     def layers_loop(self, layers: list[FusedLayer], packed: list[dict]):
         """The extension's loop over these layers (`Layers`), built again when they are packed again;
