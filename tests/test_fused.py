@@ -100,6 +100,39 @@ def test_a_fused_layer_computes_what_the_layer_does(family, mask_kind):
     torch.testing.assert_close(outs["fused"], outs["default"], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("mask_kind", ["float", "bool"])
+@pytest.mark.parametrize("past, head_dim", [(37, 40), (70, 64)])  # 40: 2 x 16 + 8 (or 5 x 8) floats
+def test_long_contexts_with_hidden_slots_inside_runs_of_seen_ones(mask_kind, past, head_dim):
+    """The kernels take a run of seen slots a vector at a time and the keys' dot products a vector
+    of keys at a time (eagle/decoding/csrc/fused.cpp): contexts of several runs and keys, with a
+    slot hidden here and there inside a run, and rows of different lengths."""
+    torch.manual_seed(0)
+    model = make_tiny_model("llama", num_hidden_layers=1, hidden_size=6 * head_dim, num_attention_heads=6,
+                            num_key_value_heads=2, head_dim=head_dim, intermediate_size=96, initializer_range=0.05)
+    layer = model.model.layers[0]
+    n = 5
+    hidden, cos_sin = _layer_inputs(model, n, past)
+    visible = torch.tensor([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0], [1, 0, 1, 1, 0], [1, 1, 0, 0, 1]],
+                           dtype=torch.bool)
+    mask = tree_attention_mask(past, visible, torch.float32)  # (1, 1, n, past + n)
+    hidden_slots = torch.rand(n, past) < 0.15  # each row hides some committed slots of its own
+    hidden_slots[:, 0] = False
+    mask[0, 0, :, :past][hidden_slots] = torch.finfo(torch.float32).min
+    if mask_kind == "bool":
+        mask = mask == 0
+    outs = {}
+    for kernels in ("default", "fused"):
+        use_kernels(model, kernels)
+        cache = DynamicCache()
+        torch.manual_seed(1)
+        k0 = torch.randn(1, model.config.num_key_value_heads, past, layer.self_attn.head_dim)
+        cache.update(k0, torch.randn_like(k0), 0)
+        with torch.inference_mode():
+            outs[kernels] = layer(hidden, attention_mask=mask, position_embeddings=cos_sin, cache=cache)
+    assert isinstance(layer.__dict__.get("forward"), fused.FusedLayer), "the fused forward must have run"
+    torch.testing.assert_close(outs["fused"], outs["default"], rtol=1e-4, atol=1e-4)
+
+
 def test_the_drafters_layer_without_its_input_norm_is_fused_and_right():
     target = make_tiny_model("llama")
     drafter = EagleDrafter.random(target, seed=1)
@@ -114,18 +147,19 @@ def test_the_drafters_layer_without_its_input_norm_is_fused_and_right():
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2"])
-def test_a_tokens_logits_do_not_depend_on_how_many_tokens_its_forward_carries(family):
+@pytest.mark.parametrize("family, length", [("llama", 12), ("qwen2", 12), ("llama", 60)])  # 60: vectors of keys
+def test_a_tokens_logits_do_not_depend_on_how_many_tokens_its_forward_carries(family, length):
     model = use_kernels(make_tiny_model(family), "fused")
     assert fused.fuse_layers(model) == model.config.num_hidden_layers
-    ids = torch.randint(3, model.config.vocab_size, (1, 12))
+    ids = torch.randint(3, model.config.vocab_size, (1, length))
+    start = length - 5
     with torch.inference_mode():
         whole = model(ids).logits[0]
         cache = DynamicCache()
-        model(ids[:, :7], cache=cache)
-        steps = [model(ids[:, t:t + 1], cache=cache).logits[0] for t in range(7, 12)]
+        model(ids[:, :start], cache=cache)
+        steps = [model(ids[:, t:t + 1], cache=cache).logits[0] for t in range(start, length)]
         reference = use_kernels(make_tiny_model(family), "default")(ids).logits[0]
-    assert torch.equal(torch.cat(steps), whole[7:]), "5 one-token steps must give the 5-token forward's logits, bitwise"
+    assert torch.equal(torch.cat(steps), whole[start:]), "5 one-token steps must give the 5-token forward's logits, bitwise"
     torch.testing.assert_close(whole, reference, rtol=1e-4, atol=1e-4)
 
 
@@ -136,25 +170,26 @@ def test_a_tokens_logits_do_not_depend_on_how_many_tokens_its_forward_carries(fa
 ])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_attention_jobs_of_one_head_or_several_give_every_head_the_same_bits(heads, kv_heads, head_dim, threads):
-    """A forward of a few tokens runs one head a job (few jobs: the threads' balance), one of 12
-    runs the heads of a group together; each head's attention, and so every logit, is the same."""
+    """A forward of a few tokens runs one head a job (few jobs: the threads' balance), one of 40
+    runs the heads of a group together; each head's attention, and so every logit, is the same
+    (the last tokens see 38-39 keys: two vectors of keys, then keys one at a time)."""
     shape = dict(hidden_size=heads * head_dim, num_attention_heads=heads, num_key_value_heads=kv_heads,
-                 head_dim=head_dim, intermediate_size=96)
+                 head_dim=head_dim, intermediate_size=96, initializer_range=0.05)  # 40 tokens: tamer logits
     model = use_kernels(make_tiny_model("llama", **shape), "fused")
-    ids = torch.randint(3, model.config.vocab_size, (1, 12))
+    ids = torch.randint(3, model.config.vocab_size, (1, 40))
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         with torch.inference_mode():
             whole = model(ids).logits[0]
             cache = DynamicCache()
-            model(ids[:, :10], cache=cache)
-            steps = [model(ids[:, t:t + 1], cache=cache).logits[0] for t in range(10, 12)]
+            model(ids[:, :38], cache=cache)
+            steps = [model(ids[:, t:t + 1], cache=cache).logits[0] for t in range(38, 40)]
     finally:
         torch.set_num_threads(old)
     with torch.inference_mode():
         expected = make_tiny_model("llama", **shape)(ids).logits[0]  # PyTorch's kernels
-    assert torch.equal(torch.cat(steps), whole[10:]), "a head's attention must not depend on its job's other heads"
+    assert torch.equal(torch.cat(steps), whole[38:]), "a head's attention must not depend on its job's other heads"
     torch.testing.assert_close(whole, expected, rtol=1e-4, atol=1e-4)
 
 

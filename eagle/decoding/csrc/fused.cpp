@@ -28,7 +28,6 @@ static inline vec vfma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
 static inline vec vset1(float x) { return _mm512_set1_ps(x); }
 static inline vec vzero() { return _mm512_setzero_ps(); }
 static inline vec vadd(vec a, vec b) { return _mm512_add_ps(a, b); }
-static inline float vsum(vec v) { return _mm512_reduce_add_ps(v); }
 static inline vec vmul(vec a, vec b) { return _mm512_mul_ps(a, b); }
 static inline vec vdiv(vec a, vec b) { return _mm512_div_ps(a, b); }
 static inline vec vmax(vec a, vec b) { return _mm512_max_ps(a, b); }
@@ -36,6 +35,30 @@ static inline vec vmin(vec a, vec b) { return _mm512_min_ps(a, b); }
 static inline vec vsub(vec a, vec b) { return _mm512_sub_ps(a, b); }
 static inline vec vround(vec v) { return _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 static inline vec vpow2(vec p, vec n) { return _mm512_scalef_ps(p, n); }  // p * 2^n
+static inline float vmax_lanes(vec v) { return _mm512_reduce_max_ps(v); }
+static inline float vsum(vec v) {  // _mm512_reduce_add_ps's tree, spelled out (vsum_lanes follows it)
+  __m256 h = _mm256_add_ps(_mm512_extractf32x8_ps(v, 1), _mm512_castps512_ps256(v));
+  __m128 s = _mm_add_ps(_mm256_extractf128_ps(h, 1), _mm256_castps256_ps128(h));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+// The horizontal sums of VW vectors at once: lane c of the result is the sum of a[KEY_SLOT[c]]'s
+// lanes by vsum's tree (lanes i + 8, then i + 4, i + 2, i + 1 added), so the same float as its vsum
+// (an addition of two floats is the same in either order; checked on 3.2M random sums, LOG.md).
+// Each level adds the halves of two vectors side by side.
+constexpr int KEY_SLOT[16] = {0, 2, 1, 3, 8, 10, 9, 11, 4, 6, 5, 7, 12, 14, 13, 15};  // its own inverse
+static inline vec vsum_lanes(const vec* a) {
+  vec h[8], q[4], e[2];
+  for (int p = 0; p < 8; ++p)  // [a_p | a_p+8]: lanes i and i + 8
+    h[p] = _mm512_add_ps(_mm512_shuffle_f32x4(a[p], a[p + 8], 0xEE), _mm512_shuffle_f32x4(a[p], a[p + 8], 0x44));
+  for (int p = 0; p < 4; ++p)  // i and i + 4
+    q[p] = _mm512_add_ps(_mm512_shuffle_f32x4(h[p], h[p + 4], 0xDD), _mm512_shuffle_f32x4(h[p], h[p + 4], 0x88));
+  for (int p = 0; p < 2; ++p)  // i and i + 2
+    e[p] = _mm512_add_ps(_mm512_shuffle_ps(q[p], q[p + 2], 0xEE), _mm512_shuffle_ps(q[p], q[p + 2], 0x44));
+  return _mm512_add_ps(_mm512_shuffle_ps(e[0], e[1], 0xDD), _mm512_shuffle_ps(e[0], e[1], 0x88));  // i and i + 1
+}
+static inline bool vall_above(vec v, float s) { return _mm512_cmp_ps_mask(v, vset1(s), _CMP_GT_OQ) == 0xFFFF; }
 #elif defined(__AVX2__) && defined(__FMA__)
 typedef __m256 vec;
 constexpr int VW = 8;
@@ -53,6 +76,23 @@ static inline float vsum(vec v) {
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s);
 }
+// as AVX-512's (lanes i + 4, then i + 2, i + 1 added)
+constexpr int KEY_SLOT[8] = {0, 2, 1, 3, 4, 6, 5, 7};  // its own inverse
+static inline vec vsum_lanes(const vec* a) {
+  vec h[4], q[2];
+  for (int p = 0; p < 4; ++p)  // [a_p | a_p+4]: lanes i and i + 4
+    h[p] = _mm256_add_ps(_mm256_permute2f128_ps(a[p], a[p + 4], 0x31), _mm256_permute2f128_ps(a[p], a[p + 4], 0x20));
+  for (int p = 0; p < 2; ++p)  // i and i + 2
+    q[p] = _mm256_add_ps(_mm256_shuffle_ps(h[p], h[p + 2], 0xEE), _mm256_shuffle_ps(h[p], h[p + 2], 0x44));
+  return _mm256_add_ps(_mm256_shuffle_ps(q[0], q[1], 0xDD), _mm256_shuffle_ps(q[0], q[1], 0x88));  // i and i + 1
+}
+static inline float vmax_lanes(vec v) {
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_max_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+static inline bool vall_above(vec v, float s) { return _mm256_movemask_ps(_mm256_cmp_ps(v, vset1(s), _CMP_GT_OQ)) == 0xFF; }
 static inline vec vmul(vec a, vec b) { return _mm256_mul_ps(a, b); }
 static inline vec vdiv(vec a, vec b) { return _mm256_div_ps(a, b); }
 static inline vec vmax(vec a, vec b) { return _mm256_max_ps(a, b); }
@@ -369,6 +409,122 @@ static void weighted_values(const float* p, int64_t pstride, const int64_t* seen
   weighted_values<H, BV>(p, pstride, seen, m, Vg, vs2, hd, hv, o);
 }
 
+// The slots a row sees, in slot order, into seen[], each one's additive mask into add[]; returns how
+// many. Causal: slots 0..last. A mask row (stride `step` between slots): a bool mask's true slots, or
+// a float mask's slots above -FLT_MAX/2. A run of VW seen slots (a committed prefix is one long run)
+// is taken in one vector test; a slot at a time only where a run holds masked slots.
+static int64_t causal_slots(int64_t last, float* add, int64_t* seen) {
+  for (int64_t t = 0; t <= last; ++t) add[t] = 0.f, seen[t] = t;
+  return last + 1;
+}
+
+static int64_t seen_slots(const float* mask, int64_t L, int64_t step, float* add, int64_t* seen) {
+  const float skip = -FLT_MAX / 2;
+  int64_t m = 0, t = 0;
+  if (step == 1)
+    for (; t + VW <= L; t += VW) {
+      const vec a = vload(mask + t);
+      if (vall_above(a, skip)) {
+        vstore(add + m, a);
+        for (int u = 0; u < VW; ++u) seen[m + u] = t + u;
+        m += VW;
+      } else {
+        for (int u = 0; u < VW; ++u)
+          if (!(mask[t + u] <= skip)) add[m] = mask[t + u], seen[m++] = t + u;
+      }
+    }
+  for (; t < L; ++t)
+    if (!(mask[t * step] <= skip)) add[m] = mask[t * step], seen[m++] = t;
+  return m;
+}
+
+static int64_t seen_slots(const bool* mask, int64_t L, int64_t step, float* add, int64_t* seen) {
+  int64_t m = 0, t = 0;
+  if (step == 1)
+    for (; t + 8 <= L; t += 8) {
+      uint64_t run;
+      std::memcpy(&run, mask + t, 8);
+      if (run == 0x0101010101010101ull) {  // 8 true bools
+        for (int u = 0; u < 8; ++u) add[m + u] = 0.f, seen[m + u] = t + u;
+        m += 8;
+      } else {
+        for (int u = 0; u < 8; ++u)
+          if (mask[t + u]) add[m] = 0.f, seen[m++] = t + u;
+      }
+    }
+  for (; t < L; ++t)
+    if (mask[t * step]) add[m] = 0.f, seen[m++] = t;
+  return m;
+}
+
+// s[e][j] = fma(q[e] . K[seen[j]], sc, s[0][j]) for the H heads of a group (head e's query at q + e *
+// qstride, its scores at s + e * sstride; s[0][j] holds slot seen[j]'s additive mask on entry). A dot
+// product is one FMA chain over the head dim's whole vectors, the horizontal sum of its lanes (vsum's
+// tree), then the rest of the head dim a float at a time. VW keys at a time, their VW horizontal sums
+// come out of one transposing tree (`vsum_lanes`: ~3 instructions a key instead of ~9), the same
+// floats as each key's vsum; the last m % VW keys one at a time. A key's score is thus the same
+// whatever its job holds: it depends only on its place in its row's seen slots.
+template <int H>
+static void key_scores(const float* q, int64_t qstride, const float* Kg, int64_t ks2, const int64_t* seen,
+                       int64_t m, int64_t hd, int64_t hv, float sc, float* s, int64_t sstride) {
+  const vec vsc = vset1(sc);
+  int64_t j = 0;
+  for (; j + VW <= m; j += VW) {
+    const float* kt[VW];  // chain c holds key j + KEY_SLOT[c], so that lane c of vsum_lanes is key j + c
+    for (int c = 0; c < VW; ++c) kt[c] = Kg + seen[j + KEY_SLOT[c]] * ks2;
+    const vec add = vload(s + j);
+    for (int e = 0; e < H; ++e) {
+      const float* qe = q + e * qstride;
+      vec a[VW];
+      for (int c = 0; c < VW; ++c) a[c] = vzero();
+      for (int64_t k = 0; k < hv; k += VW) {
+        const vec qk = vload(qe + k);
+        for (int c = 0; c < VW; ++c) a[c] = vfma(qk, vload(kt[c] + k), a[c]);
+      }
+      vec d = vsum_lanes(a);
+      if (hv < hd) {
+        alignas(64) float dots[VW];
+        vstore(dots, d);
+        for (int c = 0; c < VW; ++c) {
+          const float* key = kt[KEY_SLOT[c]];  // key j + c (KEY_SLOT is its own inverse)
+          for (int64_t k = hv; k < hd; ++k) dots[c] = std::fma(qe[k], key[k], dots[c]);
+        }
+        d = vload(dots);
+      }
+      vstore(s + e * sstride + j, vfma(d, vsc, add));
+    }
+  }
+  for (; j < m; ++j) {
+    const float* kt = Kg + seen[j] * ks2;
+    const float add = s[j];
+    for (int e = 0; e < H; ++e) {
+      const float* qe = q + e * qstride;
+      vec a = vzero();
+      for (int64_t k = 0; k < hv; k += VW) a = vfma(vload(qe + k), vload(kt + k), a);
+      float d = vsum(a);
+      for (int64_t k = hv; k < hd; ++k) d = std::fma(qe[k], kt[k], d);
+      s[e * sstride + j] = std::fma(d, sc, add);
+    }
+  }
+}
+
+// s[0..m) -> softmax(s), in whole vectors (s has room up to the next multiple of VW): the maximum is
+// exact in any order; the sum is VW lanes' sums in slot order, then their horizontal sum, so it
+// depends only on the row's seen scores, like everything else here
+static void softmax(float* s, int64_t m) {
+  const int64_t mv = (m + VW - 1) / VW * VW;
+  for (int64_t j = m; j < mv; ++j) s[j] = -INFINITY;  // the padding loses every maximum
+  vec top = vset1(-INFINITY);
+  for (int64_t j = 0; j < mv; j += VW) top = vmax(top, vload(s + j));
+  const vec neg_top = vset1(-vmax_lanes(top));  // score + (-top): the same float as score - top
+  for (int64_t j = 0; j < mv; j += VW) vstore(s + j, vexp(vadd(vload(s + j), neg_top)));
+  for (int64_t j = m; j < mv; ++j) s[j] = 0.f;  // and adds nothing to the sum
+  vec z = vzero();
+  for (int64_t j = 0; j < mv; j += VW) z = vadd(z, vload(s + j));
+  const vec vz = vset1(vsum(z));  // IEEE division: a vector's quotients are the scalar ones
+  for (int64_t j = 0; j < mv; j += VW) vstore(s + j, vdiv(vload(s + j), vz));
+}
+
 // The rest of a decoder layer: attention over the cache, o_proj and the residual, norm, the gated
 // MLP (SiLU) and its residual. x (B, n, d); q (B, heads, n, hd); keys, values (B, kv_heads, L, hd)
 // (any strides but the last); mask: none (causal: row i sees slots 0..L-n+i), bool (B or 1, 1, n, L)
@@ -397,22 +553,23 @@ torch::Tensor attention_mlp(torch::Tensor x, torch::Tensor q, torch::Tensor keys
   const int64_t ms2 = has_mask ? mask->stride(2) : 0, ms3 = has_mask ? mask->stride(3) : 0;
   const float* MF = has_mask && !bool_mask ? mask->data_ptr<float>() : nullptr;
   const bool* MB = bool_mask ? mask->data_ptr<bool>() : nullptr;
-  const float skip = -FLT_MAX / 2, sc = (float)scaling;
+  const float sc = (float)scaling;
   auto att = torch::empty({rows, heads * hd}, x.options());
   float* A = att.data_ptr<float>();
   // Each job: one row and up to 4 heads of one key/value group (GQA: the group's heads read the same
-  // keys and values under the same mask): the seen slots found once, the values read once for all of
-  // them with 4 x heads FMA chains side by side (one head's 4 are bound by the FMA's latency).
-  // With 3-16 new tokens of SmolLM2 the layers ran 6-9% faster than with one head a job (LOG.md). A
-  // few jobs (a 1-token step's: 3 groups) keep one head each, so that the threads share them evenly. The work
-  // is scheduled for throughput without changing any float: a key's dot product is the same FMA
-  // chain over the head dim and the same horizontal sum whether it runs alone or beside others,
-  // and each output lane sums its values in slot order, so every head's result is bitwise the same
-  // whatever its job holds (the exactness above does not depend on the schedule).
+  // keys and values under the same mask): the seen slots found once, each key and value vector read
+  // once for all of them, with 4 x heads FMA chains side by side (one head's 4 are bound by the FMA's
+  // latency). With 3-16 new tokens of SmolLM2 the layers ran 6-9% faster than with one head a job
+  // (LOG.md). A few jobs (a 1-token step's: 3 groups) keep one head each, so that the threads share
+  // them evenly. The work is scheduled for throughput without changing any float: a key's score is
+  // the same FMA chain and horizontal sum whether it runs alone or beside others, a head's softmax
+  // depends only on its own scores, and each output lane sums its values in slot order, so every
+  // head's result is bitwise the same whatever its job holds (the exactness above does not depend
+  // on the schedule).
   const int64_t hc = rows * kv_heads >= 4 * at::get_num_threads() ? std::min<int64_t>(group, 4) : 1;
   const int64_t chunks = (group + hc - 1) / hc;  // jobs per row and group
   at::parallel_for(0, rows * kv_heads * chunks, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores(4 * (L + VW));  // whole vectors for vexp and the division
+    std::vector<float> scores(4 * (L + VW));  // whole vectors for the softmax
     std::vector<int64_t> seen(L);
     for (int64_t job = begin; job < end; ++job) {
       const int64_t r = job / (kv_heads * chunks), g = job / chunks % kv_heads, c = job % chunks;
@@ -420,61 +577,17 @@ torch::Tensor attention_mlp(torch::Tensor x, torch::Tensor q, torch::Tensor keys
       const float* Kg = K + b * ks0 + g * ks1;
       const float* Vg = V + b * vs0 + g * vs1;
       const int64_t mrow = b * ms0 + i * ms2;
-      int64_t m = 0;  // the seen slots, in slot order, each with its additive mask in scores[]
-      for (int64_t t = 0; t < L; ++t) {
-        float add = 0.f;
-        if (!has_mask) {
-          if (t > L - n + i) break;
-        } else if (bool_mask) {
-          if (!MB[mrow + t * ms3]) continue;
-        } else {
-          add = MF[mrow + t * ms3];
-          if (add <= skip) continue;
-        }
-        scores[m] = add;
-        seen[m++] = t;
+      const int64_t m = !has_mask ? causal_slots(L - n + i, scores.data(), seen.data())
+                        : bool_mask ? seen_slots(MB + mrow, L, ms3, scores.data(), seen.data())
+                                    : seen_slots(MF + mrow, L, ms3, scores.data(), seen.data());
+      const float* q0 = Q + ((b * heads + h0) * n + i) * hd;  // head h0 + e's query at q0 + e * n * hd
+      switch (H) {
+        case 4: key_scores<4>(q0, n * hd, Kg, ks2, seen.data(), m, hd, hv, sc, scores.data(), L + VW); break;
+        case 3: key_scores<3>(q0, n * hd, Kg, ks2, seen.data(), m, hd, hv, sc, scores.data(), L + VW); break;
+        case 2: key_scores<2>(q0, n * hd, Kg, ks2, seen.data(), m, hd, hv, sc, scores.data(), L + VW); break;
+        default: key_scores<1>(q0, n * hd, Kg, ks2, seen.data(), m, hd, hv, sc, scores.data(), L + VW); break;
       }
-      for (int64_t e = 1; e < H; ++e) std::memcpy(&scores[e * (L + VW)], &scores[0], m * sizeof(float));
-      for (int64_t e = 0; e < H; ++e) {
-        float* score = &scores[e * (L + VW)];
-        const float* qi = Q + ((b * heads + h0 + e) * n + i) * hd;
-        auto dot = [&](const float* kt, vec a) {  // a: the key's FMA chain over the whole vectors
-          float d = vsum(a);
-          for (int64_t k = hv; k < hd; ++k) d += qi[k] * kt[k];
-          return d;
-        };
-        int64_t j = 0;
-        for (; j + 4 <= m; j += 4) {  // 4 keys' chains side by side: latency hidden, not changed
-          const float *k0 = Kg + seen[j] * ks2, *k1 = Kg + seen[j + 1] * ks2;
-          const float *k2 = Kg + seen[j + 2] * ks2, *k3 = Kg + seen[j + 3] * ks2;
-          vec a0 = vzero(), a1 = vzero(), a2 = vzero(), a3 = vzero();
-          for (int64_t k = 0; k < hv; k += VW) {
-            const vec qk = vload(qi + k);
-            a0 = vfma(qk, vload(k0 + k), a0);
-            a1 = vfma(qk, vload(k1 + k), a1);
-            a2 = vfma(qk, vload(k2 + k), a2);
-            a3 = vfma(qk, vload(k3 + k), a3);
-          }
-          score[j] = dot(k0, a0) * sc + score[j];
-          score[j + 1] = dot(k1, a1) * sc + score[j + 1];
-          score[j + 2] = dot(k2, a2) * sc + score[j + 2];
-          score[j + 3] = dot(k3, a3) * sc + score[j + 3];
-        }
-        for (; j < m; ++j) {
-          const float* kt = Kg + seen[j] * ks2;
-          vec a = vzero();
-          for (int64_t k = 0; k < hv; k += VW) a = vfma(vload(qi + k), vload(kt + k), a);
-          score[j] = dot(kt, a) * sc + score[j];
-        }
-        float top = -INFINITY;
-        for (j = 0; j < m; ++j) top = std::max(top, score[j]);
-        const vec neg_top = vset1(-top);  // score + (-top): the same float as score - top
-        for (j = 0; j < m; j += VW) vstore(&score[j], vexp(vadd(vload(&score[j]), neg_top)));
-        float z = 0.f;
-        for (j = 0; j < m; ++j) z += score[j];
-        const vec vz = vset1(z);  // IEEE division: a vector's quotients are the scalar ones
-        for (j = 0; j < m; j += VW) vstore(&score[j], vdiv(vload(&score[j]), vz));  // the probabilities
-      }
+      for (int64_t e = 0; e < H; ++e) softmax(&scores[e * (L + VW)], m);  // the probabilities
       float* o = A + (b * n + i) * heads * hd + h0 * hd;  // the H heads' outputs, side by side
       switch (H) {
         case 4: weighted_values<4>(scores.data(), L + VW, seen.data(), m, Vg, vs2, hd, hv, o); break;
