@@ -70,22 +70,10 @@ def _layer_inputs(model, n: int, past: int):
     return hidden, model.model.rotary_emb(hidden, positions)
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2"])  # qwen2: q/k/v biases
-@pytest.mark.parametrize("mask_kind", ["none", "float", "bool", "tree"])
-def test_a_fused_layer_computes_what_the_layer_does(family, mask_kind):
-    torch.manual_seed(0)
-    model = make_tiny_model(family, num_hidden_layers=1)
+def _layer_on_both_kernels(model, hidden, cos_sin, mask, past: int) -> dict[str, torch.Tensor]:
+    """The first layer's output on PyTorch's kernels and on the fused ones, over the same `past`
+    random cached entries; checks that the fused forward ran."""
     layer = model.model.layers[0]
-    past, n = (0 if mask_kind == "none" else 6), 4  # no mask: causal from slot 0, as the models pass it
-    hidden, cos_sin = _layer_inputs(model, n, past)
-    if mask_kind == "tree":  # nodes 0 <- 1, 0 <- 2 <- 3: node 1 does not see node 2, nor 3 node 1
-        visible = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], dtype=torch.bool)
-        mask = tree_attention_mask(past, visible, torch.float32)
-    elif mask_kind == "none":
-        mask = None  # causal: what sdpa's callers pass when nothing else is masked
-    else:
-        mask = causal_mask(past, n, torch.float32)
-        mask = mask == 0 if mask_kind == "bool" else mask
     outs = {}
     for kernels in ("default", "fused"):
         use_kernels(model, kernels)
@@ -97,6 +85,25 @@ def test_a_fused_layer_computes_what_the_layer_does(family, mask_kind):
         with torch.inference_mode():
             outs[kernels] = layer(hidden, attention_mask=mask, position_embeddings=cos_sin, cache=cache)
     assert isinstance(layer.__dict__.get("forward"), fused.FusedLayer), "the fused forward must have run"
+    return outs
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])  # qwen2: q/k/v biases
+@pytest.mark.parametrize("mask_kind", ["none", "float", "bool", "tree"])
+def test_a_fused_layer_computes_what_the_layer_does(family, mask_kind):
+    torch.manual_seed(0)
+    model = make_tiny_model(family, num_hidden_layers=1)
+    past, n = (0 if mask_kind == "none" else 6), 4  # no mask: causal from slot 0, as the models pass it
+    hidden, cos_sin = _layer_inputs(model, n, past)
+    if mask_kind == "tree":  # nodes 0 <- 1, 0 <- 2 <- 3: node 1 does not see node 2, nor 3 node 1
+        visible = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], dtype=torch.bool)
+        mask = tree_attention_mask(past, visible, torch.float32)
+    elif mask_kind == "none":
+        mask = None  # causal: what sdpa's callers pass when nothing else is masked
+    else:
+        mask = causal_mask(past, n, torch.float32)
+        mask = mask == 0 if mask_kind == "bool" else mask
+    outs = _layer_on_both_kernels(model, hidden, cos_sin, mask, past)
     torch.testing.assert_close(outs["fused"], outs["default"], rtol=1e-5, atol=1e-5)
 
 
@@ -109,7 +116,6 @@ def test_long_contexts_with_hidden_slots_inside_runs_of_seen_ones(mask_kind, pas
     torch.manual_seed(0)
     model = make_tiny_model("llama", num_hidden_layers=1, hidden_size=6 * head_dim, num_attention_heads=6,
                             num_key_value_heads=2, head_dim=head_dim, intermediate_size=96, initializer_range=0.05)
-    layer = model.model.layers[0]
     n = 5
     hidden, cos_sin = _layer_inputs(model, n, past)
     visible = torch.tensor([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0], [1, 0, 1, 1, 0], [1, 1, 0, 0, 1]],
@@ -120,16 +126,7 @@ def test_long_contexts_with_hidden_slots_inside_runs_of_seen_ones(mask_kind, pas
     mask[0, 0, :, :past][hidden_slots] = torch.finfo(torch.float32).min
     if mask_kind == "bool":
         mask = mask == 0
-    outs = {}
-    for kernels in ("default", "fused"):
-        use_kernels(model, kernels)
-        cache = DynamicCache()
-        torch.manual_seed(1)
-        k0 = torch.randn(1, model.config.num_key_value_heads, past, layer.self_attn.head_dim)
-        cache.update(k0, torch.randn_like(k0), 0)
-        with torch.inference_mode():
-            outs[kernels] = layer(hidden, attention_mask=mask, position_embeddings=cos_sin, cache=cache)
-    assert isinstance(layer.__dict__.get("forward"), fused.FusedLayer), "the fused forward must have run"
+    outs = _layer_on_both_kernels(model, hidden, cos_sin, mask, past)
     torch.testing.assert_close(outs["fused"], outs["default"], rtol=1e-4, atol=1e-4)
 
 
