@@ -28,6 +28,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from eagle.cli import run_cli
 from eagle.hardware import resolve_precision, set_threads
 from eagle.training.fit import fit_and_export
+from eagle.training.progress import quiet_lightning
 
 ROOT = Path(__file__).resolve().parent
 
@@ -53,14 +54,15 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         L.seed_everything(cfg.seed, workers=True)
     datamodule: L.LightningDataModule = instantiate(cfg.data.datamodule, _convert_="all")
     model = instantiate(cfg.model, _convert_="all")
-    trainer = build_trainer(cfg)
-    print(f"[train] {cfg.task_name}: {type(model).__name__}, precision {trainer.precision}, {threads} CPU threads")
     run_dir = Path(cfg.paths.run_dir)
-    metrics = fit_and_export(model, datamodule, trainer, out_dir=run_dir / model.artifact,
-                             ckpt_dir=cfg.paths.ckpt_dir, ckpt_path=cfg.get("ckpt_path"),
-                             require_planned_steps=bool(cfg.get("require_planned_steps", True)),
-                             check_baseline=bool(cfg.get("check_baseline", True)),
-                             config=OmegaConf.to_container(cfg, resolve=True))
+    with quiet_lightning():
+        trainer = build_trainer(cfg)
+        print(f"[train] {cfg.task_name}: {type(model).__name__}, precision {trainer.precision}, {threads} CPU threads")
+        metrics = fit_and_export(model, datamodule, trainer, out_dir=run_dir / model.artifact,
+                                 ckpt_dir=cfg.paths.ckpt_dir, ckpt_path=cfg.get("ckpt_path"),
+                                 require_planned_steps=bool(cfg.get("require_planned_steps", True)),
+                                 check_baseline=bool(cfg.get("check_baseline", True)),
+                                 config=OmegaConf.to_container(cfg, resolve=True))
     return {**metrics, "run_dir": str(run_dir)}
 
 

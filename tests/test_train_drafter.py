@@ -4,8 +4,10 @@ resuming from last.ckpt, and the exported drafter."""
 from __future__ import annotations
 
 import csv
+import logging
 import math
 import types
+import warnings
 from pathlib import Path
 
 import pytest
@@ -22,6 +24,7 @@ from eagle.training import metrics
 from eagle.training.datamodules import FeatureDataModule
 from eagle.training.drafter import EagleDrafterModule
 from eagle.training.optim import adamw, lr_schedule
+from eagle.training.progress import quiet_lightning
 from helpers.configs import compose_config, compose_train
 from helpers.models import make_tiny_model
 from train import train
@@ -200,6 +203,43 @@ def test_train_resume_and_logs(tmp_path, target_dir, features_dir):
     assert {"train/loss", "train/feat_loss", "train/tok_loss", "val/loss", "val/feat_loss",
             "val/tok_loss", "val/top1_d1", "val/top4_d1", "val/top1_d3"} <= logged
     assert list((run_dir / "tensorboard").rglob("events.out.tfevents.*"))
+
+
+def test_a_fresh_run_prints_its_own_lines_not_lightnings_noise(tmp_path, target_dir, features_dir, capfd):
+    """Resuming is on by default (ckpt_path=last): a fresh run finds nothing to resume without a
+    warning, and none of the messages `quiet_lightning` drops reaches the output."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        train(drafter_cfg(tmp_path, target_dir, features_dir, "trainer.max_steps=2"))
+    out = capfd.readouterr()
+    text = out.out + out.err + "\n".join(str(w.message) for w in caught)
+    assert "[train] drafter_test" in text and "saved the drafter" in text  # the run's own lines
+    for noise in ("no last checkpoint available", "Tip: For seamless cloud logging", "`weights_only` was not set",
+                  "LeafSpec", "not supported by the model summary"):
+        assert noise not in text, noise
+
+
+def test_quiet_lightning_drops_only_its_messages():
+    from lightning_utilities.core.rank_zero import log, rank_zero_info
+
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    log.addHandler(handler)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with quiet_lightning():
+                warnings.warn("Precision bf16-mixed is not supported by the model summary.  Estimated ...", UserWarning, stacklevel=1)
+                warnings.warn("another warning", UserWarning, stacklevel=1)
+                rank_zero_info("\N{ELECTRIC LIGHT BULB} Tip: For seamless cloud logging, try ...")
+                rank_zero_info("GPU available: False")
+            warnings.warn("Precision bf16-mixed is not supported by the model summary.", UserWarning, stacklevel=1)  # outside
+            rank_zero_info("\N{ELECTRIC LIGHT BULB} Tip: For seamless cloud logging, again")
+    finally:
+        log.removeHandler(handler)
+    assert [str(w.message)[:15] for w in caught] == ["another warning", "Precision bf16-"]
+    assert [r.getMessage()[:15] for r in records] == ["GPU available: ", "\N{ELECTRIC LIGHT BULB} Tip: For seam"]
 
 
 def test_features_of_another_target_are_refused(tmp_path, target_dir, features_dir):

@@ -60,11 +60,13 @@ def fit_and_export(module: TrainableModule, datamodule: L.LightningDataModule, t
     """
     debug = bool(trainer.fast_dev_run)
     last = Path(ckpt_dir) / "last.ckpt"
+    if debug or (ckpt_path == "last" and not any(Path(ckpt_dir).glob("last*.ckpt"))):
+        ckpt_path = None  # nothing to resume: a fresh run (Lightning would warn that "last" found nothing)
     t0 = time.perf_counter()
-    trainer.fit(module, datamodule=datamodule, ckpt_path=None if debug else ckpt_path)
+    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
     fit_time = time.perf_counter() - t0
     if not debug:
-        trainer.save_checkpoint(last)  # the resume point is the final step, always
+        trainer.save_checkpoint(last, weights_only=False)  # the resume point is the final step, always
         if require_planned_steps:
             check_planned_steps(trainer, f"the {module.artifact}", last)
     train_loss = float(trainer.callback_metrics.get("train/loss", math.nan))  # before validate() resets it

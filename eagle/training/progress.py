@@ -5,16 +5,54 @@ file, a slow run shows "0/800" for minutes. `LineProgress` prints a full line ev
 `every_s` seconds and after each validation instead: step, rate, elapsed time, the time
 still needed, and the bar's metrics. It also says, once, when the run cannot reach its last
 step within `trainer.max_time` at the current rate, long before it stops there.
+
+`quiet_lightning` drops the few messages Lightning prints on every run that tell a user of this
+repository nothing, so that what a run prints is its own.
 """
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import lightning as L
 from lightning.pytorch.callbacks import ProgressBar, Timer, TQDMProgressBar
+
+# What every training run here printed from Lightning 2.6 and torch 2.13, and why it is noise: the
+# model summary cannot size bf16-mixed weights (it says so, then counts 32 bits), torch deprecates a
+# pytree class Lightning still builds, and Lightning advertises a cloud logger. Matched by the start
+# of the message, so any other warning or log line still shows.
+LIGHTNING_NOISE_WARNINGS = (r"Precision \S+ is not supported by the model summary",
+                            r"`isinstance\(treespec, LeafSpec\)` is deprecated")
+LIGHTNING_NOISE_LOGS = ("\N{ELECTRIC LIGHT BULB} Tip: For seamless cloud logging",)
+
+
+class _DropNoise(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(LIGHTNING_NOISE_LOGS)
+
+
+@contextmanager
+def quiet_lightning() -> Iterator[None]:
+    """Within it, Lightning's messages above are dropped (warnings filters and a filter on
+    Lightning's rank-zero logger, both restored on exit)."""
+    from lightning_utilities.core import rank_zero
+
+    drop = _DropNoise()
+    logger = rank_zero.log  # the logger rank_zero_info and rank_zero_warn write to
+    logger.addFilter(drop)
+    try:
+        with warnings.catch_warnings():
+            for message in LIGHTNING_NOISE_WARNINGS:
+                warnings.filterwarnings("ignore", message=message)
+            yield
+    finally:
+        logger.removeFilter(drop)
 
 
 def _clock(seconds: float) -> str:
