@@ -42,10 +42,13 @@ test-slow: install
 lint: install
 	.venv/bin/ruff check .
 
-# Each stage is skipped when its artifact says it is finished (delete runs/<stage> to redo it).
-# (stage_sh is its shell, also run side by side with others: scripts/side_by_side.py)
-stage_sh = if $(2); then echo "[$@] $(1): already done, reusing it ($(2))"; else echo "[$@] $(1)"; $(3) || exit 1; fi
+# Each stage is skipped when its artifact says it is finished (delete runs/<stage> to redo it), and
+# says how long it took. (stage_sh is its shell, also run side by side with others: scripts/side_by_side.py;
+# timed_sh NAME,COMMAND runs a command that is not skipped, the benchmarks, and times it too)
+took = s=$$(( $$(date +%s) - start )); echo "[$@] $(1): done in $$((s / 60)) min $$((s % 60)) s"
+stage_sh = if $(2); then echo "[$@] $(1): already done, reusing it ($(2))"; else echo "[$@] $(1)"; start=$$(date +%s); $(3) || exit 1; $(took); fi
 stage = @$(stage_sh)
+timed_sh = echo "[$@] $(1)"; start=$$(date +%s); $(2) || exit 1; $(took)
 
 artifacts: install
 	$(call stage,target (12-layer Llama on the Python stdlib),test -e $(RUNS)/target_tiny/model/eagle_target.json,$(PY) train.py experiment=target_tiny)
@@ -95,8 +98,9 @@ demo-artifacts: features
 # measured and may be bf16, and which dtype decodes one token faster is machine-dependent (on the AMX
 # Xeon of LOG.md fp32 did); the table's "vs fastest" column is against the fastest plain decoding
 demo: demo-artifacts
-	$(PY) decode.py mode=benchmark benchmark.num_prompts=$(DEMO_BENCH_PROMPTS) 'benchmark.methods=[$(DEMO_METHODS)]' \
-		'benchmark.dtypes=["vanilla:dynamic=bfloat16"]'
+	@$(call timed_sh,benchmark: every method on $(DEMO_BENCH_PROMPTS) MT-bench prompts per temperature (T=0 and T=1),$(PY) decode.py \
+		mode=benchmark benchmark.num_prompts=$(DEMO_BENCH_PROMPTS) 'benchmark.methods=[$(DEMO_METHODS)]' \
+		'benchmark.dtypes=["vanilla:dynamic=bfloat16"]')
 
 # The longer preset (2-3 hours on 2 cores): 4,000 ShareGPT conversations cut at 1,024 tokens, the
 # drafter for 4,000 steps (configs/experiment/drafter_smollm2_long.yaml), its tau at every 500 steps
@@ -106,13 +110,16 @@ LONG_FEATURES := $(RUNS)/data/features/smollm2-sharegpt-long
 LONG_DRAFTER := $(RUNS)/drafter_smollm2_long/drafter
 LONG_TREE := $(RUNS)/tree_search/demo_long/machine.yaml
 LONG_CURVE := $(RUNS)/drafter_smollm2_long/curve
+LONG_EVAL_SETS := mtbench,humaneval
+LONG_METHODS := vanilla,eagle,eagle@$(LONG_TREE)%$(DEMO_VOCAB),draft,prompt_lookup,hf_generate,hf_assisted,hf_prompt_lookup
 demo-long: demo-artifacts
 	$(call stage,EAGLE features of 4000 ShareGPT conversations,grep -qs '"status": "complete"' $(LONG_FEATURES)/metadata.json,$(PY) -m data_gen max_len=1024 source.max_samples=4000 source.max_val_samples=64 name=smollm2-sharegpt-long)
 	$(call stage,EAGLE drafter (long),test -e $(LONG_DRAFTER)/config.json,$(PY) train.py experiment=drafter_smollm2_long)
 	$(call stage,how tau grows with training (every 500 steps; greedy and T=1),test -e $(LONG_CURVE)/curve.json,$(PY) scripts/drafter_curve.py --run $(RUNS)/drafter_smollm2_long --trees eagle_default --temperatures 0 1 --prompts 8 --extra demo=$(RUNS)/drafter_smollm2/drafter --out $(LONG_CURVE))
 	$(call stage,the tree for this machine (long drafter),test -e $(LONG_TREE),$(PY) decode.py mode=tree_search eagle.drafter=$(LONG_DRAFTER) eagle.draft_vocab=$(DEMO_VOCAB) tree_search.num_prompts=4 tree_search.compare=false max_new_tokens=64 tree_search.out_dir=$(RUNS)/tree_search/demo_long)
-	$(PY) decode.py mode=benchmark eagle.drafter=$(LONG_DRAFTER) benchmark.num_prompts=10 'benchmark.eval_sets=[mtbench,humaneval]' \
-		'benchmark.methods=[vanilla,eagle,eagle@$(LONG_TREE)%$(DEMO_VOCAB),draft,prompt_lookup,hf_generate,hf_assisted,hf_prompt_lookup]'
+	@$(call timed_sh,benchmark: every method on 10 MT-bench and 10 HumanEval prompts per temperature,$(PY) decode.py \
+		mode=benchmark eagle.drafter=$(LONG_DRAFTER) benchmark.num_prompts=10 'benchmark.eval_sets=[$(LONG_EVAL_SETS)]' \
+		'benchmark.methods=[$(LONG_METHODS)]')
 
 # The toy target's run: its paths, for the stages below that are not yet moved to SmolLM2
 TINY := target=$(RUNS)/target_tiny/model eagle.drafter=$(RUNS)/drafter_tiny/drafter draft.model=$(RUNS)/draft_lm_tiny/model \

@@ -1,10 +1,15 @@
-"""scripts/side_by_side.py: the demo's drafter and draft LM train side by side."""
+"""scripts/side_by_side.py: the demo's drafter and draft LM train side by side; the Makefile's stages
+that run them."""
 
 from __future__ import annotations
 
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "side_by_side.py"
@@ -29,3 +34,31 @@ def test_each_line_is_prefixed_and_a_failure_neither_stops_the_other_nor_passes(
 def test_success_and_usage():
     assert run("a", "true", "b", "echo ok").returncode == 0
     assert run("odd").returncode == 2
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_the_makefiles_stages_say_how_long_they_took():
+    """The demo's stages print their time (`took`), skipped ones say why, and a failing one stops
+    the demo; also when a stage runs side by side with another."""
+    recipe = "\n\t".join([
+        "probe:",
+        "$(call stage,a stage,false,true)",
+        "$(call stage,a finished stage,true,false)",
+        "@$(call timed_sh,a command,echo hi)",
+        "@$(PYTHON) $(SCRIPT) one '$(call stage_sh,side one,false,true)' two '$(call stage_sh,side two,false,true)'",
+        "@$(call timed_sh,a failing command,false)",
+        "@echo not reached",
+    ])
+    out = subprocess.run(["make", "-s", "-C", str(ROOT), "--eval", recipe, "probe", f"PYTHON={sys.executable}",
+                          f"SCRIPT={SCRIPT}"], capture_output=True, text=True, timeout=60)
+    lines = out.stdout.splitlines()
+    took = re.compile(r"done in \d+ min \d+ s$")  # any time: the machine may be busy
+
+    def timed(prefix: str) -> bool:
+        return any(line.startswith(prefix + ": ") and took.search(line) for line in lines)
+
+    assert out.returncode != 0 and "not reached" not in lines
+    assert timed("[probe] a stage") and timed("[probe] a command") and lines[lines.index("[probe] a command") + 1] == "hi"
+    assert "[probe] a finished stage: already done, reusing it (true)" in lines
+    assert timed("[one] [probe] side one") and timed("[two] [probe] side two")
+    assert "[probe] a failing command" in lines and not timed("[probe] a failing command")
