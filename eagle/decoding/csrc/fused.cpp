@@ -525,6 +525,17 @@ static void softmax(float* s, int64_t m) {
   for (int64_t j = 0; j < mv; j += VW) vstore(s + j, vdiv(vload(s + j), vz));
 }
 
+// One job's attention, H heads of a group (a compile-time count, so that their loops unroll): the
+// scores of its m seen slots (s[0..m) holds their additive mask on entry; head e's row at s + e *
+// sstride), their softmax, and the heads' outputs side by side at o
+template <int H>
+static void attend(const float* q, int64_t qstride, const float* Kg, int64_t ks2, const float* Vg, int64_t vs2,
+                   const int64_t* seen, int64_t m, int64_t hd, int64_t hv, float sc, float* s, int64_t sstride, float* o) {
+  key_scores<H>(q, qstride, Kg, ks2, seen, m, hd, hv, sc, s, sstride);
+  for (int e = 0; e < H; ++e) softmax(s + e * sstride, m);  // the probabilities
+  weighted_values<H>(s, sstride, seen, m, Vg, vs2, hd, hv, o);
+}
+
 // The rest of a decoder layer: attention over the cache, o_proj and the residual, norm, the gated
 // MLP (SiLU) and its residual. x (B, n, d); q (B, heads, n, hd); keys, values (B, kv_heads, L, hd)
 // (any strides but the last); mask: none (causal: row i sees slots 0..L-n+i), bool (B or 1, 1, n, L)
@@ -583,19 +594,12 @@ torch::Tensor attention_mlp(torch::Tensor x, torch::Tensor q, torch::Tensor keys
                         : bool_mask ? seen_slots(MB + mrow, L, ms3, scores.data(), seen.data())
                                     : seen_slots(MF + mrow, L, ms3, scores.data(), seen.data());
       const float* q0 = Q + ((b * heads + h0) * n + i) * hd;  // head h0 + e's query at q0 + e * n * hd
-      switch (H) {
-        case 4: key_scores<4>(q0, n * hd, Kg, ks2, seen.data(), m, hd, hv, sc, scores.data(), L + VW); break;
-        case 3: key_scores<3>(q0, n * hd, Kg, ks2, seen.data(), m, hd, hv, sc, scores.data(), L + VW); break;
-        case 2: key_scores<2>(q0, n * hd, Kg, ks2, seen.data(), m, hd, hv, sc, scores.data(), L + VW); break;
-        default: key_scores<1>(q0, n * hd, Kg, ks2, seen.data(), m, hd, hv, sc, scores.data(), L + VW); break;
-      }
-      for (int64_t e = 0; e < H; ++e) softmax(&scores[e * (L + VW)], m);  // the probabilities
       float* o = A + (b * n + i) * heads * hd + h0 * hd;  // the H heads' outputs, side by side
       switch (H) {
-        case 4: weighted_values<4>(scores.data(), L + VW, seen.data(), m, Vg, vs2, hd, hv, o); break;
-        case 3: weighted_values<3>(scores.data(), L + VW, seen.data(), m, Vg, vs2, hd, hv, o); break;
-        case 2: weighted_values<2>(scores.data(), L + VW, seen.data(), m, Vg, vs2, hd, hv, o); break;
-        default: weighted_values<1>(scores.data(), L + VW, seen.data(), m, Vg, vs2, hd, hv, o); break;
+        case 4: attend<4>(q0, n * hd, Kg, ks2, Vg, vs2, seen.data(), m, hd, hv, sc, scores.data(), L + VW, o); break;
+        case 3: attend<3>(q0, n * hd, Kg, ks2, Vg, vs2, seen.data(), m, hd, hv, sc, scores.data(), L + VW, o); break;
+        case 2: attend<2>(q0, n * hd, Kg, ks2, Vg, vs2, seen.data(), m, hd, hv, sc, scores.data(), L + VW, o); break;
+        default: attend<1>(q0, n * hd, Kg, ks2, Vg, vs2, seen.data(), m, hd, hv, sc, scores.data(), L + VW, o); break;
       }
     }
   });
