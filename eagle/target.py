@@ -2,8 +2,8 @@
 
 EAGLE reads three things from the target: the input embeddings `E`, the LM head, and the
 *feature* `f_t`, the hidden state that feeds the LM head (after the final norm). We get the
-feature from the decoder body (`model.base_model`), whose `last_hidden_state` is exactly
-that tensor for decoder-only families, and compute the logits ourselves: `lm_head(feature)`
+feature from the decoder body (`decoder_body`, which is `model.base_model` but for Llama-4),
+whose `last_hidden_state` is exactly that tensor for decoder-only families, and compute the logits ourselves: `lm_head(feature)`
 followed by the family's own final transform (`LogitTransform`: Gemma-2 soft-caps its
 logits, Cohere and Granite scale them), because that transform is part of the target's
 distribution p. `check_logits` proves the parity with `model(ids).logits` for a loaded
@@ -223,14 +223,36 @@ def check_logits(model: nn.Module, atol: float = 1e-4) -> None:
 
 
 def context_length(model: nn.Module) -> int | None:
-    """The positions the model was built for (`max_position_embeddings`); None when its config
-    does not say."""
-    return getattr(model.config, "max_position_embeddings", None)
+    """The positions the model was built for (`max_position_embeddings`), or fewer where only
+    fewer decode exactly here; None when its config says nothing.
+
+    Llama-4's layers without rotary embeddings scale their queries by
+    `1 + attn_scale * log1p(floor((s + 1) / floor_scale))`, with `s` counted from the cache's
+    length, not from the positions the forward is given: a tree's node, or a shorter row of a
+    batch, would be scaled as the slot it sits in. Below `floor_scale - 1` slots that scale is 1
+    at every slot, so the context stops there."""
+    config = model.config
+    limit = getattr(config, "max_position_embeddings", None)
+    if getattr(config, "attn_temperature_tuning", False) and 0 in (getattr(config, "no_rope_layers", None) or ()):
+        limit = min(limit or config.floor_scale, config.floor_scale - 1)
+    return limit
 
 
 def embeddings(model: nn.Module) -> nn.Embedding:
     """The target's input embedding table E (frozen, shared with the drafter)."""
     return model.get_input_embeddings()
+
+
+def decoder_body(model: nn.Module) -> nn.Module:
+    """The decoder body whose `last_hidden_state` feeds the LM head: `model.base_model`, or the
+    `model` attribute where the class's `base_model_prefix` names no attribute (Llama-4's text
+    model names "language_model" and keeps its body in `model`, so `base_model` is the whole LM)."""
+    body = model.base_model
+    if body is model:
+        body = getattr(model, "model", None)
+        if not isinstance(body, nn.Module):
+            raise TargetError(f"{type(model).__name__}: no decoder body found (neither base_model nor .model)")
+    return body
 
 
 def lm_head(model: nn.Module) -> nn.Module:
@@ -253,7 +275,7 @@ def target_forward(model: nn.Module, input_ids: Tensor, cache=None, attention_ma
     per row (B,) (right-padded prompts of a batch: each row's last real token; logits (B, 1, V)).
     Features are always returned for every position.
     """
-    out = model.base_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+    out = decoder_body(model)(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                            cache=cache, use_cache=cache is not None)
     features = out.last_hidden_state  # (B, T, H)
     if isinstance(logits_slice, Tensor):

@@ -33,6 +33,16 @@ def test_a_cut_of_the_target_is_its_first_layers():
         truncated_copy(target, 4)
 
 
+def test_a_cut_keeps_what_its_config_says_per_layer_for_its_layers_only():
+    """Llama-4 lists per layer whether it uses rotary embeddings, and which layers are mixtures of
+    experts; Gemma-3 which layers slide: a cut's config must describe its own layers."""
+    llama4 = truncated_copy(make_tiny_model("llama4_text", num_hidden_layers=3, no_rope_layer_interval=2), 2)
+    assert llama4.config.no_rope_layers == [1, 0] and llama4.config.moe_layers == [0, 1]
+    assert llama4.config.layer_types == ["chunked_attention", "full_attention"]
+    gemma3 = truncated_copy(make_tiny_model("gemma3_text", num_hidden_layers=3), 1)
+    assert gemma3.config.layer_types == ["sliding_attention"]
+
+
 def draft_cfg(tmp_path, target_dir, features_dir, *overrides: str):
     return compose_train(["experiment=draft_lm_smollm2", f"model.target_path={target_dir}", "model.layers=1",
                           "model.loss_vocab=16", f"data.datamodule.features_dir={features_dir}",

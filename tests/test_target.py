@@ -6,11 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from eagle.decoding.engine import ContextOverflowError, check_fits
 from eagle.target import (
     LogitTransform,
     TargetError,
     check_logits,
     check_model_dir,
+    context_length,
     embeddings,
     head_logits,
     lm_head,
@@ -51,6 +53,21 @@ def test_an_unknown_logit_transform_is_refused(monkeypatch):
     monkeypatch.setattr(LogitTransform, "of", classmethod(lambda cls, config: cls()))
     with pytest.raises(TargetError, match="transforms its logits"):
         check_logits(model)
+
+
+def test_llama4s_context_stops_before_its_query_scale_would_read_a_slot():
+    """Llama-4's layers without rotary embeddings scale their queries by the cache's length, not by
+    the positions given (a tree's nodes would be scaled by their slots): the context stops where
+    that scale is 1 for every slot, and a request past it is refused before decoding."""
+    model = make_tiny_model("llama4_text", floor_scale=64)
+    assert model.config.max_position_embeddings == 512 and context_length(model) == 63
+    with pytest.raises(ContextOverflowError, match="context of 63"):
+        check_fits(50, 10, 4, context_length(model))
+    model.config.attn_temperature_tuning = False
+    assert context_length(model) == 512
+    model.config.attn_temperature_tuning, model.config.no_rope_layers = True, [1, 1]  # every layer rotary
+    assert context_length(model) == 512
+    assert context_length(make_tiny_model("llama")) == 512
 
 
 def test_logits_slice_keeps_all_features():

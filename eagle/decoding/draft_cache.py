@@ -15,8 +15,9 @@ four operations, so a draft model never asks which one it has:
     length                         committed entries
 
 `DynamicDraftCache` is a Hugging Face `DynamicCache` that grows and is cropped (every pass
-appends, so `at` is always its current end; for a model with sliding-window layers it keeps
-every entry's position and applies the window in the mask, `eagle.decoding.masks.for_layers`).
+appends, so `at` is always its current end; for a model with local layers (a sliding window or
+chunks) it keeps every entry's position, and the mask applies the locality,
+`eagle.decoding.masks.for_layers`).
 `StaticDraftCache` is a preallocated,
 position-indexed `StaticKVCache`: `keep` only lowers the committed length (branch entries stay,
 hidden by the mask, until overwritten), so every pass can have a fixed shape and be compiled.
@@ -30,7 +31,7 @@ import torch
 from torch import Tensor
 
 from eagle.decoding.kv_cache import cache_length, crop, new_cache
-from eagle.decoding.masks import for_layers, sliding_window, tree_attention_mask
+from eagle.decoding.masks import for_layers, is_local, tree_attention_mask
 from eagle.decoding.static_cache import StaticKVCache
 
 CACHE_KINDS = ("dynamic", "static")
@@ -72,8 +73,8 @@ class DynamicDraftCache(DraftCache):
     def __init__(self, config, dtype: torch.dtype, device: torch.device | str):
         super().__init__(config, dtype, device)
         self._length = 0
-        self.window = sliding_window(config)
-        self._positions: list[Tensor] = []  # with a window: the position of every entry, in chunks
+        self.local = is_local(config)
+        self._positions: list[Tensor] = []  # with local layers: the position of every entry, in pieces
 
     @property
     def length(self) -> int:
@@ -89,7 +90,7 @@ class DynamicDraftCache(DraftCache):
             raise RuntimeError(f"a growing draft cache only appends: a pass writing at {write_at} (window from "
                                f"{start}, {s} entries) does not follow its {end} entries")
         mask = tree_attention_mask(start, visible, self.dtype)  # (1, 1, n, start + s)
-        if self.window is None:
+        if not self.local:
             return mask
         self._positions.append(positions.to(self.device))
         return for_layers(self.config, mask, positions, torch.cat(self._positions))
@@ -100,7 +101,7 @@ class DynamicDraftCache(DraftCache):
     def keep(self, length: int) -> None:
         crop(self.hf, length)
         self._length = length
-        if self.window is not None:
+        if self.local:
             self._positions = [torch.cat(self._positions)[:length]] if self._positions else []
 
 
@@ -115,7 +116,7 @@ class StaticDraftCache(DraftCache):
     def __init__(self, config, dtype: torch.dtype, device: torch.device | str,
                  kv_shape: tuple[int, int] | None = None):
         super().__init__(config, dtype, device)
-        self.kv_shape, self.window = kv_shape, sliding_window(config)
+        self.kv_shape, self.local = kv_shape, is_local(config)
         self.slot_pos: Tensor | None = None
 
     @property
@@ -130,8 +131,8 @@ class StaticDraftCache(DraftCache):
             self.hf = StaticKVCache(layers, max_len, self.dtype, self.device)
             if self.kv_shape is not None:
                 self.hf.allocate(*self.kv_shape)
-            # with a sliding window: the position held in every slot (the mask applies the window)
-            self.slot_pos = torch.arange(max_len, device=self.device) if self.window is not None else None
+            # with local layers: the position held in every slot (the mask applies the locality)
+            self.slot_pos = torch.arange(max_len, device=self.device) if self.local else None
         self.hf.length = 0  # buffers are kept for the next sequence; stale slots stay hidden
 
     def reserve(self, need: int) -> None:
@@ -142,7 +143,7 @@ class StaticDraftCache(DraftCache):
     def prepare(self, start: int | Tensor, visible: Tensor, write_at: int | Tensor, positions: Tensor) -> Tensor:
         # no checks here: this runs inside compiled passes, with 0-d tensors for start and write_at
         mask = self.hf.prepare(start, visible, write_at)  # (1, 1, n, max_len)
-        if self.window is None:
+        if not self.local:
             return mask
         self.slot_pos.index_copy_(0, self.hf.slots, positions)
         return for_layers(self.config, mask, positions, self.slot_pos)
@@ -173,10 +174,10 @@ class RowsDraftCache:
     def __init__(self, config, dtype: torch.dtype, device: torch.device | str,
                  kv_shape: tuple[int, int] | None = None):
         self.config, self.dtype, self.device, self.kv_shape = config, dtype, torch.device(device), kv_shape
-        self.window = sliding_window(config)
+        self.local = is_local(config)
         self.hf: StaticKVCache | None = None
         self.lengths: list[int] = []
-        self.slot_pos: Tensor | None = None  # (B, max_len) with a sliding window: each slot's position
+        self.slot_pos: Tensor | None = None  # (B, max_len) with local layers: each slot's position
 
     def begin(self, max_len: int, rows: int) -> None:
         layers = self.config.num_hidden_layers
@@ -185,7 +186,7 @@ class RowsDraftCache:
             if self.kv_shape is not None:
                 self.hf.allocate(*self.kv_shape)
         self.lengths, self.hf.length = [0] * rows, 0
-        if self.window is not None:
+        if self.local:
             self.slot_pos = torch.arange(max_len, device=self.device).repeat(rows, 1)
 
     def prepare(self, visible: Tensor, offset: int, positions: Tensor) -> Tensor | dict:
@@ -195,7 +196,7 @@ class RowsDraftCache:
             raise RuntimeError(f"the draft cache ({self.hf.max_len} slots) cannot hold {max(self.lengths) + offset + n} "
                                "entries; size it for prompt + new tokens + tree (DecodeState.max_len)")
         mask = self.hf.prepare(committed, visible, committed + offset)  # (B, 1, n, max_len)
-        if self.window is None:
+        if not self.local:
             return mask
         slots = self.hf.slots if self.hf.slots.dim() == 2 else self.hf.slots.expand(len(self.lengths), n)
         self.slot_pos.scatter_(1, slots, positions)

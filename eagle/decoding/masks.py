@@ -10,10 +10,10 @@ row of only -inf (which would give NaNs), and exp(min - max) is exactly 0 in eve
 - `padded_causal`: right-padded prompts of a batch: causal, padding seen by nothing else.
 - `window_mask`: the same on a preallocated, position-indexed cache of fixed width, so that
   every round has the same shape (`eagle.decoding.static_cache`).
-- `for_layers`: what a model with sliding-window layers needs instead of one mask: a 4-D mask
-  is used as given by Hugging Face models, so the window has to be in it (Mistral, Gemma-2/3,
-  Qwen2 with a window...). Without that, a tree verification past the window would attend to
-  tokens the model itself never sees.
+- `for_layers`: what a model with local-attention layers needs instead of one mask: a 4-D mask
+  is used as given by Hugging Face models, so the locality has to be in it: a sliding window
+  (Mistral, Gemma-2/3, Qwen2 with a window...) or fixed chunks (Llama-4). Without that, a tree
+  verification would attend to tokens the model itself never sees.
 """
 
 from __future__ import annotations
@@ -91,23 +91,47 @@ def sliding_window(config) -> int | None:
     return int(window)
 
 
+def attention_chunk(config) -> int | None:
+    """The chunk of a config whose layers attend within fixed chunks of positions (Llama-4's
+    `chunked_attention`: a query sees the keys of its own chunk only), else None."""
+    chunk = getattr(config, "attention_chunk_size", None)
+    if not chunk or "chunked_attention" not in (getattr(config, "layer_types", None) or ()):
+        return None
+    return int(chunk)
+
+
+def is_local(config) -> bool:
+    """Whether some layers of the model see only part of the causal context (a sliding window or
+    a chunk): then its masks need every key's position, not only its order."""
+    return sliding_window(config) is not None or attention_chunk(config) is not None
+
+
 def for_layers(config, mask: Tensor, query_pos: Tensor, key_pos: Tensor) -> Tensor | dict[str, Tensor]:
     """The `attention_mask` to give a Hugging Face model for `mask` (B, 1, n, K).
 
-    Without sliding-window layers: `mask` itself. With them, the sliding layers also hide every
-    key at or before `query_pos - window` (a query sees the last `window` positions, itself
-    included, as Hugging Face's own masks do): as a dict by layer type for configs that list
-    `layer_types` (their forward takes one), else as the one mask of every layer.
+    Without local layers (`is_local`): `mask` itself. A sliding layer also hides every key at or
+    before `query_pos - window` (a query sees the last `window` positions, itself included, as
+    Hugging Face's own masks do); a chunked layer every key outside the query's chunk
+    (`position // chunk`). As a dict by layer type for configs that list `layer_types` (their
+    forward takes one), else as the one mask of every layer.
 
     Args:
         query_pos: (n,) or (B, n) the queries' positions; key_pos: (K,) or (B, K) the keys' positions
             (per row of a batch, whose rows stand at different positions).
     """
-    window = sliding_window(config)
-    if window is None:
+    window, chunk = sliding_window(config), attention_chunk(config)
+    if window is None and chunk is None:
         return mask
-    far = key_pos[..., None, :] <= query_pos[..., :, None] - window  # (n, K) or (B, n, K)
-    windowed = mask.masked_fill(far[None, None] if far.dim() == 2 else far[:, None], torch.finfo(mask.dtype).min)
+
+    def hide(far: Tensor) -> Tensor:  # far: (n, K) or (B, n, K), True where the layer hides the key
+        return mask.masked_fill(far[None, None] if far.dim() == 2 else far[:, None], torch.finfo(mask.dtype).min)
+
+    keys, queries = key_pos[..., None, :], query_pos[..., :, None]
+    masks = {"full_attention": mask}
+    if window is not None:
+        masks["sliding_attention"] = hide(keys <= queries - window)
+    if chunk is not None:
+        masks["chunked_attention"] = hide(keys // chunk != queries // chunk)
     if getattr(config, "layer_types", None):
-        return {"full_attention": mask, "sliding_attention": windowed}
-    return windowed
+        return masks
+    return masks["sliding_attention"]

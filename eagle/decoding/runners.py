@@ -37,7 +37,7 @@ from eagle.decoding.kv_cache import (
     new_cache,
     select_rows,
 )
-from eagle.decoding.masks import for_layers, padded_causal, sliding_window, tree_attention_mask
+from eagle.decoding.masks import for_layers, is_local, padded_causal, tree_attention_mask
 from eagle.decoding.static_cache import StaticKVCache
 from eagle.target import TargetOutput, target_forward
 from eagle.tree import Tree
@@ -200,7 +200,7 @@ class StaticRunner(TargetRunner):
         self.width = tree_size + 1  # root + tree, every round
         self.max_len = max_len
         self.cache: StaticKVCache | None = None
-        self.window = sliding_window(target.config)
+        self.local = is_local(target.config)  # sliding or chunked layers: masks need the keys' positions
         self.compiled = compile_mode is not None
         self._forward = compile_static(self._scores, compile_mode, target)
         # slots moved per commit: the longest path (padded); vanilla decoding never moves anything
@@ -244,7 +244,7 @@ class StaticRunner(TargetRunner):
             self.cache.move(src, dst)
         positions = start[..., None] + offsets  # (n,) or (B, n)
         mask = self.cache.prepare(start, visible)  # (B, 1, n, max_len)
-        if self.window is not None:  # key positions: committed slot i holds position i, tree slots their node's
+        if self.local:  # key positions: committed slot i holds position i, tree slots their node's
             slots = torch.arange(self.cache.max_len, device=self.device)
             first = start.reshape(-1, 1)  # (B, 1)
             rel = slots - first  # (B, max_len)

@@ -34,9 +34,13 @@ from torch import Tensor
 
 from eagle.artifacts import Artifact
 from eagle.models.packaged import SIDECAR
-from eagle.target import LogitTransform, load_target, tokenizer_hash
+from eagle.target import LogitTransform, decoder_body, load_target, tokenizer_hash
 from eagle.training import metrics
 from eagle.training.module import FrozenTargetModule, submodule_state
+
+# config lists with one entry per decoder layer (sliding or full, rotary or not), and lists of layer indices
+PER_LAYER = ("layer_types", "no_rope_layers")
+LAYER_INDICES = ("moe_layers",)
 
 
 def truncated_copy(target: torch.nn.Module, layers: int) -> torch.nn.Module:
@@ -48,9 +52,11 @@ def truncated_copy(target: torch.nn.Module, layers: int) -> torch.nn.Module:
     if not 1 <= layers <= n:
         raise ValueError(f"a draft LM of {layers} layers: choose 1..{n} (the target's layers)")
     fields = target.config.to_dict()
-    for key, value in fields.items():  # per-layer lists (layer_types: sliding windows, ...) follow the count;
-        if isinstance(value, list) and len(value) == n and key.endswith("layer_types"):  # the config checks
+    for key, value in fields.items():  # what the config says per layer follows the count (the config checks some)
+        if isinstance(value, list) and len(value) == n and key.endswith(PER_LAYER):
             fields[key] = value[:layers]
+        elif isinstance(value, list) and key in LAYER_INDICES:
+            fields[key] = [i for i in value if i < layers]
     config = target.config.__class__.from_dict({**fields, "num_hidden_layers": layers})
     draft = AutoModelForCausalLM.from_config(config).to(torch.float32)
     kept = {k: v for k, v in target.state_dict().items()
@@ -94,7 +100,7 @@ class DistilledDraftLMModule(FrozenTargetModule):
     @property
     def final_norm(self) -> torch.nn.Module:
         """The decoder body's final norm (its name differs between families)."""
-        base = self.model.base_model
+        base = decoder_body(self.model)
         for name in ("norm", "final_layernorm", "ln_f", "final_layer_norm"):
             if isinstance(getattr(base, name, None), torch.nn.Module):
                 return getattr(base, name)
@@ -113,8 +119,8 @@ class DistilledDraftLMModule(FrozenTargetModule):
         ids = batch["input_ids"]  # (B, T)
         weight = F.pad(batch["loss_mask"][:, 1:], (0, 1)).float()  # (B, T) m_{t+1}
         features = self.batch_features(batch).to(self.device)  # (B, T, H) f_t: the teacher
-        hidden = self.model.base_model(input_ids=ids, attention_mask=batch["attention_mask"],
-                                       use_cache=False).last_hidden_state  # (B, T, H)
+        hidden = decoder_body(self.model)(input_ids=ids, attention_mask=batch["attention_mask"],
+                                         use_cache=False).last_hidden_state  # (B, T, H)
         restrict = train
         with torch.no_grad():
             p_logits = self.head(features, restrict)  # (B, T, V or K)

@@ -31,6 +31,14 @@ FAMILIES = {
     "falcon": dict(COMMON, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, multi_query=True,
                    new_decoder_architecture=False, alibi=False, parallel_attn=True),
     "gpt_neox": dict(TINY, rotary_pct=0.5),  # partial rotary
+    "qwen3": dict(TINY, head_dim=8),  # per-head q/k norms: the fused kernels must step aside
+    # sliding and full layers with their own rotary bases, q/k norms, scaled embeddings
+    "gemma3_text": dict(TINY, head_dim=8, sliding_window=16, query_pre_attn_scalar=8,
+                        sliding_window_pattern=2),  # layer 0 sliding, layer 1 full
+    "olmo2": TINY,  # norms after attention and MLP (not before), q/k norms over all heads
+    # mixture-of-experts MLPs, chunked attention, a layer without rotary embeddings, and a body
+    # that `base_model` does not find (its prefix names no attribute)
+    "llama4_text": dict(TINY, head_dim=8, attention_chunk_size=16, no_rope_layer_interval=2),
 }
 
 TEXTS = ["def add(a, b):\n    return a + b\n", "for i in range(10):\n    print(i)\n",
