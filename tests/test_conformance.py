@@ -156,8 +156,9 @@ def test_greedy_identical_to_generate(case, runner, family):
 
 
 # families of the batched checks: rotary positions, a sliding window crossed by the prompts, windowed
-# and full layers with soft-capped logits, absolute position embeddings
-BATCH_FAMILIES = ("llama", "mistral", "gemma2", "gpt2")
+# and full layers with soft-capped logits, absolute position embeddings, keys and values of two
+# widths (latent attention), chunked layers
+BATCH_FAMILIES = ("llama", "mistral", "gemma2", "gpt2", "deepseek_v3", "llama4_text")
 
 
 @pytest.mark.parametrize("family", BATCH_FAMILIES)

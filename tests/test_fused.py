@@ -190,9 +190,10 @@ def test_attention_jobs_of_one_head_or_several_give_every_head_the_same_bits(hea
     torch.testing.assert_close(whole, expected, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("family", ["mistral", "gemma2", "phi3", "gpt2"])
+@pytest.mark.parametrize("family", ["mistral", "gemma2", "phi3", "gpt2", "qwen3", "deepseek_v3", "llama4_text"])
 def test_other_layers_keep_their_forward_and_still_run_fused_products(family):
-    """A sliding window (mistral here), other norms and MLPs (gemma2), fused projections (phi3):
+    """A sliding window (mistral here), other norms and MLPs (gemma2), fused projections (phi3),
+    q/k norms (qwen3), latent attention (deepseek_v3), experts and attention chunks (llama4_text):
     the layer keeps its own forward; its linears still take the fused products."""
     model = use_kernels(make_tiny_model(family), "fused")
     assert fused.fuse_layers(model) == 0 and kernels_of(model) == "fused"

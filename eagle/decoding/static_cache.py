@@ -28,7 +28,8 @@ from eagle.decoding.masks import window_mask
 
 
 class StaticKVCache:
-    """Keys and values (B, H_kv, max_len, D) of every layer, indexed by slot.
+    """Keys and values (B, H_kv, max_len, D) of every layer, indexed by slot (keys and values
+    may differ in D).
 
     Each layer's buffers are allocated at its first `update`, from the shape of the keys and
     values the model writes: no config field has to say how many KV heads a family has (multi-
@@ -57,13 +58,15 @@ class StaticKVCache:
     def allocate(self, kv_heads: int, head_dim: int) -> StaticKVCache:
         """Allocate every layer now, for keys and values of (B, kv_heads, *, head_dim)."""
         for i in range(len(self.keys)):
-            self._allocate(i, kv_heads, head_dim)
+            self._allocate(i, (kv_heads, head_dim), (kv_heads, head_dim))
         return self
 
-    def _allocate(self, layer: int, kv_heads: int, head_dim: int) -> None:
-        shape = (self.batch, kv_heads, self.max_len, head_dim)
-        self.keys[layer] = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        self.values[layer] = torch.zeros(shape, dtype=self.dtype, device=self.device)
+    def _allocate(self, layer: int, key_shape: tuple[int, int], value_shape: tuple[int, int]) -> None:
+        """(heads, dim) of the layer's keys and of its values: they differ where attention is
+        latent (DeepSeek-V3's keys carry a rotary part that its values do not)."""
+        (kh, kd), (vh, vd) = key_shape, value_shape
+        self.keys[layer] = torch.zeros(self.batch, kh, self.max_len, kd, dtype=self.dtype, device=self.device)
+        self.values[layer] = torch.zeros(self.batch, vh, self.max_len, vd, dtype=self.dtype, device=self.device)
         if self.device.type != "cpu":
             for t in (self.keys[layer], self.values[layer]):
                 # fixed addresses: CUDA graphs mutate them in place, never copy them. Not on a CPU, where
@@ -91,14 +94,15 @@ class StaticKVCache:
         """Called by each attention layer with its new (B, H_kv, n, D) keys and values;
         returns the whole layer (B, H_kv, max_len, D) for attention under the mask."""
         if self.keys[layer_idx] is None:
-            self._allocate(layer_idx, key_states.shape[1], key_states.shape[-1])
+            self._allocate(layer_idx, (key_states.shape[1], key_states.shape[-1]),
+                           (value_states.shape[1], value_states.shape[-1]))
         keys, values = self.keys[layer_idx], self.values[layer_idx]
         if self.slots.dim() == 1:  # every row writes at the same slots
             keys.index_copy_(2, self.slots, key_states)
             values.index_copy_(2, self.slots, value_states)
         else:  # (B, n): each row at its own
-            index = self.slots[:, None, :, None].expand_as(key_states)
-            keys.scatter_(2, index, key_states)
+            index = self.slots[:, None, :, None]  # (B, 1, n, 1)
+            keys.scatter_(2, index.expand_as(key_states), key_states)
             values.scatter_(2, index.expand_as(value_states), value_states)
         return keys, values
 

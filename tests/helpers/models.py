@@ -39,6 +39,16 @@ FAMILIES = {
     # mixture-of-experts MLPs, chunked attention, a layer without rotary embeddings, and a body
     # that `base_model` does not find (its prefix names no attribute)
     "llama4_text": dict(TINY, head_dim=8, attention_chunk_size=16, no_rope_layer_interval=2),
+    # attention sinks (a learned logit per head in every softmax), sliding and full layers, YaRN
+    # rotary embeddings, mixture-of-experts MLPs
+    "gpt_oss": dict(TINY, head_dim=8, sliding_window=16, num_local_experts=4, num_experts_per_tok=2,
+                    rope_parameters=dict(rope_type="yarn", rope_theta=150000.0, factor=32.0, beta_fast=32.0,
+                                         beta_slow=1.0, original_max_position_embeddings=16)),
+    # latent attention (keys of 8 + 4 rotary dims, values of 8: caches of two widths), a dense
+    # layer, then a mixture of experts
+    "deepseek_v3": dict(TINY, num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=16, qk_nope_head_dim=8,
+                        qk_rope_head_dim=4, v_head_dim=8, n_routed_experts=4, num_experts_per_tok=2,
+                        moe_intermediate_size=16, first_k_dense_replace=1, n_group=1, topk_group=1),
 }
 
 TEXTS = ["def add(a, b):\n    return a + b\n", "for i in range(10):\n    print(i)\n",
