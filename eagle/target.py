@@ -255,6 +255,59 @@ def decoder_body(model: nn.Module) -> nn.Module:
     return body
 
 
+# config lists with one entry per decoder layer (sliding or full, rotary or not), and lists of layer indices
+PER_LAYER = ("layer_types", "no_rope_layers")
+LAYER_INDICES = ("moe_layers",)
+
+
+def cut_config(config, layers: int):
+    """The config of the same class for the first `layers` decoder layers: what it says per layer
+    (`PER_LAYER` lists, `LAYER_INDICES`, the per-layer attributes of heterogeneous configs) follows
+    the cut, and of the layers that reuse earlier layers' keys and values (Gemma-4's last
+    `num_kv_shared_layers`) only those kept stay."""
+    n = config.num_hidden_layers
+    fields = config.to_dict()
+    for key, value in fields.items():
+        if isinstance(value, list) and len(value) == n and key.endswith(PER_LAYER):
+            fields[key] = value[:layers]
+        elif isinstance(value, list) and key in LAYER_INDICES:
+            fields[key] = [i for i in value if i < layers]
+    if isinstance(fields.get("per_layer_config"), dict):  # keyed by layer index ("05" or 5)
+        fields["per_layer_config"] = {k: v for k, v in fields["per_layer_config"].items() if int(k) < layers}
+    if fields.get("num_kv_shared_layers"):
+        fields["num_kv_shared_layers"] = max(0, fields["num_kv_shared_layers"] - (n - layers))
+    return config.__class__.from_dict({**fields, "num_hidden_layers": layers})
+
+
+# layer types whose cache is keys and values, one entry per token (Hugging Face's names); "dummy"
+# layers keep none (they reuse another layer's, or have no attention)
+ATTENTION_LAYERS = ("full_attention", "sliding_attention", "chunked_attention", "dummy")
+
+
+def check_attention_only(model: nn.Module) -> None:
+    """Raise `TargetError` unless every layer of `model` is attention of a kind the engine knows.
+
+    A tree verification scores every node on top of the committed context and then keeps one
+    path: keys and values are kept or dropped per token, but a recurrent state (Mamba, linear
+    attention, short convolutions: Jamba, Qwen3-Next, LFM2, Falcon-H1, ...) has folded every
+    node into one state that cannot be taken back. Attention the engine has not been proved on
+    (DeepSeek-V3.2's indexed, V4's compressed) is refused too. The layer types are Hugging
+    Face's own (`get_layer_types_and_kwargs`, which names all of these), or the config's."""
+    config = model.config
+    try:
+        from transformers.cache_utils import get_layer_types_and_kwargs
+
+        types = get_layer_types_and_kwargs(config.get_text_config(decoder=True))[0]
+    except (ImportError, AttributeError):  # an older transformers, a config without per-layer views
+        types = getattr(config, "layer_types", None) or []
+    other = sorted(set(types) - set(ATTENTION_LAYERS))
+    if other:
+        raise TargetError(f"{type(model).__name__} has layers of type {other}: this engine verifies trees on "
+                          "caches of keys and values per token, dropping the rejected nodes, and knows only the "
+                          f"attention layers {list(ATTENTION_LAYERS[:3])}; a recurrent state (Mamba, linear "
+                          "attention, convolutions) cannot drop them")
+
+
 def lm_head(model: nn.Module) -> nn.Module:
     """The target's LM head (frozen, shared with the drafter)."""
     return model.get_output_embeddings()

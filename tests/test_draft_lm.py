@@ -41,6 +41,17 @@ def test_a_cut_keeps_what_its_config_says_per_layer_for_its_layers_only():
     assert llama4.config.layer_types == ["chunked_attention", "full_attention"]
     gemma3 = truncated_copy(make_tiny_model("gemma3_text", num_hidden_layers=3), 1)
     assert gemma3.config.layer_types == ["sliding_attention"]
+    # Gemma-4: full layers' head size per layer, and its last 2 of 4 layers reuse earlier keys and values
+    gemma4 = make_tiny_model("gemma4_text")
+    assert gemma4.config.to_dict()["per_layer_config"] == {"1": {"head_dim": 16}, "3": {"head_dim": 16}}
+    two = truncated_copy(gemma4, 2)
+    assert two.config.num_kv_shared_layers == 0 and two.config.to_dict()["per_layer_config"] == {"1": {"head_dim": 16}}
+    ids = torch.tensor([[5, 9, 2, 7, 7, 1]])
+    with torch.no_grad():  # its per-layer token inputs (V, layers x 8) are the target's first two layers'
+        states = gemma4(ids, output_hidden_states=True).hidden_states
+        torch.testing.assert_close(two.model(ids).last_hidden_state, gemma4.model.norm(states[2]))
+    with pytest.raises(ValueError, match="cannot cut Gemma4ForCausalLM to 3 layers"):
+        truncated_copy(gemma4, 3)  # Gemma-4 makes its last layer a full one: layer 2 would change its kind
 
 
 def draft_cfg(tmp_path, target_dir, features_dir, *overrides: str):

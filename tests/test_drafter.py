@@ -159,6 +159,23 @@ def test_config_from_target(family):
     assert d.layers[0].self_attn.k_proj.weight.shape == (8, 32)
 
 
+def test_config_from_a_target_whose_layers_differ():
+    """Gemma-3/4 give each layer type its own rotary (and Gemma-4 its own head size): the drafter
+    takes its last layer's, and a partial rotary (Gemma-4's full layers) as the default one at its
+    base, which a Llama layer runs."""
+    gemma3 = make_tiny_model("gemma3_text")  # layers: sliding (base 1e4), full (base 1e6)
+    cfg = DrafterConfig.from_target(gemma3, FakeTokenizer(96))
+    assert cfg.rope_parameters == {"rope_type": "default", "rope_theta": 1e6} and cfg.rope_theta == 1e6
+    gemma4 = make_tiny_model("gemma4_text")  # head_dim 8 sliding, 16 full (the last layer)
+    cfg = DrafterConfig.from_target(gemma4, FakeTokenizer(96))
+    assert gemma4.config.rope_parameters["full_attention"]["partial_rotary_factor"] < 1
+    assert cfg.head_dim == 16 and cfg.rope_parameters == {"rope_type": "default", "rope_theta": 1e6}
+    d = EagleDrafter.random(gemma4)
+    g = torch.Generator().manual_seed(0)
+    feats, ids = torch.randn(1, 6, 32, generator=g), torch.randint(0, 96, (1, 6), generator=g)
+    assert d.layers[0].self_attn.q_proj.weight.shape == (4 * 16, 32) and torch.isfinite(d(feats, ids)).all()
+
+
 def test_incremental_decoding_with_cache_equals_full_forward():
     d = perturbed(EagleDrafter.random(make_tiny_model("qwen2")))
     g = torch.Generator().manual_seed(1)

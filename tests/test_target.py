@@ -7,6 +7,8 @@ import pytest
 import torch
 
 from eagle.decoding.engine import ContextOverflowError, check_fits
+from eagle.decoding.runners import DynamicRunner, StaticRunner
+from eagle.proposers.draft_model import DraftLM
 from eagle.target import (
     LogitTransform,
     TargetError,
@@ -20,7 +22,7 @@ from eagle.target import (
     load_tokenizer,
     target_forward,
 )
-from helpers.models import FAMILIES, make_tiny_model
+from helpers.models import FAMILIES, TINY, make_tiny_model
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
@@ -68,6 +70,31 @@ def test_llama4s_context_stops_before_its_query_scale_would_read_a_slot():
     model.config.attn_temperature_tuning, model.config.no_rope_layers = True, [1, 1]  # every layer rotary
     assert context_length(model) == 512
     assert context_length(make_tiny_model("llama")) == 512
+
+
+# recurrent layers: Mamba's selective scan, Qwen3-Next's linear attention, LFM2's short convolutions
+RECURRENT = {
+    "mamba": dict(vocab_size=96, hidden_size=32, num_hidden_layers=2, state_size=4),
+    "qwen3_next": dict(TINY, head_dim=8, layer_types=["linear_attention", "full_attention"], num_experts=4,
+                       num_experts_per_tok=2, moe_intermediate_size=16, linear_num_value_heads=2,
+                       linear_num_key_heads=2, linear_key_head_dim=8, linear_value_head_dim=8),
+    "lfm2": dict(TINY, layer_types=None, full_attn_idxs=[1]),
+}
+
+
+@pytest.mark.parametrize("family", sorted(RECURRENT))
+def test_a_model_with_recurrent_layers_is_refused_by_name(family):
+    """A tree's rejected nodes cannot be taken out of a recurrent state: the runners and a draft
+    LM refuse such a model in one line, before any decoding (it used to end in an IndexError)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(family, **RECURRENT[family]))
+    with pytest.raises(TargetError, match="recurrent state"):
+        DynamicRunner(model)
+    with pytest.raises(TargetError, match="recurrent state"):
+        StaticRunner(model, tree_size=4)
+    with pytest.raises(TargetError, match="recurrent state"):
+        DraftLM(model)
 
 
 def test_logits_slice_keeps_all_features():

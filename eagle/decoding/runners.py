@@ -39,7 +39,7 @@ from eagle.decoding.kv_cache import (
 )
 from eagle.decoding.masks import for_layers, is_local, padded_causal, tree_attention_mask
 from eagle.decoding.static_cache import StaticKVCache
-from eagle.target import TargetOutput, target_forward
+from eagle.target import TargetOutput, check_attention_only, target_forward
 from eagle.tree import Tree
 
 RUNNERS = ("dynamic", "static")
@@ -58,6 +58,7 @@ class TargetRunner:
     tree_size: int = 0  # draft nodes every verification is padded to (0: any size, unpadded)
 
     def __init__(self, target: nn.Module):
+        check_attention_only(target)
         self.target = target
         self.device = next(target.parameters()).device
         self.lengths = []

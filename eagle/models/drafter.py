@@ -103,16 +103,17 @@ class DrafterConfig:
         MLP width, RoPE and eps, read through the standard config attributes with each family's
         fallbacks (GPT-2 has no `intermediate_size`, multi-query models one KV head, ...)."""
         cfg = model.config
-        hidden, heads = cfg.hidden_size, cfg.num_attention_heads
-        kv_heads = getattr(cfg, "num_key_value_heads", None) or (1 if getattr(cfg, "multi_query", False) else heads)
-        rope = dict(getattr(cfg, "rope_parameters", None) or {"rope_type": "default"})
+        last = _last_layer(cfg)  # what a config may set per layer (Gemma-4: head_dim), as its last layer has it
+        hidden, heads = cfg.hidden_size, last.num_attention_heads
+        kv_heads = getattr(last, "num_key_value_heads", None) or (1 if getattr(cfg, "multi_query", False) else heads)
+        rope = _rope_of(cfg)
         theta = float(rope.get("rope_theta", getattr(cfg, "rope_theta", None) or 10000.0))
         return cls(
             hidden_size=hidden,
-            intermediate_size=_first(cfg, ("intermediate_size", "n_inner", "ffn_dim"), 4 * hidden),
+            intermediate_size=_first(last, ("intermediate_size", "n_inner", "ffn_dim"), 4 * hidden),
             num_attention_heads=heads,
             num_key_value_heads=kv_heads,
-            head_dim=getattr(cfg, "head_dim", None) or hidden // heads,
+            head_dim=getattr(last, "head_dim", None) or hidden // heads,
             vocab_size=lm_head(model).weight.shape[0],
             rms_norm_eps=float(_first(cfg, ("rms_norm_eps", "layer_norm_epsilon", "layer_norm_eps"), 1e-6)),
             rope_theta=theta,
@@ -159,6 +160,28 @@ class DrafterConfig:
             # sdpa honours additive 4-D float masks (tree masks) and is fast for training
             attn_implementation="sdpa",
         )
+
+
+def _last_layer(config):
+    """The config as its last decoder layer sees it: heterogeneous configs (Gemma-4) set some
+    attributes per layer and refuse to read them globally; any other config is itself."""
+    layers = getattr(config, "per_layer_config", None)
+    return layers[-1] if layers else config
+
+
+def _rope_of(config) -> dict:
+    """The rotary parameters of the target's last layer, for the drafter's Llama layer. Configs
+    with one rotary per layer type (Gemma-3/4: {"sliding_attention": {...}, "full_attention":
+    {...}}) give the last layer's type's; a rotary that a Llama layer cannot run (a partial one)
+    becomes the default one at its base. The drafter's layer is its own: its rotary need only be
+    the same in training and decoding (its config keeps it)."""
+    rope = dict(getattr(config, "rope_parameters", None) or {"rope_type": "default"})
+    if rope and all(isinstance(v, dict) for v in rope.values()):  # one per layer type
+        types = getattr(config, "layer_types", None) or ["full_attention"]
+        rope = dict(rope.get(types[-1]) or next(iter(rope.values())))
+    if rope.get("partial_rotary_factor", 1.0) != 1.0:
+        rope = {"rope_type": "default", "rope_theta": rope.get("rope_theta", 10000.0)}
+    return rope
 
 
 def _first(config, names: tuple[str, ...], default):

@@ -12,7 +12,7 @@ from torch import Tensor, nn
 from eagle.decoding.draft_cache import DraftCache, RowsDraftCache, draft_cache
 from eagle.decoding.engine import DecodeState
 from eagle.decoding.masks import padded_causal
-from eagle.target import lm_head, target_forward
+from eagle.target import check_attention_only, lm_head, target_forward
 
 
 class DraftLM:
@@ -22,6 +22,7 @@ class DraftLM:
     """
 
     def __init__(self, model: nn.Module, cache: str | DraftCache = "dynamic"):
+        check_attention_only(model)
         p = next(model.parameters())
         self.model = model
         self.cache = draft_cache(cache, model.config, p.dtype, p.device) if isinstance(cache, str) else cache

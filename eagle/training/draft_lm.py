@@ -34,13 +34,21 @@ from torch import Tensor
 
 from eagle.artifacts import Artifact
 from eagle.models.packaged import SIDECAR
-from eagle.target import LogitTransform, decoder_body, load_target, tokenizer_hash
+from eagle.target import LogitTransform, cut_config, decoder_body, load_target, tokenizer_hash
 from eagle.training import metrics
 from eagle.training.module import FrozenTargetModule, submodule_state
 
-# config lists with one entry per decoder layer (sliding or full, rotary or not), and lists of layer indices
-PER_LAYER = ("layer_types", "no_rope_layers")
-LAYER_INDICES = ("moe_layers",)
+
+def _first_layers(weight: Tensor, shape: torch.Size | None, n: int, layers: int) -> Tensor:
+    """`weight` of an n-layer model for a cut of `layers`: as it is, or, for a tensor that stacks
+    a slice per layer along one dimension (Gemma-4's per-layer token inputs, (V, n * d)), the
+    first `layers` slices of it."""
+    if shape is None or weight.shape == shape or weight.dim() != len(shape):
+        return weight
+    differ = [i for i, (a, b) in enumerate(zip(weight.shape, shape)) if a != b]
+    if len(differ) == 1 and weight.shape[differ[0]] * layers == shape[differ[0]] * n:
+        return weight.narrow(differ[0], 0, shape[differ[0]])
+    return weight  # load_state_dict names the mismatch
 
 
 def truncated_copy(target: torch.nn.Module, layers: int) -> torch.nn.Module:
@@ -51,17 +59,14 @@ def truncated_copy(target: torch.nn.Module, layers: int) -> torch.nn.Module:
     n = target.config.num_hidden_layers
     if not 1 <= layers <= n:
         raise ValueError(f"a draft LM of {layers} layers: choose 1..{n} (the target's layers)")
-    fields = target.config.to_dict()
-    for key, value in fields.items():  # what the config says per layer follows the count (the config checks some)
-        if isinstance(value, list) and len(value) == n and key.endswith(PER_LAYER):
-            fields[key] = value[:layers]
-        elif isinstance(value, list) and key in LAYER_INDICES:
-            fields[key] = [i for i in value if i < layers]
-    config = target.config.__class__.from_dict({**fields, "num_hidden_layers": layers})
-    draft = AutoModelForCausalLM.from_config(config).to(torch.float32)
-    kept = {k: v for k, v in target.state_dict().items()
+    try:
+        draft = AutoModelForCausalLM.from_config(cut_config(target.config, layers)).to(torch.float32)
+    except ValueError as e:  # a family whose config rules the cut breaks (Gemma-4 ends on a full layer)
+        raise ValueError(f"cannot cut {type(target).__name__} to {layers} layers: {e}") from e
+    shapes = {k: v.shape for k, v in draft.state_dict().items()}
+    kept = {k: _first_layers(v.float(), shapes.get(k), n, layers) for k, v in target.state_dict().items()
             if ".layers." not in k or int(k.split(".layers.")[1].split(".")[0]) < layers}
-    missing, unexpected = draft.load_state_dict({k: v.float() for k, v in kept.items()}, strict=False)
+    missing, unexpected = draft.load_state_dict(kept, strict=False)
     missing = [k for k in missing if k not in getattr(draft, "_tied_weights_keys", {})]
     if missing or unexpected:
         raise ValueError(f"cannot cut {type(target).__name__} to {layers} layers (missing {missing[:3]}, "

@@ -7,6 +7,8 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from eagle.target import cut_config
+
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG_DIR = ROOT / "configs"
 TREES = CONFIG_DIR / "tree"
@@ -49,6 +51,11 @@ FAMILIES = {
     "deepseek_v3": dict(TINY, num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=16, qk_nope_head_dim=8,
                         qk_rope_head_dim=4, v_head_dim=8, n_routed_experts=4, num_experts_per_tok=2,
                         moe_intermediate_size=16, first_k_dense_replace=1, n_group=1, topk_group=1),
+    # one head size per layer type, per-layer token inputs, and its last two layers reusing the keys
+    # and values of the last layers of their type before them (KV sharing)
+    "gemma4_text": dict(TINY, head_dim=8, global_head_dim=16, sliding_window=16, hidden_size_per_layer_input=8,
+                        vocab_size_per_layer_input=96, num_hidden_layers=4, num_kv_shared_layers=2,
+                        layer_types=["sliding_attention", "full_attention"] * 2),
 }
 
 TEXTS = ["def add(a, b):\n    return a + b\n", "for i in range(10):\n    print(i)\n",
@@ -58,7 +65,13 @@ TEXTS = ["def add(a, b):\n    return a + b\n", "for i in range(10):\n    print(i
 def make_tiny_model(family: str, seed: int = 0, **overrides) -> torch.nn.Module:
     """A random fp32 causal LM of the given family, small enough for exhaustive tests."""
     torch.manual_seed(seed)
-    config = AutoConfig.for_model(family, **{**FAMILIES[family], **overrides})
+    fields = {**FAMILIES[family], **overrides}
+    layers = fields.get("num_hidden_layers")
+    family_layers = FAMILIES[family].get("num_hidden_layers", layers)
+    if layers is not None and layers < family_layers:  # what the family says per layer follows the cut
+        config = cut_config(AutoConfig.for_model(family, **{**fields, "num_hidden_layers": family_layers}), layers)
+    else:
+        config = AutoConfig.for_model(family, **fields)
     return AutoModelForCausalLM.from_config(config).eval()
 
 
