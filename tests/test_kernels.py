@@ -13,7 +13,7 @@ from torch import nn
 from eagle.bench.precision import faster_kernels
 from eagle.decoding import make_runner
 from eagle.decoding.compile import clone_outputs, compile_static
-from eagle.decoding.fused import FusedLayer
+from eagle.decoding.fused import FusedBackbone, FusedLayer
 from eagle.decoding.kernels import (
     SIBLINGS,
     PackedLinear,
@@ -321,6 +321,21 @@ PROPOSERS = {
     "draft_tree": _draft,
     "medusa": _medusa,
 }
+
+
+@pytest.mark.parametrize("runner", ["dynamic", "static"])
+@pytest.mark.parametrize("name", ["vanilla", "eagle"])
+def test_greedy_on_fused_qwen3_layers_identical_to_generate(name, runner):
+    """Qwen3's layers (RMSNorms of each head's q and k) run fused too, in the extension's loop:
+    greedy output equals `generate` of the same target."""
+    if "fused" not in available_kernels("cpu"):
+        pytest.skip("kernels=fused do not run here")
+    target = use_kernels(make_tiny_model("qwen3"), "fused")
+    assert all(isinstance(m.forward, FusedLayer) for m in target.model.layers)
+    assert isinstance(target.model.__dict__.get("forward"), FusedBackbone)
+    proposer = PROPOSERS[name](target, runner)
+    kept = make_runner(runner, target, tree_size=proposer.max_nodes if proposer else 0)
+    run_greedy_cases(target, proposer, kept, greedy_cases(target, 8), f"fused/qwen3/{name}/{runner}")
 
 
 @pytest.mark.parametrize("kernels", ["onednn", "fused"])

@@ -10,12 +10,13 @@ module does the same inside the Hugging Face model:
   linears   every `nn.Linear` runs `csrc/fused.cpp`'s product on its weight packed once in panels of
             4 SIMD vectors of outputs, or 2 where that shares the panels more evenly between the
             threads (the weight is read front to back, once per block of 6 rows with AVX-512, 2 with AVX2);
-  layers    a supported decoder layer (`supported_layer`: Llama, Mistral and Qwen2 without a
-            sliding window, and the EAGLE drafter's Llama layer without its input norm) runs as
-            two calls around the model's own cache: norm + q/k/v + rotary embedding, then
-            `cache.update` (Hugging Face's, ours, any), then attention under the model's mask +
-            o_proj + residual + norm + gated MLP + residual. The mask, the positions (cos and sin)
-            and the cache are the model's own, so trees, static caches and padding work unchanged;
+  layers    a supported decoder layer (`supported_layer`: Llama, Mistral, Qwen2 and Qwen3 without
+            a sliding window, and the EAGLE drafter's Llama layer without its input norm) runs as
+            two calls around the model's own cache: norm + q/k/v (+ Qwen3's per-head q/k norms) +
+            rotary embedding, then `cache.update` (Hugging Face's, ours, any), then attention
+            under the model's mask + o_proj + residual + norm + gated MLP + residual. The mask,
+            the positions (cos and sin) and the cache are the model's own, so trees, static
+            caches and padding work unchanged;
   backbone  a base model whose layers all run fused (`FusedBackbone`) loops over their kernel
             calls itself, with the model's own embedding, mask, rotary embedding and final norm
             (an RMSNorm runs in the extension: `FusedNorm`), instead of calling 30 modules (0.5-1.6
@@ -53,12 +54,13 @@ from torch import Tensor, nn
 
 SOURCE = Path(__file__).parent / "csrc" / "fused.cpp"
 # decoder layers whose forward is the fused one: the pre-norm Llama layer with a gated SiLU MLP and
-# RMSNorm, with or without q/k/v biases (Qwen2); each checked further by `supported_layer`
-LAYERS = ("LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer")
+# RMSNorm, with or without q/k/v biases (Qwen2), with or without per-head q/k norms (Qwen3); each
+# checked further by `supported_layer`
+LAYERS = ("LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer", "Qwen3DecoderLayer")
 # base models whose forward `FusedBackbone` repeats when all their layers run fused
-BACKBONES = ("LlamaModel", "MistralModel", "Qwen2Model")
+BACKBONES = ("LlamaModel", "MistralModel", "Qwen2Model", "Qwen3Model")
 BACKBONE_PARTS = ("embed_tokens", "layers", "norm", "rotary_emb", "config")
-NORMS = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm")
+NORMS = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm")
 SILU = ("SiLU", "SiLUActivation")  # torch's and transformers' (`ACT2FN["silu"]`)
 
 
@@ -166,8 +168,8 @@ def _param(module: nn.Module, name: str) -> Tensor | None:
 def supported_layer(layer: nn.Module) -> bool:
     """Whether `layer` is a decoder layer whose computation the fused forward repeats (to float
     rounding): a pre-norm Llama-family layer (`LAYERS`), RMSNorm (or no input norm, as EAGLE's
-    drafter), q/k/v/o projections (biases or not) with no q/k norms and no sliding window, and a
-    gated SiLU MLP."""
+    drafter), q/k/v/o projections (biases or not) with RMSNorms of each head's q and k (Qwen3) or
+    none, no sliding window, and a gated SiLU MLP."""
     if type(layer).__name__ not in LAYERS:
         return False
     attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
@@ -179,11 +181,22 @@ def supported_layer(layer: nn.Module) -> bool:
         getattr(mlp, n, None) for n in ("gate_proj", "up_proj", "down_proj")]
     return (norms_ok and not isinstance(layer.post_attention_layernorm, nn.Identity)
             and all(isinstance(m, nn.Linear) for m in linears)
-            and not hasattr(attn, "q_norm") and _window(attn) is None
+            and _qk_norms(attn) is not False and _window(attn) is None
             and type(getattr(mlp, "act_fn", None)).__name__ in SILU
             and hasattr(attn, "scaling") and hasattr(attn, "head_dim") and hasattr(attn, "layer_idx")
             and len({(q.bias is None) for q in linears[:3]}) == 1
             and len({(m.bias is None) for m in linears[4:6]}) == 1)
+
+
+def _qk_norms(attn: nn.Module) -> tuple[nn.Module, nn.Module] | None | bool:
+    """The attention's per-head RMSNorms of q and k (Qwen3: over each head's head_dim, before the
+    rotary embedding), None without any, False for norms the kernels do not run."""
+    q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
+    if q_norm is None and k_norm is None:
+        return None
+    ok = all(type(n).__name__ in NORMS and hasattr(n, "variance_epsilon") and isinstance(n.weight, Tensor)
+             and n.weight.shape == (attn.head_dim,) for n in (q_norm, k_norm))
+    return (q_norm, k_norm) if ok else False
 
 
 def _window(attn: nn.Module) -> int | None:
@@ -209,6 +222,8 @@ class FusedLayer:
         # (module, name) of every parameter the packed weights come from (EAGLE's drafter layer has no input norm)
         self.owners = [(m, name) for m in self.linears for name in ("weight", "bias")]
         self.owners += ([] if isinstance(norm1, nn.Identity) else [(norm1, "weight")]) + [(norm2, "weight")]
+        self.qk_norms = _qk_norms(attn)
+        self.owners += [(n, "weight") for n in self.qk_norms or ()]
         self._packed: tuple | None = None
 
     def _params(self) -> list[Tensor | None]:
@@ -246,6 +261,9 @@ class FusedLayer:
                 "norm1": None if norm1_weight is None else norm1_weight.detach(),
                 "eps1": getattr(norm1, "variance_epsilon", 0.0),
                 "norm2": norm2.weight.detach(), "eps2": norm2.variance_epsilon,
+                "q_norm": self.qk_norms[0].weight.detach() if self.qk_norms else None,
+                "k_norm": self.qk_norms[1].weight.detach() if self.qk_norms else None,
+                "eps_qk": self.qk_norms[0].variance_epsilon if self.qk_norms else 0.0,
                 "heads": (config.num_attention_heads, config.num_key_value_heads, attn.head_dim),
                 "scaling": attn.scaling, "inter": layer.mlp.gate_proj.out_features,
             })
@@ -271,7 +289,8 @@ class FusedLayer:
         ext, w = load(), self.packed() if packed is None else packed
         cos, sin = cos_sin
         q, k, v = ext.attention_inputs(hidden_states, w["norm1"], w["eps1"], w["qkv"], w["qkv_bias"],
-                                       cos.to(torch.float32), sin.to(torch.float32), *w["heads"])
+                                       cos.to(torch.float32), sin.to(torch.float32), *w["heads"],
+                                       w["q_norm"], w["k_norm"], w["eps_qk"])
         if cache is not None:  # what the model's attention does
             k, v = cache.update(k, v, self.layer_idx, kwargs=kwargs or {})
         if mask is not None and mask.shape[-1] > k.shape[-2]:

@@ -319,12 +319,14 @@ static void rope(float* v, const float* cos, const float* sin, int64_t hd) {
   }
 }
 
-// The attention's inputs of n new tokens of B sequences: norm, q/k/v in one product, rotary
-// embedding. x (B, n, d); cos, sin (B or 1, n, hd) -> q (B, heads, n, hd), k and v (B, kv_heads, n, hd)
+// The attention's inputs of n new tokens of B sequences: norm, q/k/v in one product, each head's
+// q and k RMSNorm (Qwen3; q_norm and k_norm of hd floats, or none), rotary embedding.
+// x (B, n, d); cos, sin (B or 1, n, hd) -> q (B, heads, n, hd), k and v (B, kv_heads, n, hd)
 std::vector<torch::Tensor> attention_inputs(torch::Tensor x, c10::optional<torch::Tensor> norm_w, double eps,
                                             torch::Tensor packed_qkv, c10::optional<torch::Tensor> bias_qkv,
                                             torch::Tensor cos, torch::Tensor sin, int64_t heads, int64_t kv_heads,
-                                            int64_t hd) {
+                                            int64_t hd, c10::optional<torch::Tensor> q_norm,
+                                            c10::optional<torch::Tensor> k_norm, double eps_qk) {
   const int64_t B = x.size(0), n = x.size(1), d = x.size(2), rows = B * n;
   const int64_t qd = heads * hd, kd = kv_heads * hd, width = qd + 2 * kd;
   auto xc = x.contiguous();
@@ -339,6 +341,13 @@ std::vector<torch::Tensor> attention_inputs(torch::Tensor x, c10::optional<torch
   auto k = torch::empty({B, kv_heads, n, hd}, x.options());
   auto v = torch::empty({B, kv_heads, n, hd}, x.options());
   float *Q = q.data_ptr<float>(), *K = k.data_ptr<float>(), *V = v.data_ptr<float>(), *QKV = qkv.data_ptr<float>();
+  TORCH_CHECK(q_norm.has_value() == k_norm.has_value() &&
+              (!q_norm || (q_norm->numel() == hd && k_norm->numel() == hd && q_norm->is_contiguous() &&
+                           k_norm->is_contiguous() && q_norm->scalar_type() == torch::kFloat32 &&
+                           k_norm->scalar_type() == torch::kFloat32)),
+              "attention_inputs: both q/k norms of head_dim float32 weights, or neither");
+  const float* qn = opt_ptr(q_norm);
+  const float* kn = opt_ptr(k_norm);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t i = 0; i < n; ++i) {
       const float* row = QKV + (b * n + i) * width;
@@ -347,11 +356,13 @@ std::vector<torch::Tensor> attention_inputs(torch::Tensor x, c10::optional<torch
       for (int64_t g = 0; g < heads; ++g) {
         float* dst = Q + ((b * heads + g) * n + i) * hd;
         std::memcpy(dst, row + g * hd, hd * sizeof(float));
+        if (qn) rmsnorm(dst, qn, (float)eps_qk, dst, 1, hd);  // in place: each float read before it is written
         rope(dst, ci, si, hd);
       }
       for (int64_t g = 0; g < kv_heads; ++g) {
         float* dk = K + ((b * kv_heads + g) * n + i) * hd;
         std::memcpy(dk, row + qd + g * hd, hd * sizeof(float));
+        if (kn) rmsnorm(dk, kn, (float)eps_qk, dk, 1, hd);
         rope(dk, ci, si, hd);
         std::memcpy(V + ((b * kv_heads + g) * n + i) * hd, row + qd + kd + g * hd, hd * sizeof(float));
       }
@@ -680,8 +691,8 @@ void move_slots(std::vector<torch::Tensor> tensors, std::vector<int64_t> src, in
 // One decoder layer's packed weights and sizes (fused.py's `FusedLayer.packed()`)
 struct LayerWeights {
   torch::Tensor qkv, o, gate_up, down, norm2;
-  c10::optional<torch::Tensor> norm1, qkv_bias, o_bias, gate_up_bias, down_bias;
-  double eps1, eps2, scaling;
+  c10::optional<torch::Tensor> norm1, qkv_bias, o_bias, gate_up_bias, down_bias, q_norm, k_norm;
+  double eps1, eps2, scaling, eps_qk;
   int64_t heads, kv_heads, hd, inter;
 };
 
@@ -725,7 +736,9 @@ class Layers {
                          py::cast<torch::Tensor>(d["gate_up"]), py::cast<torch::Tensor>(d["down"]),
                          py::cast<torch::Tensor>(d["norm2"]), opt_tensor(d, "norm1"), opt_tensor(d, "qkv_bias"),
                          opt_tensor(d, "o_bias"), opt_tensor(d, "gate_up_bias"), opt_tensor(d, "down_bias"),
+                         opt_tensor(d, "q_norm"), opt_tensor(d, "k_norm"),
                          py::cast<double>(d["eps1"]), py::cast<double>(d["eps2"]), py::cast<double>(d["scaling"]),
+                         py::cast<double>(d["eps_qk"]),
                          py::cast<int64_t>(heads[0]), py::cast<int64_t>(heads[1]), py::cast<int64_t>(heads[2]),
                          py::cast<int64_t>(d["inter"])});
     }
@@ -744,7 +757,8 @@ class Layers {
     auto c = cos.to(torch::kFloat32), s = sin.to(torch::kFloat32);
     for (size_t i = 0; i < layers_.size(); ++i) {
       const LayerWeights& w = layers_[i];
-      auto qkv = attention_inputs(x, w.norm1, w.eps1, w.qkv, w.qkv_bias, c, s, w.heads, w.kv_heads, w.hd);
+      auto qkv = attention_inputs(x, w.norm1, w.eps1, w.qkv, w.qkv_bias, c, s, w.heads, w.kv_heads, w.hd,
+                                  w.q_norm, w.k_norm, w.eps_qk);
       write_slots(keys[i], qkv[1], slots);
       write_slots(values[i], qkv[2], slots);
       TORCH_CHECK(visible > 0 && visible <= keys[i].size(2), "layers: ", visible, " visible slots of ", keys[i].size(2));
