@@ -3,11 +3,12 @@
 EAGLE reads three things from the target: the input embeddings `E`, the LM head, and the
 *feature* `f_t`, the hidden state that feeds the LM head (after the final norm). We get the
 feature from the decoder body (`decoder_body`, which is `model.base_model` but for Llama-4),
-whose `last_hidden_state` is exactly that tensor for decoder-only families, and compute the logits ourselves: `lm_head(feature)`
-followed by the family's own final transform (`LogitTransform`: Gemma-2 soft-caps its
-logits, Cohere and Granite scale them), because that transform is part of the target's
-distribution p. `check_logits` proves the parity with `model(ids).logits` for a loaded
-model, and `tests/test_target.py` per family. No modeling code is forked.
+whose `last_hidden_state` is exactly that tensor for decoder-only families, and compute the
+logits ourselves: `lm_head(feature)` followed by the family's own final transform
+(`LogitTransform`: Gemma-2 soft-caps its logits, Cohere and Granite scale them), because that
+transform is part of the target's distribution p. `check_logits` proves the parity with
+`model(ids).logits` for a loaded model, and `tests/test_target.py` per family. No modeling code
+is forked.
 """
 
 from __future__ import annotations
@@ -329,7 +330,7 @@ def target_forward(model: nn.Module, input_ids: Tensor, cache=None, attention_ma
     Features are always returned for every position.
     """
     out = decoder_body(model)(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                           cache=cache, use_cache=cache is not None)
+                              cache=cache, use_cache=cache is not None)
     features = out.last_hidden_state  # (B, T, H)
     if isinstance(logits_slice, Tensor):
         head_in = features[torch.arange(features.shape[0], device=features.device), logits_slice][:, None]
