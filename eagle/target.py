@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,6 +77,10 @@ def load_target(name_or_path: str | os.PathLike, dtype: str | torch.dtype = "flo
                 device_map: str | dict | None = None):
     """Load a causal LM (and its tokenizer) from a local directory or, with access, a hub name.
 
+    A multimodal checkpoint (Gemma-3 4B and up, Gemma-4, Llama-4) loads as its language model
+    alone: EAGLE drafts text. A checkpoint that leaves any weight of the model unread (names
+    that do not match) is refused, where `from_pretrained` would start it at random.
+
     Args:
         dtype: the dtype of its weights.
         device: where it goes (ignored with a `device_map`).
@@ -97,14 +102,39 @@ def load_target(name_or_path: str | os.PathLike, dtype: str | torch.dtype = "flo
         return load_head_only(name, resolve_dtype(dtype), device), tokenizer
     extra = {"device_map": device_map} if device_map is not None else {}
     try:
-        model = AutoModelForCausalLM.from_pretrained(name, dtype=resolve_dtype(dtype), **extra)
+        extra.update(_language_model_only(name))
+        model, info = AutoModelForCausalLM.from_pretrained(name, dtype=resolve_dtype(dtype), output_loading_info=True,
+                                                           **extra)
     except (OSError, ValueError) as err:
         raise TargetError(f"cannot load model {name}: {str(err).splitlines()[0]}") from err
+    missing = sorted(set(info.get("missing_keys") or ()) - set(getattr(model, "_tied_weights_keys", None) or ()))
+    if missing:
+        raise TargetError(f"cannot load model {name}: {len(missing)} of its weights are not in the checkpoint "
+                          f"(e.g. {missing[:3]}); they would start at random")
     if device_map is None:
         model.to(device)
     model.eval().requires_grad_(False)
     check_logits(model, atol=1e-4 if model.dtype == torch.float32 else 5e-2)
     return model, tokenizer
+
+
+# where a multimodal checkpoint keeps its language model's weights, and where the causal LM of its
+# text config wants them (Gemma-3/4's `model.language_model.*`; Llama-4's `language_model.*`)
+LANGUAGE_MODEL_KEYS = {r"^model\.language_model\.": "model.", r"^language_model\.model\.": "model.",
+                       r"^language_model\.lm_head\.": "lm_head."}
+
+
+def _language_model_only(name: str) -> dict:
+    """`from_pretrained`'s arguments that load a multimodal checkpoint's language model alone: its
+    text config and `LANGUAGE_MODEL_KEYS`; nothing for a causal LM's own checkpoint."""
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    config = AutoConfig.from_pretrained(name)
+    text = config.get_text_config(decoder=True)
+    if text is config or text.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        return {}
+    return {"config": text, "key_mapping": LANGUAGE_MODEL_KEYS}
 
 
 HEAD_ONLY = "_eagle_head_only"  # attribute set on a model of which only E and the LM head are real
@@ -128,15 +158,24 @@ def _checkpoint_tensors(folder: Path, keys: list[list[str]]) -> dict[str, Tensor
             weight_map = {k: "model.safetensors" for k in f.keys()}  # noqa: SIM118 - safe_open has no __iter__
     else:
         return None
+    # a multimodal checkpoint's language model, under the names of the text model's
+    as_text = {_text_key(k): k for k in weight_map}
     found = {}
     for names in keys:
         candidates = [c for n in names for c in (n, n.split(".", 1)[-1])]
-        stored = next((c for c in candidates if c in weight_map), None)
+        stored = next((as_text.get(c, c) for c in candidates if c in weight_map or c in as_text), None)
         if stored is None:
             return None
         with safe_open(str(folder / weight_map[stored]), framework="pt") as f:
             found[names[0]] = f.get_tensor(stored)
     return found
+
+
+def _text_key(key: str) -> str:
+    """A checkpoint's tensor name as the causal LM of its text config names it (`LANGUAGE_MODEL_KEYS`)."""
+    for pattern, replacement in LANGUAGE_MODEL_KEYS.items():
+        key = re.sub(pattern, replacement, key)
+    return key
 
 
 def load_head_only(name: str, dtype: torch.dtype, device: str | torch.device = "cpu") -> nn.Module:
@@ -147,7 +186,7 @@ def load_head_only(name: str, dtype: torch.dtype, device: str | torch.device = "
     checkpoint is not in safetensors or names its tensors unexpectedly."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    config = AutoConfig.from_pretrained(name)
+    config = _language_model_only(name).get("config") or AutoConfig.from_pretrained(name)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     # E's and the head's parameters (with the head's bias where a family has one), each under

@@ -148,3 +148,48 @@ def test_a_head_only_load_reads_exactly_the_embeddings_and_lm_head(tmp_path, fam
         sum(p.numel() for p in full.parameters()) / 2  # the decoder layers were not read
     assert LogitTransform.of(head.config) == LogitTransform.of(full.config)
     assert TargetIdentity.of(head, with_lm_head=True) == TargetIdentity.of(full, with_lm_head=True)
+
+
+# multimodal checkpoints whose language model a user points the repository at (Gemma-3 4B and up,
+# Llama-4 as released): a text config and a small vision tower each
+VISION = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+              patch_size=14)
+MULTIMODAL = {
+    "gemma3": (FAMILIES["gemma3_text"], dict(vision_config=VISION, mm_tokens_per_image=4)),
+    "llama4": (FAMILIES["llama4_text"], dict(vision_config=dict(VISION, vision_output_dim=16, projector_input_dim=16,
+                                                                projector_output_dim=16))),
+}
+
+
+@pytest.mark.parametrize("family", sorted(MULTIMODAL))
+def test_a_multimodal_checkpoint_loads_as_its_language_model(tmp_path, family):
+    """EAGLE drafts text: the target is the checkpoint's language model, with the logits the
+    multimodal model gives text, read in full or head only (Gemma-3's checkpoint names it
+    `model.language_model.*`, which the causal LM of its text config would not find)."""
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    text, extra = MULTIMODAL[family]
+    torch.manual_seed(0)
+    whole = AutoModelForImageTextToText.from_config(AutoConfig.for_model(family, text_config=text, **extra)).eval()
+    whole.save_pretrained(tmp_path)
+    target, _ = load_target(tmp_path, with_tokenizer=False)
+    assert target.config is target.config.get_text_config(decoder=True)
+    ids = torch.randint(3, 90, (1, 20))
+    with torch.no_grad():
+        torch.testing.assert_close(target(input_ids=ids).logits, whole(input_ids=ids).logits, rtol=0, atol=1e-5)
+    head, _ = load_target(tmp_path, with_tokenizer=False, weights="head")
+    torch.testing.assert_close(lm_head(head).weight, lm_head(target).weight, rtol=0, atol=0)
+    torch.testing.assert_close(embeddings(head).weight, embeddings(target).weight, rtol=0, atol=0)
+
+
+def test_a_checkpoint_that_leaves_weights_unread_is_refused(tmp_path):
+    """`from_pretrained` starts a weight the checkpoint lacks at random, with a printed report:
+    decoding would be exact against a model nobody trained."""
+    from safetensors.torch import load_file, save_file
+
+    make_tiny_model("llama").save_pretrained(tmp_path)
+    state = load_file(tmp_path / "model.safetensors")
+    del state["model.layers.1.mlp.down_proj.weight"]
+    save_file(state, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(TargetError, match=r"1 of its weights are not in the checkpoint.*down_proj"):
+        load_target(tmp_path, with_tokenizer=False)
