@@ -151,11 +151,13 @@ def test_a_head_only_load_reads_exactly_the_embeddings_and_lm_head(tmp_path, fam
 
 
 # multimodal checkpoints whose language model a user points the repository at (Gemma-3 4B and up,
-# Llama-4 as released): a text config and a small vision tower each
+# Gemma-4, Llama-4 as released): a text config and a small vision tower each
 VISION = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=28,
               patch_size=14)
 MULTIMODAL = {
     "gemma3": (FAMILIES["gemma3_text"], dict(vision_config=VISION, mm_tokens_per_image=4)),
+    "gemma4": (FAMILIES["gemma4_text"], dict(vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                                                num_attention_heads=2), audio_config=None)),
     "llama4": (FAMILIES["llama4_text"], dict(vision_config=dict(VISION, vision_output_dim=16, projector_input_dim=16,
                                                                 projector_output_dim=16))),
 }
