@@ -423,21 +423,32 @@ class TargetIdentity:
     def to_dict(self) -> dict:
         return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
 
-    def mismatch(self, other: TargetIdentity) -> str | None:
-        """The first checked field both identities know and disagree on, as a phrase; else None."""
-        for key in self.CHECKED:
+    def mismatch(self, other: TargetIdentity, keys: tuple[str, ...] = CHECKED) -> str | None:
+        """The first of `keys` both identities know and disagree on, as a phrase; else None."""
+        for key in keys:
             mine, theirs = getattr(self, key), getattr(other, key)
             if mine is not None and theirs is not None and mine != theirs:
                 return f"{key} {mine!r} != {theirs!r}"
         return None
 
-    def check(self, target: TargetIdentity, what: str) -> None:
+    def check(self, target: TargetIdentity, what: str, head: str = "error") -> None:
         """Raise `TargetMismatchError` unless `what` (made for `self`) can serve `target`; warn when
-        only the model family differs."""
-        diff = self.mismatch(target)
+        only the model family differs. `head="warn"` only warns when the LM heads' fingerprints
+        differ: what a drafter needs to stay exact is the sizes and the tokenizer, and a head
+        that differs (a retrained target, or one whose checkpoint was rounded to another dtype
+        than the one it was trained against) costs acceptance, not exactness."""
+        if head not in ("error", "warn"):
+            raise ValueError(f"head must be 'error' or 'warn', got {head!r}")
+        keys = self.CHECKED if head == "error" else tuple(k for k in self.CHECKED if k != "lm_head_sha256")
+        diff = self.mismatch(target, keys)
         if diff is not None:
             raise TargetMismatchError(f"{what} was made for another target: {diff} (made for {self.target_path!r}, "
                                       f"given {target.target_path!r})")
+        if head == "warn" and self.mismatch(target, ("lm_head_sha256",)) is not None:
+            warnings.warn(f"{what} was trained against another LM head than this target's (fingerprint "
+                          f"{self.lm_head_sha256} != {target.lm_head_sha256}; made for {self.target_path!r}, given "
+                          f"{target.target_path!r}): decoding stays exact, but expect fewer accepted tokens unless "
+                          "this is the same model", stacklevel=3)
         if self.model_type and target.model_type and self.model_type != target.model_type:
             warnings.warn(f"{what} was made for a {self.model_type} target, this one is {target.model_type}; "
                           f"the shapes match, using it anyway", stacklevel=3)

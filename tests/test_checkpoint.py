@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import warnings
 
 import pytest
 import torch
@@ -12,7 +13,7 @@ from safetensors import safe_open
 from eagle.models.checkpoint import CheckpointError, load_drafter, save_drafter
 from eagle.models.drafter import EagleDrafter
 from eagle.models.export import ExportError, export_drafter, import_eagle
-from eagle.target import TargetMismatchError
+from eagle.target import TargetIdentity, TargetMismatchError
 from helpers.drafters import FakeTokenizer, perturbed
 from helpers.models import make_tiny_model
 
@@ -73,6 +74,26 @@ def test_mismatched_target_is_refused(tmp_path, drafter):
         load_drafter(where, make_tiny_model("mistral"), FakeTokenizer(96))
     with pytest.warns(UserWarning, match="tokenizer hash .* was not checked"):
         load_drafter(where, make_tiny_model("llama"))
+
+
+def test_another_lm_head_of_the_same_shapes_is_warned_about(tmp_path, target, drafter):
+    """A drafter records the LM head it was trained against (training writes its fingerprint):
+    the same sizes and tokenizer with another head (a base model for its chat model, a retrained
+    target) load with a warning, since exactness does not depend on it; the same head is silent."""
+    trained = TargetIdentity.of(target, FakeTokenizer(96), "runs/tiny", with_lm_head=True)
+    drafter.config = dataclasses.replace(drafter.config, target=trained.to_dict())
+    save_drafter(drafter, tmp_path / "d")
+    assert json.loads((tmp_path / "d" / "config.json").read_text())["target"]["lm_head_sha256"] == trained.lm_head_sha256
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_drafter(tmp_path / "d", target, FakeTokenizer(96))
+        load_drafter(tmp_path / "d", target.to(torch.bfloat16), FakeTokenizer(96), dtype="float32")  # rounded alike
+    target.float()
+    other = make_tiny_model("llama", tie_word_embeddings=False, seed=7)
+    with pytest.warns(UserWarning, match=f"trained against another LM head .*{trained.lm_head_sha256} != "):
+        load_drafter(tmp_path / "d", other, FakeTokenizer(96))
+    with pytest.raises(TargetMismatchError, match="tokenizer_hash"):  # still an error
+        load_drafter(tmp_path / "d", other, FakeTokenizer(96, extra="x"))
 
 
 def test_broken_checkpoints_give_clear_errors(tmp_path, target, drafter):

@@ -20,7 +20,7 @@ from eagle.models.checkpoint import CheckpointError, load_medusa, save_drafter, 
 from eagle.models.drafter import EagleDrafter
 from eagle.models.medusa import MedusaConfig, MedusaError, MedusaHead, MedusaHeads
 from eagle.proposers import medusa_proposer
-from eagle.target import TargetMismatchError, lm_head, load_target
+from eagle.target import TargetMismatchError, lm_head, lm_head_fingerprint, load_target
 from eagle.training.medusa import loss_weights, shifted_labels
 from eagle.tree import TreeTemplate
 from helpers.configs import compose_train
@@ -214,6 +214,7 @@ def test_train_resume_and_export(tmp_path, target_dir, features_dir):
     model, tokenizer = load_target(target_dir)
     heads = load_medusa(run_dir / "medusa", model, tokenizer)  # checked against the target
     assert heads.num_heads == 3
+    assert heads.config.target["lm_head_sha256"] == lm_head_fingerprint(model)  # the head it was trained against
 
     other = tmp_path / "other"
     make_tiny_model("llama", seed=7, hidden_size=64, vocab_size=len(tokenizer)).save_pretrained(other)

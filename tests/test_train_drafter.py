@@ -19,7 +19,7 @@ from eagle.data.batches import collate, shift_batch
 from eagle.data.features import FeatureShards, read_metadata
 from eagle.data.vocab import count_tokens, load_counts
 from eagle.models.checkpoint import load_drafter
-from eagle.target import TargetMismatchError, load_target
+from eagle.target import TargetMismatchError, lm_head_fingerprint, load_target
 from eagle.training import metrics
 from eagle.training.datamodules import FeatureDataModule
 from eagle.training.drafter import EagleDrafterModule
@@ -146,6 +146,8 @@ def check_drafter_dir(drafter_dir: Path, target_dir: Path) -> None:
     model, tokenizer = load_target(target_dir)
     drafter = load_drafter(drafter_dir, model, tokenizer)  # checked against the target
     assert drafter.config.hidden_size == model.config.hidden_size
+    # the LM head it was trained against, so that a load against another one warns
+    assert drafter.config.target["lm_head_sha256"] == lm_head_fingerprint(model)
 
 
 def test_fast_dev_run_offline(tmp_path, target_dir, features_dir, capsys):

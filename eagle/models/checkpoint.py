@@ -130,13 +130,16 @@ def validate_target(config: DrafterConfig | MedusaConfig, model: nn.Module, toke
                     path: str | None = None, name: str = "drafter") -> None:
     """Raise `TargetMismatchError` if a drafter (or Medusa heads) of `config` cannot serve this
     target: hidden size, vocabulary size and (when both sides know it) the tokenizer hash must
-    match; a different model family with matching shapes is only a warning."""
+    match. A different model family with matching shapes, and an LM head whose fingerprint
+    differs from the one it was trained against (hashed only when the checkpoint records one),
+    are warnings."""
     trained = TargetIdentity.from_dict({**config.target, "hidden_size": config.hidden_size,
                                         "vocab_size": config.vocab_size})
     if trained.tokenizer_hash is not None and tokenizer is None:
         warnings.warn(f"{name}: no tokenizer given, its tokenizer hash {trained.tokenizer_hash} was not checked",
                       stacklevel=3)
-    trained.check(TargetIdentity.of(model, tokenizer, path), name)
+    given = TargetIdentity.of(model, tokenizer, path, with_lm_head=trained.lm_head_sha256 is not None)
+    trained.check(given, name, head="warn")
 
 
 # ---------------------------------------------------------------------------------------

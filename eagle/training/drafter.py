@@ -100,7 +100,9 @@ class EagleDrafterModule(FrozenTargetModule):
         self.save_hyperparameters()
         target, tokenizer = self.target, self.tokenizer
         config = DrafterConfig.from_target(target, tokenizer, str(target_path))
-        config = DrafterConfig.from_dict({**config.to_dict(), "fc_bias": fc_bias, "inputs": inputs,
+        # the target's identity with its LM head's fingerprint: a load against another head warns
+        config = DrafterConfig.from_dict({**config.to_dict(), "target": self.target_identity.to_dict(),
+                                          "fc_bias": fc_bias, "inputs": inputs,
                                           **dict(drafter_config or {})})
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)

@@ -121,6 +121,7 @@ class MedusaModule(FrozenTargetModule):
         self.lambdas = lambdas
         self.heads = MedusaHeads.for_target(self.target, num_heads, num_layers, self.tokenizer, str(target_path),
                                             seed=seed)
+        self.heads.config.target = self.target_identity.to_dict()  # with the LM head's fingerprint
 
     def setup(self, stage: str) -> None:
         super().setup(stage)
