@@ -13,6 +13,7 @@ from eagle.decoding.engine import Proposer
 from eagle.decoding.kernels import available_kernels, use_kernels
 from eagle.decoding.static_cache import StaticKVCache
 from eagle.proposers import DraftLM, TemplateProposer
+from eagle.tree import TreeTemplate
 from helpers.decoding import batch_case, run_batched_greedy, tree
 from helpers.models import TREES, make_tiny_model
 
@@ -88,6 +89,25 @@ def test_rows_leave_the_batch_when_they_finish(runner):
     assert all(r.stats.tau == r.stats.committed / max(r.stats.forwards, 1) for r in results)
 
 
+def test_a_finished_row_parked_near_the_static_caches_end_stays_inside_it():
+    """A row that ends inside an accepted path is parked while the others go on, and still
+    verifies a lone root each round: parked at its committed length, which ends within a
+    tree's width of a cache sized exactly to the request, its writes ran past the cache
+    ("index 51 is out of bounds"). The batch must decode as each sequence alone."""
+    target = make_tiny_model("llama")
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, 96, (n,), generator=g).tolist() for n in (40, 5)]
+    budgets, chain = [5, 40], TreeTemplate.chain(5)
+    need = max(len(p) + b for p, b in zip(prompts, budgets)) + chain.num_nodes + 1  # 51: the row of 40 + 5
+    runner = runners.StaticRunner(target, tree_size=chain.num_nodes, max_len=need)
+    decoder = SpeculativeDecoder(target, TemplateProposer(DraftLM(target, cache="static"), chain), eos_token_id=[],
+                                 runner=runner)
+    together = decoder.generate_batch(prompts, budgets)
+    assert together[0].stats.rounds[0].accepted == 5 and len(together[0].tokens) == 5  # cut inside its path
+    for prompt, budget, row in zip(prompts, budgets, together):
+        assert decoder.generate(prompt, budget).tokens == row.tokens
+
+
 @pytest.mark.parametrize("kernels,runner", [("default", "dynamic"), ("fused", "dynamic"), ("fused", "static")])
 def test_a_batch_decodes_as_each_sequence_alone(kernels, runner):
     """One prompt through `generate` and through `generate_batch` beside others: the same text
@@ -129,6 +149,9 @@ def test_batch_requests_are_checked_before_decoding():
         decoder.generate_batch([[1, 2], list(range(3, 63))], 8)
     with pytest.raises(ValueError, match="generate_batch decodes several"):
         decoder.generate(torch.tensor([[1, 2], [3, 4]]), 4)
+    for bad in (96, -1):  # the tiny model's vocabulary: 96 ids
+        with pytest.raises(ValueError, match=rf"prompt 1 holds token ids outside the target's vocabulary of 96: \[{bad}\]"):
+            decoder.generate_batch([[1, 2], [3, bad]], 4)
 
 
 def test_a_proposer_without_fork_says_it_cannot_batch():

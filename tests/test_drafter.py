@@ -237,6 +237,22 @@ def test_pass_shape_fits_every_pass_of_a_round():
     assert pass_shape(tree("chain5")) == (6, 6)  # the catch-up sees up to 6 entries; 4 nodes expanded
 
 
+def test_padded_passes_of_a_deep_chain_fit_the_draft_cache_to_the_last_token():
+    """Every padded pass writes depth + 1 rows: the last depth of a chain of 8 starts 6 entries
+    after the committed ones, so near the end of a sequence its padding ran past a draft cache
+    sized to the sequence ("cannot hold 55 entries"). Decoding to the last token of a budget
+    must fit, and give the unpadded passes' text."""
+    target = make_tiny_model("llama")
+    d = EagleDrafter.random(target, seed=4)
+    chain = TreeTemplate.chain(8)
+    texts = []
+    for cache in ("static", "padded"):
+        proposer = TemplateProposer(draft_model(cache, d, chain), chain, name="eagle")
+        runner = StaticRunner(target, tree_size=8, max_len=5 + 40 + 8 + 1)  # the request's exact size
+        texts.append(SpeculativeDecoder(target, proposer, eos_token_id=[], runner=runner).generate([5, 6, 7, 8, 9], 40).tokens)
+    assert len(texts[1]) == 40 and texts[1] == texts[0]
+
+
 @pytest.mark.parametrize("cache,inputs", [("dynamic", "shifted"), ("static", "shifted"), ("padded", "shifted"),
                                           ("dynamic", "unshifted"), ("padded", "unshifted"),
                                           ("dynamic", "feature"), ("static", "token")])

@@ -233,8 +233,13 @@ class SpeculativeDecoder:
                              f"{len(prompts)} prompts and {len(budgets)} budgets")
         runner, policy = self.runner, self.policy
         tree_size = max(self.proposer.max_nodes, runner.tree_size)
-        for ids, budget in zip(prompts, budgets):
+        vocab = self.target.get_input_embeddings().weight.shape[0]
+        for row, (ids, budget) in enumerate(zip(prompts, budgets)):
             self.check_fits(len(ids), budget, tree_size)
+            bad = [t for t in ids if not 0 <= t < vocab]
+            if bad:  # else an IndexError deep in the embedding (a device-side assert on a GPU)
+                raise ValueError(f"prompt {row} holds token ids outside the target's vocabulary of {vocab}: "
+                                 f"{bad[:5]} (tokenised for another model?)")
         device = next(self.target.parameters()).device
         if not policy.greedy:
             check_generator(generator, device)

@@ -331,7 +331,15 @@ class StaticRunner(TargetRunner):
         self.cache.length = max(self._filled)
 
     def retire(self, keep: Sequence[int]) -> None:
-        self._rows = [self._rows[i] for i in keep]
+        kept = [self._rows[i] for i in keep]
+        for row in set(self._rows) - set(kept):
+            # A parked row still verifies a lone root each round (the batch keeps its shape) at
+            # its committed length, which may end within a tree's width of the cache's end (its
+            # last path was committed whole, then cut to its budget): park it at slot 0, where
+            # its writes stay in the cache. Nothing reads a finished row's KV.
+            self._filled[row] = 0
+        self._rows = kept  # the move queued by the last commit stays: it moves the live rows' paths
+        self.cache.length = max(self._filled)
 
     def committed_kv(self, layer: int, row: int = 0) -> tuple[Tensor, Tensor]:
         self.flush()

@@ -76,7 +76,9 @@ class EagleDraftModel:
         return self.drafter.config.vocab_size
 
     def reset(self, state: DecodeState) -> None:
-        self.cache.begin(state.max_len)
+        # a padded pass writes `rows` entries wherever its nodes start: on a deep, narrow tree the
+        # last depth's padding runs up to rows - 1 entries past what the sequence itself needs
+        self.cache.begin(state.max_len + (self.pass_shape[0] if self.pass_shape else 0))
 
     def fork(self) -> EagleDraftModel:
         return EagleDraftModel(self.drafter, self.cache.fresh(), self.compile_mode, self.pass_shape)
