@@ -31,10 +31,14 @@ from eagle.target import load_target
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def pick_device(name: str, local_rank: int = 0) -> str:
-    """auto: this process's GPU (LOCAL_RANK under torchrun) when there is one, else the CPU."""
+def pick_device(name: str, local_rank: int = 0, world_size: int = 1) -> str:
+    """auto: this process's GPU (LOCAL_RANK under torchrun) when there is one, else the CPU.
+    A plain `cuda` of several processes is this process's GPU too: every rank on `cuda`
+    would load its copy of the target onto GPU 0."""
     if name == "auto":
         return f"cuda:{local_rank % torch.cuda.device_count()}" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and world_size > 1:
+        return f"cuda:{local_rank % max(torch.cuda.device_count(), 1)}"
     return name
 
 
@@ -55,7 +59,7 @@ def generate(cfg: DictConfig) -> dict:
     if missing:  # `???` in the config: e.g. the sharegpt source's path
         raise ValueError(f"missing config value(s): {', '.join(missing)} (set them on the command line)")
     rank, world_size = int(cfg.rank), int(cfg.world_size)
-    device = pick_device(cfg.device, int(os.environ.get("LOCAL_RANK", rank)))
+    device = pick_device(cfg.device, int(os.environ.get("LOCAL_RANK", rank)), world_size)
     model, tokenizer = load_target(cfg.target_path, dtype=resolve_dtype_name(cfg.target_dtype, device), device=device)
     samples = instantiate(cfg.source)(tokenizer=tokenizer, max_len=cfg.max_len)
     check_splits(samples, cfg)

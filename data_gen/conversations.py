@@ -277,7 +277,10 @@ def sharegpt_samples(tokenizer, max_len: int, path: str | Path | None = None, va
         read += 1
         split = split_of_id(conv["id"], val_fraction)
         if caps[split] is None or len(out[split]) < caps[split]:
-            ids, mask = render_conversation(tokenizer, conv["messages"], None, method)
+            try:
+                ids, mask = render_conversation(tokenizer, conv["messages"], None, method)
+            except ConversationError as err:  # name the record: the file may hold thousands
+                raise ConversationError(f"{path}: conversation {conv['id']!r} (record {read}): {err}") from err
             if ids.size > max_len:
                 truncated += 1
                 ids, mask = ids[:max_len], mask[:max_len]

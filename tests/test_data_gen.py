@@ -155,6 +155,37 @@ def test_sharegpt_roles_and_jsonl(tmp_path, tokenizer):
     assert [s["id"] for s in out["train"]] == ["a", "c"] and out["validation"] == []
 
 
+def test_a_conversation_the_template_cannot_mark_is_named(tmp_path, tokenizer, monkeypatch):
+    """One record whose replies the chat template changes stops the build: the error names the
+    file, the conversation's id and its place, where before it named neither."""
+    import data_gen.conversations as conversations
+
+    records = [{"id": name, "conversations": [{"from": "human", "value": "Q"}, {"from": "gpt", "value": reply}]}
+               for name, reply in (("fine", "A"), ("odd-one", "<think>B"))]
+    path = tmp_path / "conv.json"
+    path.write_text(json.dumps(records))
+    render = conversations.render_conversation
+
+    def strict(tok, messages, *args):  # a template that rewrites replies holding a tag
+        if "<think>" in messages[-1]["content"]:
+            raise ConversationError("the chat template changes assistant replies; cannot mark them")
+        return render(tok, messages, *args)
+
+    monkeypatch.setattr(conversations, "render_conversation", strict)
+    with pytest.raises(ConversationError, match=r"conv.json: conversation 'odd-one' \(record 2\): the chat template"):
+        sharegpt_samples(tokenizer, 64, path, val_fraction=0.0)
+
+
+def test_cuda_under_several_processes_is_each_processs_own_gpu(monkeypatch):
+    from data_gen.__main__ import pick_device
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    assert pick_device("cuda", local_rank=3, world_size=8) == "cuda:3"  # not 8 targets on GPU 0
+    assert pick_device("cuda", local_rank=0, world_size=1) == "cuda"
+    assert pick_device("cuda:1", local_rank=3, world_size=8) == "cuda:1"  # named: as named
+    assert pick_device("cpu", local_rank=3, world_size=8) == "cpu"
+
+
 def test_truncated_conversations_are_counted_and_reported(tmp_path, tokenizer, caplog):
     records = [{"id": str(i), "conversations": [{"from": "human", "value": "Hi " * n},
                                                 {"from": "gpt", "value": "Hello there " * 30}]}

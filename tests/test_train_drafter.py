@@ -23,6 +23,7 @@ from eagle.target import TargetMismatchError, lm_head_fingerprint, load_target
 from eagle.training import metrics
 from eagle.training.datamodules import FeatureDataModule
 from eagle.training.drafter import EagleDrafterModule
+from eagle.training.module import StageError
 from eagle.training.optim import adamw, lr_schedule
 from eagle.training.progress import quiet_lightning
 from helpers.configs import compose_config, compose_train
@@ -354,6 +355,36 @@ def test_a_resumed_run_trains_on_the_samples_an_uninterrupted_one_would(tmp_path
     seen.clear()
     resumed = train(drafter_cfg(tmp_path / "crash", target_dir, features_dir, "trainer.max_steps=10", every_2, *quick))
     assert resumed["resumed_from_step"] == 6 and seen == whole[6:]
+
+
+def test_a_run_sized_in_epochs_resumes_after_a_time_limit_to_its_planned_steps(tmp_path, target_dir, features_dir,
+                                                                               monkeypatch):
+    """max_epochs=3 (4 steps an epoch: 12 planned), stopped after step 6 the way max_time stops a
+    run (`should_stop`, mid-epoch 1). Lightning counts the cut epoch as finished, so a run
+    planned in epochs ended a part-epoch short on every resume and never reached its plan;
+    planned in steps, the rerun trains steps 7-12 on the batches an uninterrupted run sees."""
+    seen, stop_at = [], [None]
+    step = EagleDrafterModule.training_step
+
+    def record(self, batch, i):
+        seen.append(tuple(batch["input_ids"].sum(-1).tolist()))
+        if len(seen) == stop_at[0]:
+            self.trainer.should_stop = True  # what Lightning's Timer does when max_time runs out
+        return step(self, batch, i)
+
+    monkeypatch.setattr(EagleDrafterModule, "training_step", record)
+    epochs = ("trainer.max_steps=-1", "trainer.max_epochs=3", "trainer.val_check_interval=100", "model.val_depth=1")
+    whole = train(drafter_cfg(tmp_path / "whole", target_dir, features_dir, *epochs))
+    assert whole["steps"] == whole["planned_steps"] == 12
+    uninterrupted = seen[:]
+    seen.clear()
+    stop_at[0] = 6
+    with pytest.raises(StageError, match="stopped after 6 of 12 steps"):
+        train(drafter_cfg(tmp_path / "cut", target_dir, features_dir, *epochs))
+    stop_at[0] = None
+    resumed = train(drafter_cfg(tmp_path / "cut", target_dir, features_dir, *epochs))
+    assert resumed["resumed_from_step"] == 6 and resumed["steps"] == resumed["planned_steps"] == 12
+    assert seen == uninterrupted
 
 
 def test_the_token_loss_over_a_reduced_vocabulary(tmp_path, target_dir, features_dir, capsys):

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, Sampler
+from torch.utils.data import Dataset, DistributedSampler
 
 from eagle.artifacts import SPLITS
 
@@ -79,28 +79,42 @@ class BlockDataset(Dataset):
 Progress = Callable[[], "tuple[int, int, int] | None"]  # (batches trained, per epoch, samples per batch)
 
 
-class EpochSampler(Sampler[int]):
+class EpochSampler(DistributedSampler):
     """A training order drawn anew each epoch from `(seed, epoch)` (`_epoch_order`).
 
-    With `progress` (() -> (batches trained so far, batches per epoch, samples per batch over
-    all processes), or None before training), each iteration starts where the optimizer steps
-    left off: in epoch `batches // per_epoch`, past its first `batches % per_epoch` batches. A
-    run resumed from any step (a crash, `trainer.max_time`) then trains on exactly the samples
-    an uninterrupted run would, whatever Lightning's own counters say (resumed from the
-    checkpoint `fit` saves after a `max_time` stop, Lightning counts the cut epoch as done), where
-    a DataLoader generator seeded once restarts from epoch 0's first batch. Without `progress`,
-    `set_epoch` picks the epoch and every iteration is a whole one. Under several processes
-    Lightning's distributed wrapper deals this one order out to the ranks.
+    With `progress` (() -> (batches trained so far, batches per epoch, samples per batch of one
+    process), or None before training), each iteration starts where the optimizer steps left
+    off: in epoch `batches // per_epoch`, past its first `batches % per_epoch` batches. A run
+    resumed from any step (a crash, `trainer.max_time`) then trains on exactly the samples an
+    uninterrupted run would, whatever Lightning's own counters say (resumed from the checkpoint
+    `fit` saves after a `max_time` stop, Lightning counts the cut epoch as done), where a
+    DataLoader generator seeded once restarts from epoch 0's first batch. Without `progress`,
+    `set_epoch` picks the epoch and every iteration is a whole one.
+
+    Under several processes (`num_replicas`) each epoch's order is padded with its first
+    samples to a multiple of the processes and dealt out, rank `rank` taking every
+    `num_replicas`-th sample (what `DistributedSampler` does to a dataset), and the skip is this
+    process's. It is a `DistributedSampler` so that Lightning does not wrap it in its own: the
+    wrapper indexed the order by the full epoch's length, and a resumed part-epoch, shorter,
+    ended in an IndexError as soon as DataLoader workers prefetched past it.
     """
 
-    def __init__(self, length: int, seed: int = 0, progress: Progress | None = None):
+    def __init__(self, length: int, seed: int = 0, progress: Progress | None = None, num_replicas: int = 1,
+                 rank: int = 0):
+        # not DistributedSampler.__init__, which reads a dataset and the process group: the
+        # attributes it sets are set here
+        if not 0 <= rank < num_replicas:
+            raise ValueError(f"rank {rank} is not one of {num_replicas} processes")
         self.length, self.seed, self.epoch, self.progress = length, seed, 0, progress
+        self.num_replicas, self.rank, self.shuffle, self.drop_last = num_replicas, rank, False, False
+        self.num_samples = -(-length // num_replicas)  # this process's samples per epoch
+        self.total_size = self.num_samples * num_replicas
 
     def set_epoch(self, epoch: int) -> None:  # Lightning calls this at each epoch start
         self.epoch = epoch
 
     def __len__(self) -> int:
-        return self.length
+        return self.num_samples
 
     def __iter__(self) -> Iterator[int]:
         epoch, skip = self.epoch, 0
@@ -108,7 +122,10 @@ class EpochSampler(Sampler[int]):
         if where is not None:
             batches, per_epoch, per_batch = where
             epoch, skip = batches // per_epoch, (batches % per_epoch) * per_batch
-        yield from self._epoch_order(np.random.default_rng([self.seed, epoch]))[skip:].tolist()
+        order = self._epoch_order(np.random.default_rng([self.seed, epoch]))  # (length,)
+        if self.num_replicas > 1:
+            order = np.resize(order, self.total_size)[self.rank::self.num_replicas]  # padded with its start, dealt
+        yield from order[skip:].tolist()
 
     def _epoch_order(self, rng: np.random.Generator) -> np.ndarray:
         raise NotImplementedError
@@ -124,8 +141,9 @@ class EpochShuffle(EpochSampler):
 class RandomOffsetSampler(EpochSampler):
     """`num_samples` uniform random offsets into `n_offsets` per epoch (blocks of a token stream)."""
 
-    def __init__(self, n_offsets: int, num_samples: int, seed: int = 0, progress: Progress | None = None):
-        super().__init__(num_samples, seed, progress)
+    def __init__(self, n_offsets: int, num_samples: int, seed: int = 0, progress: Progress | None = None,
+                 num_replicas: int = 1, rank: int = 0):
+        super().__init__(num_samples, seed, progress, num_replicas, rank)
         self.n_offsets = n_offsets
 
     def _epoch_order(self, rng: np.random.Generator) -> np.ndarray:

@@ -67,15 +67,25 @@ def eval_sampler(datamodule: L.LightningDataModule, dataset) -> dict[str, Any]:
 
 def trained_batches(datamodule: L.LightningDataModule) -> tuple[int, int, int] | None:
     """Where training stands, for the training samplers (`eagle.data.tokens.EpochSampler`):
-    (batches trained, batches per epoch, samples per batch over all processes), from the
-    optimizer steps taken (exact after a resume, where Lightning's epoch counter may not be);
-    None outside a fit."""
+    (batches trained, batches per epoch, samples per batch of one process), from the optimizer
+    steps taken (exact after a resume, where Lightning's epoch counter may not be); None
+    outside a fit. With gradient accumulation an epoch ends on a step of its own (Lightning
+    steps on its last batch), so an epoch takes ceil(batches / accumulation) steps."""
     trainer = datamodule.trainer
     per_epoch = getattr(trainer, "num_training_batches", None)
     if trainer is None or not per_epoch or math.isinf(per_epoch):
         return None
-    return (trainer.global_step * trainer.accumulate_grad_batches, int(per_epoch),
-            datamodule.batch_size * trainer.world_size)
+    per_epoch, accumulate = int(per_epoch), trainer.accumulate_grad_batches
+    epochs, steps = divmod(trainer.global_step, -(-per_epoch // accumulate))
+    return epochs * per_epoch + steps * accumulate, per_epoch, datamodule.batch_size
+
+
+def shard(datamodule: L.LightningDataModule) -> dict[str, int]:
+    """This process's share of a training sampler (`num_replicas`, `rank`): the data-parallel
+    processes Lightning would deal a dataset out to; {} in one process or outside a fit."""
+    trainer = datamodule.trainer
+    kwargs = trainer.distributed_sampler_kwargs if trainer is not None else None
+    return {"num_replicas": kwargs["num_replicas"], "rank": kwargs["rank"]} if kwargs else {}
 
 
 def _sharded(strategy) -> bool:
@@ -154,7 +164,8 @@ class TokenBlockDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         train = BlockDataset(self.tokens["train"], self.block_size)
         num_samples = self.train_samples_per_epoch or max(1, len(train) // self.block_size)
-        sampler = RandomOffsetSampler(len(train), num_samples, seed=self.seed, progress=partial(trained_batches, self))
+        sampler = RandomOffsetSampler(len(train), num_samples, seed=self.seed, progress=partial(trained_batches, self),
+                                      **shard(self))
         return DataLoader(train, batch_size=self.batch_size, sampler=sampler, num_workers=self.num_workers,
                           drop_last=True)
 
@@ -190,7 +201,7 @@ class SampleDataModule(L.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         train = self.splits["train"]
-        order = EpochShuffle(len(train), self.seed, progress=partial(trained_batches, self))
+        order = EpochShuffle(len(train), self.seed, progress=partial(trained_batches, self), **shard(self))
         return DataLoader(train, batch_size=self.batch_size, sampler=order, collate_fn=collate,
                           num_workers=self.num_workers)
 
@@ -328,7 +339,7 @@ class DistilledDataModule(L.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         train = list(self.rows["train"])
-        order = EpochShuffle(len(train), self.seed, progress=partial(trained_batches, self))
+        order = EpochShuffle(len(train), self.seed, progress=partial(trained_batches, self), **shard(self))
         return DataLoader(train, batch_size=self.batch_size, sampler=order, num_workers=self.num_workers,
                           drop_last=len(train) >= self.batch_size)
 

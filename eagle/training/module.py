@@ -42,6 +42,18 @@ class StageError(RuntimeError):
     than its baseline); nothing was exported, so later stages cannot pick it up."""
 
 
+def plan_in_steps(trainer: L.Trainer, total: int) -> None:
+    """Make a run sized in epochs (`max_epochs`) stop at its optimizer steps instead. When
+    `trainer.max_time` stops a run inside an epoch, Lightning counts that epoch as finished: a
+    resumed run sized in epochs then trains one part-epoch less than planned, on every resume,
+    and never reaches its plan. Our training samplers place every batch by the steps taken
+    (`eagle.data.tokens.EpochSampler`), so a plan in steps resumes exactly. Called each time
+    fit sets up (before it restores a checkpoint's loops), so every invocation plans alike."""
+    if trainer.max_steps is None or trainer.max_steps < 0:
+        trainer.fit_loop.epoch_loop.max_steps = total
+        trainer.fit_loop.max_epochs = -1  # the steps end it
+
+
 class TrainableModule(L.LightningModule):
     """Base of every trained module. Subclasses set `artifact` and `quality`, pass their
     `optim` settings (`eagle.training.optim.OptimConfig` fields) up, call
@@ -71,6 +83,7 @@ class TrainableModule(L.LightningModule):
         total = self.trainer.estimated_stepping_batches
         if not math.isfinite(total):
             raise ValueError("the LR schedule needs a finite trainer.max_steps (or max_epochs)")
+        plan_in_steps(self.trainer, int(total))
         return self.optim.build(self, int(total))
 
     # ----------------------------------------------------------------- bookkeeping
