@@ -635,18 +635,25 @@ def floor(cfg: DictConfig) -> Path:
 
 def export(cfg: DictConfig) -> Path:
     """Write the drafter `eagle.drafter` (checked against `target`) in each of `export.formats`,
-    one folder each; a format that cannot hold it is named with the reason, after the others."""
+    one folder each; a format named there that cannot hold it is named with the reason, after
+    the others. `export.formats=null` writes every format that can hold it and says why it
+    skips the others. Only the target's embeddings and LM head are read (the export's
+    embedding table and logit transform): a 70B target is not loaded whole for it."""
     from eagle.models.checkpoint import load_drafter
-    from eagle.models.export import ExportError, export_drafter
+    from eagle.models.export import FORMATS, ExportError, export_drafter
 
-    target, tokenizer = load_target(cfg.target)
+    target, tokenizer = load_target(cfg.target, weights="head")
     drafter = load_drafter(cfg.eagle.drafter, target, tokenizer, str(cfg.target), dtype=cfg.export.dtype)
+    asked = cfg.export.formats
     out, refused = Path(cfg.export.out_dir), []
-    for fmt in cfg.export.formats:
+    for fmt in FORMATS if asked is None else asked:
         try:
             print(f"[export] {fmt}: {export_drafter(drafter, out / fmt, fmt)}")
         except ExportError as err:
-            refused.append(f"{fmt}: {err}")
+            if asked is None:
+                print(f"[export] {fmt}: skipped: {err}")
+            else:
+                refused.append(f"{fmt}: {err}")
     if refused:
         raise ExportError("; ".join(refused))
     return out

@@ -387,31 +387,36 @@ def test_benchmark_chat_renders_every_prompt_with_the_template(models, tmp_path,
     assert seen["prompts"] == [True] * 3
 
 
-def test_export_mode_writes_one_folder_per_format(models, tmp_path):
-    """`decode.py mode=export`: every format that can hold the drafter is written; vLLM's
-    loader has no fc bias, so a drafter trained with one is refused for it, by name, after the
-    others are written."""
+def test_export_mode_writes_one_folder_per_format(models, tmp_path, monkeypatch, capsys):
+    """`decode.py mode=export`: by default every format that can hold the drafter is written,
+    and the others are named with the reason (vLLM's loader has no fc bias: a drafter trained
+    with one is skipped for it); a format asked for by name that cannot hold it is refused, by
+    name, after the others are written. Only the target's embeddings and LM head are read."""
+    import decode as decode_module
     from decode import decode
     from eagle.models.checkpoint import save_drafter
     from eagle.models.drafter import DrafterConfig, EagleDrafter
     from eagle.models.export import ExportError, import_eagle
 
+    loads = []
+    monkeypatch.setattr(decode_module, "load_target", lambda *a, **kw: loads.append(kw) or load_target(*a, **kw))
     target, tokenizer = load_target(models / "target")
     for bias in (False, True):
         config = DrafterConfig.from_dict({**DrafterConfig.from_target(target, tokenizer).to_dict(), "fc_bias": bias})
         drafter = save_drafter(EagleDrafter.on_target(config, target), tmp_path / f"drafter_bias{bias}")
         out = tmp_path / f"export_bias{bias}"
-        cfg = decode_cfg(models, tmp_path, "mode=export", f"eagle.drafter={drafter}", f"export.out_dir={out}")
-        if bias:
-            with pytest.raises(ExportError, match="vllm: .*fc_bias"):
-                decode(cfg)
-            assert sorted(p.name for p in out.iterdir()) == ["eagle", "sglang"]
-        else:
-            decode(cfg)
-            assert sorted(p.name for p in out.iterdir()) == ["eagle", "sglang", "vllm"]
+        decode(decode_cfg(models, tmp_path, "mode=export", f"eagle.drafter={drafter}", f"export.out_dir={out}"))
+        assert sorted(p.name for p in out.iterdir()) == (["eagle", "sglang"] if bias else ["eagle", "sglang", "vllm"])
+        assert ("[export] vllm: skipped: vLLM's EAGLE loader builds fc without a bias" in capsys.readouterr().out) == bias
         for fmt in (p.name for p in out.iterdir()):
             back = import_eagle(out / fmt, target, tokenizer)
             assert (back.fc.bias is not None) == (bias or fmt == "sglang")  # SGLang's fc always has one
+    named = decode_cfg(models, tmp_path, "mode=export", f"eagle.drafter={drafter}", "export.formats=[vllm,sglang]",
+                       f"export.out_dir={tmp_path / 'named'}")
+    with pytest.raises(ExportError, match="vllm: .*fc_bias"):
+        decode(named)
+    assert sorted(p.name for p in (tmp_path / "named").iterdir()) == ["sglang"]
+    assert loads and all(kw.get("weights") == "head" for kw in loads)
 
 
 def test_profile_splits_the_round(models, tmp_path):
@@ -829,8 +834,63 @@ def test_a_stopped_benchmark_keeps_the_runs_it_finished(models, tmp_path, monkey
     assert (out / "results.md").exists()
 
 
+def test_the_timings_are_on_disk_before_the_reference_texts_are_decoded(models, tmp_path, monkeypatch):
+    """A method in bfloat16 is compared with vanilla in bfloat16, decoded untimed after the
+    timed turns; a failure there (a float32 or bf16 copy of a large target: out of memory) lost
+    the whole temperature's timings. On a CPU the process's peak memory is reported once for the
+    run, not as a figure per method that every method shared."""
+    from decode import decode
+    from eagle.bench import benchmark
+
+    def out_of_memory(*args, **kwargs):
+        raise MemoryError("a reference target does not fit")
+
+    monkeypatch.setattr(benchmark, "_reference_texts", out_of_memory)
+    out = tmp_path / "bench"
+    cfg = decode_cfg(models, tmp_path, "mode=benchmark", f"benchmark.eval_sets=[{models / 'prompts.jsonl'}]",
+                     f"benchmark.out_dir={out}", "benchmark.methods=[vanilla,prompt_lookup]",
+                     "benchmark.temperatures=[0.0]")
+    with pytest.raises(MemoryError):
+        decode(cfg)
+    report = json.loads((out / "results.json").read_text())
+    assert report["status"] == "incomplete" and len(report["runs"]) == 1
+    methods = report["runs"][0]["methods"]
+    assert methods["prompt_lookup"]["tokens_per_s"] > 0 and methods["prompt_lookup"]["identical_to_reference"] is None
+    assert all(m["peak_memory_mb"] is None for m in methods.values()) and report["machine"]["peak_rss_mb"] > 0
+
+
 BATCHED = ["vanilla", "eagle", "draft", "prompt_lookup", "medusa", "specinfer_merge", "hf_generate", "eagle:static",
            "draft:static"]
+
+
+def test_a_stopped_batch_run_keeps_the_sizes_it_finished(models, tmp_path, monkeypatch):
+    """batch.json is written after every batch size, smallest first whatever the order given
+    (speedups "vs vanilla at the smallest size" need it first): a run stopped in its second size
+    keeps the first. Greedy texts are compared with vanilla only in vanilla's dtype."""
+    from decode import decode
+    from eagle.bench import batch
+
+    out, calls = tmp_path / "batch", []
+    real = batch.summarise
+
+    def stop_on_the_second_size(label, size, runs):
+        calls.append(size)
+        if len(set(calls)) > 1:
+            raise KeyboardInterrupt
+        return real(label, size, runs)
+
+    monkeypatch.setattr(batch, "summarise", stop_on_the_second_size)
+    cfg = decode_cfg(models, tmp_path, "mode=batch", f"batch.eval_sets=[{models / 'prompts.jsonl'}]",
+                     f"batch.out_dir={out}", "batch.sizes=[2,1]", "batch.num_prompts=2",
+                     "batch.methods=[vanilla,eagle]", "batch.dtypes={vanilla:float32,eagle:bfloat16}")
+    with pytest.raises(KeyboardInterrupt):
+        decode(cfg)
+    report = json.loads((out / "batch.json").read_text())
+    assert report["status"] == "incomplete" and list(report["runs"][0]["sizes"]) == ["1"]
+    one = report["runs"][0]["sizes"]["1"]
+    assert one["vanilla"]["vs_vanilla_b1"] == pytest.approx(1.0) and one["vanilla"]["identical_to_vanilla"] == 1.0
+    assert one["eagle"]["identical_to_vanilla"] is None  # bf16 against float32: not a check of exactness
+    assert "B=1" in (out / "batch.md").read_text()
 
 
 def test_batch_mode_measures_every_method_at_each_size(models, tmp_path):

@@ -9,8 +9,9 @@ tokens committed per target forward after the prefill, bonus token included
 When the run also has `vanilla:static` (static cache, compiled when the run compiles),
 `speedup_vs_static` is the same ratio against it: the fastest plain decoding is the baseline
 a user compares with.
-Peak memory: CUDA's peak allocation per method; on CPU the process's peak RSS (it only
-grows, so read it for the first method only).
+Peak memory: CUDA's peak allocation per method (`peak_memory_mb`); on a CPU the process's
+peak RSS, once for the run (`machine.peak_rss_mb`): every method's models live in the one
+process, so no figure per method would mean anything.
 
 Output (in `out_dir`): results.json, results.md, speedup.png, tau.png, acceptance.png, and
 speedup_vs_static.png when the run has vanilla:static.
@@ -78,7 +79,7 @@ class MethodResult:
     acceptance_by_depth: list[float] = field(default_factory=list)  # P(accepted >= d), d = 1..
     tree_parents: list[int] | None = None  # the fixed draft tree (node 0 = root), if the method has one
     acceptance_by_node: list[float] | None = None  # P(node i on the accepted path), i = 0..N, full-tree rounds
-    peak_memory_mb: float = 0.0
+    peak_memory_mb: float | None = None  # CUDA only: the peak allocation while it decoded
     # greedy runs: which decode the text was compared with, and the share of prompts with the same text
     reference: str | None = None  # vanilla decoding in the method's own dtype (and runner when in the run)
     identical_to_reference: float | None = None
@@ -197,8 +198,10 @@ def run_benchmark(eval_sets: dict[str, list[Prompt]], tokenizer, build: Callable
         build: method name -> (method, dtype name); every method is built before any is run, so
             a method that cannot be built (a missing checkpoint) stops the run at once.
         reference: dtype name -> vanilla decoding in that dtype. Greedy texts are compared with
-            vanilla in each method's own dtype and with float32 vanilla; the references the run
-            does not time are decoded (untimed) with this.
+            vanilla in each method's own dtype and, on a CPU, with float32 vanilla; the
+            references the run does not time are decoded (untimed) with this. On a GPU float32
+            is a reference only when a method runs in it: a float32 copy of a bf16 7B-70B target
+            takes 28-280 GB more.
         dtype_choices: tree width -> the `eagle.bench.precision.DtypeChoice` measured while
             `build` ran (read after building), stored under machine.dtype_measured.
         kernels: dtype -> the linear kernels its models ran (a name, or the
@@ -228,7 +231,7 @@ def run_benchmark(eval_sets: dict[str, list[Prompt]], tokenizer, build: Callable
             # others.
             generators = {name: seeded_generator(cfg.seed, device) for name in cfg.methods}
             outcomes: dict[str, list[DecodeResult]] = {name: [] for name in cfg.methods}
-            peaks = dict.fromkeys(cfg.methods, 0.0)
+            peaks: dict[str, float | None] = dict.fromkeys(cfg.methods, 0.0 if device.type == "cuda" else None)
             for i, ids in enumerate(encoded):
                 shift = i % len(cfg.methods)
                 for name in list(cfg.methods[shift:]) + list(cfg.methods[:shift]):
@@ -238,7 +241,8 @@ def run_benchmark(eval_sets: dict[str, list[Prompt]], tokenizer, build: Callable
                         torch.cuda.reset_peak_memory_stats(device)
                     outcomes[name].append(methods[name][0].generate(ids, cfg.max_new_tokens, policy,
                                                                     generators[name]))
-                    peaks[name] = max(peaks[name], peak_memory_mb(device))
+                    if device.type == "cuda":
+                        peaks[name] = max(peaks[name], peak_memory_mb(device))
                     bar.update(1)
             for name in cfg.methods:
                 method, dtype = methods[name]
@@ -246,17 +250,21 @@ def run_benchmark(eval_sets: dict[str, list[Prompt]], tokenizer, build: Callable
                 result.peak_memory_mb = peaks[name]
                 results[name], outputs[name] = result, [o.tokens for o in outcomes[name]]
             _speedups(results)
-            if policy.greedy:
-                texts = _reference_texts(results, outputs, encoded, cfg.max_new_tokens, reference, bar)
-                _compare_texts(results, outputs, texts)
             runs.append({"eval_set": set_name, "temperature": float(temperature), "target": target_name,
                          "num_prompts": len(prompts), "max_new_tokens": cfg.max_new_tokens,
                          "fastest_vanilla": fastest_vanilla(results),
                          "methods": {k: asdict(v) for k, v in results.items()},
                          # what was decoded (and, greedy, compared): every method's new text per prompt
                          "texts": {k: [tokenizer.decode(t) for t in v] for k, v in outputs.items()}})
-            # each finished (eval set, temperature) is on disk at once: a stopped run keeps it
+            # each finished (eval set, temperature) is on disk at once: a stopped run keeps it, also
+            # when decoding the references below fails (a float32 copy of a large target: memory)
             write_report(_report(runs, cfg, device, dtype_choices, kernels, complete=False), out_dir)
+            if policy.greedy:
+                texts = _reference_texts(results, outputs, encoded, cfg.max_new_tokens, reference, bar,
+                                         float32=device.type == "cpu")
+                _compare_texts(results, outputs, texts)
+                runs[-1]["methods"] = {k: asdict(v) for k, v in results.items()}
+                write_report(_report(runs, cfg, device, dtype_choices, kernels, complete=False), out_dir)
     bar.close()
     report = _report(runs, cfg, device, dtype_choices, kernels, complete=True)
     write_report(report, out_dir)
@@ -270,6 +278,8 @@ def _report(runs: list[dict], cfg: BenchmarkConfig, device: torch.device, dtype_
             "config": asdict(cfg) | {"methods": list(cfg.methods), "temperatures": list(cfg.temperatures)},
             "machine": {"platform": platform.platform(), "processor": platform.processor(),
                         "torch": torch.__version__, "threads": torch.get_num_threads(), "device": str(device),
+                        # on a CPU one figure for the whole run: every method's models share the process
+                        "peak_rss_mb": None if device.type == "cuda" else round(peak_memory_mb(device), 1),
                         "dtype_measured": {str(w): asdict(c) for w, c in (dtype_choices or {}).items()},
                         "kernels": {d: k if isinstance(k, str) else asdict(k) for d, k in (kernels or {}).items()}},
             "date": time.strftime("%Y-%m-%d %H:%M:%S")}
@@ -310,11 +320,12 @@ def fastest_vanilla(results: Mapping[str, MethodResult]) -> str | None:
 
 
 def _reference_texts(results: dict[str, MethodResult], outputs: dict[str, list[list[int]]], prompts: list[list[int]],
-                     max_new_tokens: int, reference: Callable[[str], Method] | None, bar) -> dict[str, list[list[int]]]:
-    """Greedy vanilla texts in every dtype the run uses and in float32, label -> texts: the
-    timed vanilla (and vanilla:static) ones, and untimed ones for the dtypes they lack."""
+                     max_new_tokens: int, reference: Callable[[str], Method] | None, bar,
+                     float32: bool = True) -> dict[str, list[list[int]]]:
+    """Greedy vanilla texts in every dtype the run uses (and in float32 with `float32`), label
+    -> texts: the timed vanilla (and vanilla:static) ones, and untimed ones for the dtypes they lack."""
     texts = {f"{name} ({r.dtype})": outputs[name] for name, r in results.items() if name in ("vanilla", "vanilla:static")}
-    for dtype in sorted({r.dtype for r in results.values()} | {"float32"}):
+    for dtype in sorted({r.dtype for r in results.values()} | ({"float32"} if float32 else set())):
         if f"vanilla ({dtype})" not in texts and reference is not None:
             bar.set_postfix_str(f"reference: vanilla in {dtype}")
             method = reference(dtype)
