@@ -347,6 +347,14 @@ def test_timing_mode_times_rounds_and_labels_the_projection(models, tmp_path):
     (row,) = json.loads((again / "timing.json").read_text())["projection"]
     assert row["eval_set"] == "mtbench" and row["tau_method"] == "eagle"
     assert row["round_ms"] == report["methods"]["eagle:static"]["ms_per_round"]
+    # a tau measured on another tree than the timed one projects nothing: refused
+    timed_tree = report["methods"]["eagle:static"]["tree_parents"]
+    assert len(timed_tree) == 26  # EAGLE-1's default tree, root included
+    results.write_text(json.dumps({"runs": [{"eval_set": "mtbench", "temperature": 0.0, "target": "t",
+                                             "methods": {"eagle": {"tau": 2.0, "tree_parents": [-1, 0, 0, 1]}}}]}))
+    with pytest.raises(ValueError, match="measured on a tree of 4 nodes, the timed round verifies one of 26"):
+        decode(decode_cfg(models, tmp_path, "mode=timing", f"timing.measured={out / 'timing.json'}",
+                          f"timing.tau_from={results}", f"timing.out_dir={again}"))
     with pytest.raises(MethodError, match="timing runs"):
         decode(decode_cfg(models, tmp_path, "mode=timing", *shape, "timing.methods=[draft]"))
 
@@ -659,6 +667,25 @@ def _record_decodes(monkeypatch, decode_module, attr: str, label) -> list[str]:
 
     monkeypatch.setattr(decode_module.Methods, "build", build)
     return calls
+
+
+def test_the_candidates_are_compared_with_the_plain_decoding_their_predictions_used(models, tmp_path, monkeypatch):
+    """The cost model predicts each tree's speedup over the fastest plain decoding it timed (bf16
+    here); the comparison run measured them against vanilla in its own dtype (float32), so a
+    prediction and its measurement had different baselines. Now vanilla runs in the fastest."""
+    import decode as decode_module
+    from eagle import hardware
+    from eagle.bench.precision import DtypeChoice
+
+    monkeypatch.setattr(decode_module, "faster_dtype",
+                        lambda models_, width, **_: DtypeChoice("float32", width, {"float32": 1.0}))
+    _fake_rounds(monkeypatch, lambda label: 5.0 if label == "vanilla bfloat16" else 10.0)  # bf16 plain decoding wins
+    monkeypatch.setattr(hardware, "cpu_has_fast_bf16", lambda: True)
+    out = _search_tiny(decode_module, models, tmp_path, "tree_search.compare=true", "benchmark.num_prompts=1",
+                       "tree_search.temperatures=[0.0]")
+    assert json.loads((out / "machine.json").read_text())["vanilla_ms"] == pytest.approx(5.0)
+    (run,) = json.loads((out / "compare" / "results.json").read_text())["runs"]
+    assert run["methods"]["vanilla"]["dtype"] == "bfloat16"
 
 
 def test_the_cost_model_times_the_trees_in_turn(models, tmp_path, monkeypatch):

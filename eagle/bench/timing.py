@@ -26,7 +26,7 @@ from eagle.target import resolve_dtype
 
 # what a timed method reports (eagle.bench.benchmark.MethodResult fields)
 TIMED = ("tau", "ms_per_token", "ms_per_round", "draft_ms_per_round", "verify_ms_per_round", "new_tokens",
-         "peak_memory_mb")
+         "peak_memory_mb", "tree_parents")
 
 
 def random_target(shape: Mapping, dtype: str | torch.dtype, device: str | torch.device, seed: int = 0) -> nn.Module:
@@ -70,16 +70,22 @@ def time_methods(target: nn.Module, methods: Mapping[str, Method], prompt_len: i
 def project(timed: Mapping[str, dict], results: dict) -> list[dict]:
     """Projected ms per token at the timed shape: the timed static EAGLE round (`eagle:static`)
     divided by the tau a benchmark report (`results`, a trained target) measured, per eval set
-    and temperature."""
+    and temperature. The tau must come from the timed tree: a round of one tree divided by the
+    tau of another projects nothing (checked where both record their tree)."""
     if "eagle:static" not in timed:
         raise ValueError("a projection needs the timed round of method eagle:static")
-    round_ms = timed["eagle:static"]["ms_per_round"]
+    round_ms, tree = timed["eagle:static"]["ms_per_round"], timed["eagle:static"].get("tree_parents")
     base_ms = timed.get("vanilla:static", {}).get("ms_per_round")
     rows = []
     for run in results["runs"]:
         source = next((k for k in ("eagle:static", "eagle") if k in run["methods"]), None)
         if source is None:
             continue
+        measured_on = run["methods"][source].get("tree_parents")
+        if tree is not None and measured_on is not None and list(measured_on) != list(tree):
+            raise ValueError(f"the tau of {source} ({run['eval_set']}, T={run['temperature']:g}) was measured on a "
+                             f"tree of {len(measured_on)} nodes, the timed round verifies one of {len(tree)}: benchmark "
+                             "eagle with the timed eagle.tree")
         tau = run["methods"][source]["tau"]
         ms = round_ms / tau
         rows.append({"kind": "projection", "eval_set": run["eval_set"], "temperature": run["temperature"],
