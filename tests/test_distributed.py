@@ -66,6 +66,26 @@ def test_ddp_drafter_training_equals_one_process(tmp_path, target_dir):
         torch.testing.assert_close(weights[0][key], weights[1][key], rtol=0, atol=0)
 
 
+def test_a_corrupt_shard_stops_every_process_of_a_ddp_run(tmp_path, target_dir):
+    """Under DDP each process hashes its share of the shards (once, not once per process), and a
+    shard that fails its checksum in one process stops them all before any trains."""
+    features_dir = tmp_path / "features"
+    generate(compose_config("data_gen", dump_overrides(target_dir, features_dir)))
+    shard = sorted((features_dir / "train").iterdir())[1] / "data.arrow"  # rank 1's (every 2nd shard from 1)
+    data = bytearray(shard.read_bytes())
+    data[-100] ^= 0xFF  # same size, another sha256
+    shard.write_bytes(bytes(data))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "1"}
+    proc = subprocess.run([sys.executable, "train.py", "experiment=drafter_test", f"paths.runs_dir={tmp_path / 'runs'}",
+                           f"model.target_path={target_dir}", f"data.datamodule.features_dir={features_dir}",
+                           "trainer.max_steps=2", "threads=1", "trainer.enable_progress_bar=false", "logger=csv",
+                           "trainer=cpu_ddp"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and f"shard {shard.parent} is corrupt: sha256 differs" in out
+    assert "failed its checksum in another process" in out  # rank 0, which hashed the good shards
+    assert not (tmp_path / "runs" / "drafter_test" / "drafter").exists()
+
+
 @pytest.mark.slow  # ~40 s: two target_test runs (one of two processes), the corpus built once
 def test_ddp_target_training_equals_one_process(tmp_path):
     data = tmp_path / "data"

@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader
 
 from eagle.artifacts import SPLITS, Artifact
 from eagle.data.batches import TokenSamples, collate
-from eagle.data.features import made_for, open_feature_dump
+from eagle.data.features import FeatureDumpError, made_for, open_feature_dump, verify_shard
 from eagle.data.tokens import (
     BlockDataset,
     EpochShuffle,
@@ -238,9 +238,29 @@ class FeatureDataModule(SampleDataModule):
 
     def setup(self, stage: str | None = None) -> None:
         if not self.splits:
-            self.meta, self.splits = open_feature_dump(self.features_dir, verify=self.verify)
+            trainer = self.trainer
+            world, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
+            shared = self.verify == "checksum" and world > 1
+            self.meta, self.splits = open_feature_dump(self.features_dir, verify="size" if shared else self.verify)
+            if shared:
+                self._checksum_shared(trainer, world, rank)
             self.made_for = made_for(self.meta)
             self._check_splits(f"feature dump {self.features_dir}")
+
+    def _checksum_shared(self, trainer: L.Trainer, world: int, rank: int) -> None:
+        """Each of `world` processes hashes every world-th shard (a 7B dump holds hundreds of GB:
+        hashed once, not once per GPU), and all of them agree before any trains, so a corrupt
+        shard stops every process rather than one, with the others waiting on it."""
+        jobs = [(split, info) for split in SPLITS for info in self.meta["splits"].get(split, {}).get("shards", [])]
+        failure = None
+        try:
+            for split, info in jobs[rank::world]:
+                verify_shard(self.features_dir / split / info["name"], info, "checksum")
+        except FeatureDumpError as err:
+            failure = err
+        if not trainer.strategy.reduce_boolean_decision(failure is None, all=True):
+            raise failure or FeatureDumpError(f"feature dump {self.features_dir}: a shard failed its checksum in "
+                                              "another process (its message is in that process's output)")
 
 
 class OnlineDataModule(SampleDataModule):
