@@ -425,7 +425,8 @@ def text_samples(tokenizer, max_len: int, path: str | Path | None = None, builde
 
 
 def distilled_samples(tokenizer, max_len: int, path: str | Path, loss_on: str = "continuation",
-                      max_samples: int | None = None, max_val_samples: int | None = None) -> dict[str, list[dict]]:
+                      max_samples: int | None = None, max_val_samples: int | None = None,
+                      end_at_eos: bool = True) -> dict[str, list[dict]]:
     """Self-distilled rows (`python -m data_gen.distill`: prompt + the target's own continuation)
     as samples, so a drafter or Medusa heads train on the text the target itself writes.
 
@@ -433,6 +434,9 @@ def distilled_samples(tokenizer, max_len: int, path: str | Path, loss_on: str = 
         path: the distillation folder.
         loss_on: "continuation" (the loss mask covers the target's tokens only, as Medusa-2's
             self-distillation) or "all".
+        end_at_eos: cut each row after the first end-of-sequence token of its continuation.
+            The rows are sampled to a fixed length past any EOS (`eagle.data.distill`), and
+            decoding stops there: what follows is text no drafter is asked to draft.
     """
     from eagle.data.distill import load_distilled
     from eagle.target import tokenizer_hash
@@ -443,12 +447,17 @@ def distilled_samples(tokenizer, max_len: int, path: str | Path, loss_on: str = 
     if meta.get("tokenizer_hash") not in (None, tokenizer_hash(tokenizer)):
         raise ValueError(f"{path} was made with another tokenizer than the target's")
     caps = {"train": max_samples, "validation": max_val_samples}
+    eos = tokenizer.eos_token_id if end_at_eos else None
+    eos = [] if eos is None else [int(t) for t in (eos if isinstance(eos, (list, tuple)) else [eos])]
     out = {}
     for split in SPLITS:
         rows = splits[split] if caps[split] is None else splits[split].select(range(min(caps[split], len(splits[split]))))
         samples = []
         for i, row in enumerate(rows):
             ids = np.asarray(row["input_ids"][:max_len], dtype=np.int32)
+            ends = np.flatnonzero(np.isin(ids[row["prompt_len"]:], eos))
+            if ends.size:
+                ids = ids[: row["prompt_len"] + int(ends[0]) + 1]
             mask = np.ones(ids.size, np.int8)
             if loss_on == "continuation":
                 mask[: row["prompt_len"]] = 0

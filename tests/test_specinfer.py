@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import datasets
 import pytest
 import torch
 
@@ -214,6 +215,20 @@ def test_distilled_rows_feed_the_feature_dump(tmp_path, distilled, target_dir):
     assert first["input_ids"].tolist() == splits["train"][0]["input_ids"]
     assert first["loss_mask"].tolist() == [0] * 8 + [1] * 8  # prompt_len 8, then the target's 8 tokens
     assert distilled_samples(tok, 64, distilled, loss_on="all")["train"][0]["loss_mask"].all()
+    # the rows are sampled past an EOS: each sample ends at its continuation's first (not its prompt's)
+    import eagle.data.distill as distill_module
+
+    eos = tok.eos_token_id
+    rows = [{"input_ids": [5, 6, 7, 9, eos, 11, eos, 12], "prompt_len": 3},
+            {"input_ids": [5, eos, 7, 9, 10], "prompt_len": 3}, {"input_ids": [5, 6, 7, 9], "prompt_len": 3}]
+    crafted = ({}, {"train": datasets.Dataset.from_list(rows), "validation": datasets.Dataset.from_list(rows[:1])})
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(distill_module, "load_distilled", lambda path: crafted)
+        cut = distilled_samples(tok, 64, distilled)["train"]
+        whole = distilled_samples(tok, 64, distilled, end_at_eos=False)["train"]
+    assert [s["input_ids"].tolist() for s in cut] == [[5, 6, 7, 9, eos], [5, eos, 7, 9, 10], [5, 6, 7, 9]]
+    assert cut[0]["loss_mask"].tolist() == [0, 0, 0, 1, 1]
+    assert [s["input_ids"].tolist() for s in whole] == [r["input_ids"] for r in rows]
     with pytest.raises(ValueError, match="loss_on"):
         distilled_samples(tok, 64, distilled, loss_on="prompt")
     out = tmp_path / "features"
