@@ -374,7 +374,7 @@ gpu-bench-smoke: install
 	OUT=$(RUNS)/gpu_bench_smoke RUNS=$(SMOKE_RUNS) PY=$(PY) DEVICE=cpu COMPILE=true WHEELS= \
 	TIMING_ARGS="timing.shape_name=tiny timing.shape.hidden_size=64 timing.shape.intermediate_size=128 \
 		timing.shape.num_hidden_layers=2 timing.shape.num_attention_heads=4 timing.shape.num_key_value_heads=2 \
-		timing.shape.vocab_size=512 timing.new_tokens=16 timing.prompt_len=16 timing.repeats=1 threads=1" \
+		timing.shape.vocab_size=512 timing.new_tokens=16 timing.prompt_len=16 timing.repeats=1 timing.bandwidth_gb_s=50 threads=1" \
 	TARGET_ARGS="experiment=target_test" \
 	DRAFT_LM_ARGS="experiment=target_test task_name=draft_lm_test model.model_config.num_hidden_layers=1" \
 	FEATURE_ARGS="data_gen=python_corpus target_path=$(SMOKE_RUNS)/target_test/model name=target_test-python_stdlib device=cpu max_len=64 \

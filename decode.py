@@ -75,7 +75,7 @@ from eagle.decoding.kernels import (
     packed_bytes,
     use_kernels,
 )
-from eagle.hardware import auto_dtype, resolve_dtype_name, set_threads
+from eagle.hardware import auto_dtype, gpu_bandwidth_gb_s, resolve_dtype_name, set_threads
 from eagle.sampling import SamplingPolicy, seeded_generator
 from eagle.target import load_target, resolve_dtype
 from eagle.tree import TreeTemplate, resolve_tree
@@ -566,12 +566,17 @@ def timing(cfg: DictConfig) -> Path:
     cfg = OmegaConf.merge(cfg, {"static_max_len": tcfg.max_len, "eagle": {"random": True}})
     methods = Methods(cfg)
     gb = weight_bytes(target) / 1e9
+    device_name = torch.cuda.get_device_name(cfg.device) if str(cfg.device).startswith("cuda") else str(cfg.device)
+    bandwidth = tcfg.bandwidth_gb_s or gpu_bandwidth_gb_s(device_name)
+    if bandwidth is None:
+        raise ValueError(f"no nominal memory bandwidth is known for {device_name!r}: give timing.bandwidth_gb_s "
+                         "(GB/s) for the floor")
     report = {"kind": "timing", "shape_name": tcfg.shape_name, "shape": shape,
               "params_b": sum(p.numel() for p in target.parameters()) / 1e9, "dtype": dtype,
-              "device": torch.cuda.get_device_name(cfg.device) if str(cfg.device).startswith("cuda") else str(cfg.device),
+              "device": device_name,
               "compile_mode": compile_mode(cfg), "tree": cfg.eagle.tree, "prompt_len": tcfg.prompt_len,
               "new_tokens": tcfg.new_tokens, "repeats": tcfg.repeats, "weights_gb": gb,
-              "bandwidth_gb_s": tcfg.bandwidth_gb_s, "floor_ms_per_token": 1000 * gb / tcfg.bandwidth_gb_s,
+              "bandwidth_gb_s": bandwidth, "floor_ms_per_token": 1000 * gb / bandwidth,
               "methods": {}, "tau_from": str(tcfg.tau_from) if tcfg.tau_from else None, "projection": None,
               "torch": torch.__version__}
     for name in tcfg.methods:  # the report is rewritten after each method: a killed run keeps what it timed

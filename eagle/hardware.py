@@ -22,6 +22,17 @@ import torch
 BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")  # CPU instructions that make bf16 matmuls fast
 
 
+# nominal memory bandwidth (GB/s) of the GPUs a timing's floor is stated for, by a piece of their
+# name as torch.cuda.get_device_name gives it; the first match counts (PCIe before the plain name)
+GPU_BANDWIDTH_GB_S = (("H200", 4800.0), ("H100 PCIe", 2000.0), ("H100 NVL", 3900.0), ("H100", 3350.0),
+                      ("A100-SXM4-80GB", 2039.0), ("A100 80GB PCIe", 1935.0), ("A100", 1555.0), ("L40S", 864.0))
+
+
+def gpu_bandwidth_gb_s(name: str) -> float | None:
+    """The nominal memory bandwidth of the GPU called `name`, None when it is not in the table."""
+    return next((gb for piece, gb in GPU_BANDWIDTH_GB_S if piece in name), None)
+
+
 @cache
 def cpu_has_fast_bf16() -> bool:
     """Whether this CPU has bf16 arithmetic (AVX512-BF16 or AMX), as PyTorch reports it

@@ -273,9 +273,38 @@ def context_length(model: nn.Module) -> int | None:
     at every slot, so the context stops there."""
     config = model.config
     limit = getattr(config, "max_position_embeddings", None)
+    for rope in rope_parameters(config):
+        # YaRN as Qwen documents it keeps max_position_embeddings at the original length: its
+        # frequencies are fixed, so it serves factor x original positions (dynamic NTK does not:
+        # past its length its frequencies follow the forward's longest position, a tree's included)
+        original = rope.get("original_max_position_embeddings") or getattr(config, "original_max_position_embeddings", None)
+        if rope.get("rope_type") == "yarn" and rope.get("factor") and original:
+            limit = max(limit or 0, int(rope["factor"] * original))
     if getattr(config, "attn_temperature_tuning", False) and 0 in (getattr(config, "no_rope_layers", None) or ()):
         limit = min(limit or config.floor_scale, config.floor_scale - 1)
     return limit
+
+
+def rope_parameters(config) -> list[dict]:
+    """The rotary parameters of a config, one dict per kind of layer (Gemma-3 keys them by layer
+    type); [{}] when it has none."""
+    rope = getattr(config, "rope_parameters", None) or {}
+    if rope and all(isinstance(v, dict) for v in rope.values()):
+        return list(rope.values())
+    return [dict(rope)]
+
+
+def longrope_switch(model: nn.Module) -> int | None:
+    """Where a longrope target (Phi-3/3.5/4 long-context) changes rotary: a forward whose longest
+    position reaches `original_max_position_embeddings` rotates every position with the long
+    factors, one below it with the short ones, and Hugging Face's `generate` recomputes the whole
+    cache when a sequence first crosses it. None for other targets."""
+    config = model.config
+    for rope in rope_parameters(config):
+        if rope.get("rope_type") == "longrope":
+            return int(rope.get("original_max_position_embeddings")
+                       or getattr(config, "original_max_position_embeddings", None) or config.max_position_embeddings)
+    return None
 
 
 def embeddings(model: nn.Module) -> nn.Embedding:
@@ -324,6 +353,10 @@ def cut_config(config, layers: int):
 ATTENTION_LAYERS = ("full_attention", "sliding_attention", "chunked_attention", "dummy")
 
 
+# attention implementations that honour an additive 4-D mask (None: a config that never set one)
+MASKED_ATTENTION = (None, "sdpa", "eager")
+
+
 def check_attention_only(model: nn.Module) -> None:
     """Raise `TargetError` unless every layer of `model` is attention of a kind the engine knows.
 
@@ -346,6 +379,13 @@ def check_attention_only(model: nn.Module) -> None:
                           "caches of keys and values per token, dropping the rejected nodes, and knows only the "
                           f"attention layers {list(ATTENTION_LAYERS[:3])}; a recurrent state (Mamba, linear "
                           "attention, convolutions) cannot drop them")
+    impl = getattr(config, "_attn_implementation", None)
+    if impl not in MASKED_ATTENTION:
+        # flash attention takes padding masks only: a tree's 4-D mask would be dropped and every
+        # node would see its siblings, silently
+        raise TargetError(f"{type(model).__name__} runs attention_implementation={impl!r}, which does not take "
+                          f"the 4-D tree masks every verification passes: load it with attn_implementation='sdpa' "
+                          f"(or one of {list(MASKED_ATTENTION[1:])})")
 
 
 def lm_head(model: nn.Module) -> nn.Module:
@@ -372,7 +412,8 @@ def target_forward(model: nn.Module, input_ids: Tensor, cache=None, attention_ma
                               cache=cache, use_cache=cache is not None)
     features = out.last_hidden_state  # (B, T, H)
     if isinstance(logits_slice, Tensor):
-        head_in = features[torch.arange(features.shape[0], device=features.device), logits_slice][:, None]
+        rows = torch.arange(features.shape[0], device=features.device)
+        head_in = features[rows, logits_slice.to(features.device)][:, None]  # the last layer's device (device_map)
     else:
         head_in = features if logits_slice is None else features[:, logits_slice]
     return TargetOutput(logits=head_logits(model, head_in), features=features)

@@ -20,7 +20,7 @@ stage() {
     return 1
   fi
   say "== $name (cap ${cap}s): $*"
-  timeout "$cap" "$@" >>"$LOG" 2>&1
+  timeout -k 15 "$cap" "$@" >>"$LOG" 2>&1  # -k: Lightning takes SIGTERM as "stop at the next batch"
   local rc=$?
   [ $rc -eq 0 ] || FAILED+=("$name(rc=$rc)")
   say "== $name: exit $rc"
@@ -28,9 +28,10 @@ stage() {
   return $rc
 }
 
-# stage_once MARKER NAME CAP COMMAND...: `stage`, unless MARKER exists (a rerun on a warm machine:
-# training again would resume from last.ckpt and export another model, which the later stages' files
-# no longer match); FORCE=1 runs it anyway
+# stage_once MARKER NAME CAP TRAINING_COMMAND...: `stage`, unless MARKER exists (a rerun on a warm
+# machine: training again would resume from last.ckpt and export another model, which the later
+# stages' files no longer match); FORCE=1 trains it again from the start (ckpt_path=null: resumed,
+# its max_time already spent, it would stop at once and export the same model)
 stage_once() {
   local marker=$1
   shift
@@ -38,7 +39,11 @@ stage_once() {
     say "== $1: reusing $marker (FORCE=1 runs it again)"
     return 0
   fi
-  stage "$@"
+  if [ -n "${FORCE:-}" ]; then
+    stage "$@" ckpt_path=null
+  else
+    stage "$@"
+  fi
 }
 
 WHEELS=${WHEELS-.whl}  # carried wheels for the device's Python 3.12 (empty: install nothing)

@@ -329,8 +329,12 @@ def test_timing_mode_times_rounds_and_labels_the_projection(models, tmp_path):
     cfg = decode_cfg(models, tmp_path, "mode=timing", *shape, "timing.shape_name=tiny", "timing.new_tokens=10",
                      "timing.prompt_len=5", "timing.repeats=1", "timing.max_len=64", f"timing.tau_from={results}",
                      f"timing.out_dir={out}")
+    with pytest.raises(ValueError, match="no nominal memory bandwidth is known for 'cpu': give timing.bandwidth_gb_s"):
+        decode(cfg)
+    cfg.timing.bandwidth_gb_s = 50.0
     decode(cfg)
     report = json.loads((out / "timing.json").read_text())
+    assert report["bandwidth_gb_s"] == 50.0
     assert set(report["methods"]) == {"vanilla:static", "eagle:static", "vanilla", "eagle"}
     for m in report["methods"].values():
         assert m["new_tokens"] == 10 and m["ms_per_round"] > 0
@@ -888,6 +892,33 @@ def test_the_timings_are_on_disk_before_the_reference_texts_are_decoded(models, 
 
 BATCHED = ["vanilla", "eagle", "draft", "prompt_lookup", "medusa", "specinfer_merge", "hf_generate", "eagle:static",
            "draft:static"]
+
+
+def test_references_are_decoded_only_for_what_the_run_did_not_time():
+    """A GPU run times vanilla:static and eagle:static in bf16: eagle:static's reference is
+    vanilla:static, so no eager vanilla is decoded (~7 s a prompt there, half a stage's cap); an
+    eager method of another dtype still gets its own reference, and float32 one only on a CPU."""
+    from types import SimpleNamespace
+
+    from eagle.bench.benchmark import _reference_texts
+
+    class Bar:
+        def set_postfix_str(self, text):
+            pass
+
+    decoded = []
+
+    def reference(dtype):
+        decoded.append(dtype)
+        return SimpleNamespace(generate=lambda ids, n, policy: SimpleNamespace(tokens=[1]))
+
+    static = {"vanilla:static": SimpleNamespace(dtype="bfloat16"), "eagle:static": SimpleNamespace(dtype="bfloat16")}
+    outputs = {name: [[1]] for name in static}
+    texts = _reference_texts(static, outputs, [[5]], 4, reference, Bar(), float32=False)
+    assert decoded == [] and list(texts) == ["vanilla:static (bfloat16)"]
+    mixed = {**static, "draft": SimpleNamespace(dtype="float16")}
+    _reference_texts(mixed, {**outputs, "draft": [[1]]}, [[5]], 4, reference, Bar(), float32=True)
+    assert decoded == ["float16", "float32"]
 
 
 def test_a_stopped_batch_run_keeps_the_sizes_it_finished(models, tmp_path, monkeypatch):

@@ -273,6 +273,23 @@ def test_inputs_the_engine_cannot_decode_are_refused_clearly():
         decoder.generate([1, 5, 7], 4)
 
 
+def test_a_static_cache_keeps_each_layer_on_its_own_device():
+    """A target spread over GPUs (`device_map="auto"`) calls each layer's cache update with that
+    layer's tensors: its buffers go where they come from, and the slots, moves and row
+    selections follow them ("meta" stands in for a second GPU here). Before, every layer was
+    allocated on the first layer's device and `index_copy_` failed on the others."""
+    from eagle.decoding.static_cache import StaticKVCache
+
+    cache = StaticKVCache(2, 16, torch.float32, "cpu", batch=2)
+    cache.prepare(0, torch.ones(4, 4, dtype=torch.bool).tril())
+    cache.update(torch.randn(2, 2, 4, 8), torch.randn(2, 2, 4, 8), 0)
+    cache.update(torch.zeros(2, 2, 4, 8, device="meta"), torch.zeros(2, 2, 4, 8, device="meta"), 1)
+    assert [k.device.type for k in cache.keys] == ["cpu", "meta"] == [v.device.type for v in cache.values]
+    cache.move(torch.tensor([2, 3]), torch.tensor([0, 1]))
+    cache.select_rows([1])
+    assert [tuple(k.shape) for k in cache.keys] == [(1, 2, 16, 8)] * 2 and cache.keys[1].device.type == "meta"
+
+
 def test_a_compiled_static_runner_keeps_its_largest_cache():
     """Under compile a static cache's size is part of the graph: after a long request a shorter
     one reuses the big cache (no new graph inside a timed region), where an eager runner sizes
@@ -346,3 +363,11 @@ def test_requests_that_cannot_be_served_are_refused_before_decoding():
     hf = HFMethod("hf_generate", METHODS["hf_generate"], target, eos_token_id=None)
     with pytest.raises(ContextOverflowError, match="exceed the target's context of 64"):
         hf.generate(list(range(3, 63)), 8, SamplingPolicy())
+    # a draft LM with fewer positions than the target (GPT-2's table of 32): refused before decoding,
+    # not an index error in its position table mid-decode
+    short = make_tiny_model("gpt2", max_position_embeddings=32)
+    chain = TemplateProposer(DraftLM(short), TreeTemplate.chain(3), name="draft")
+    with pytest.raises(ContextOverflowError, match=r"\(40\) \+ max_new_tokens \(4\) \+ tree \(4\) = 48 tokens "
+                                                   "exceed draft's draft model's context of 32"):
+        SpeculativeDecoder(roomy, chain).generate(list(range(3, 43)), 4)
+    assert len(SpeculativeDecoder(roomy, chain).generate(list(range(3, 23)), 4).tokens) == 4

@@ -73,3 +73,14 @@ def test_benchmark_dtypes_come_from_the_machine(bf16_cpu):
     bf16_cpu(True)
     assert method_dtype("eagle@chain5", "cpu") == "bfloat16" and method_dtype("vanilla", "cpu") == "float32"
     assert method_dtype("eagle", "cpu", {"eagle": "float32"}) == "float32"  # an explicit choice wins
+
+
+def test_a_timings_floor_takes_the_bandwidth_of_the_gpu_it_ran_on():
+    """A session's GPU may be an H100 or an H200: the floor of each is its own (an H200's on an
+    H100 understated the floor by 1.43x)."""
+    from eagle.hardware import gpu_bandwidth_gb_s
+
+    assert gpu_bandwidth_gb_s("NVIDIA H200") == 4800.0
+    assert gpu_bandwidth_gb_s("NVIDIA H100 80GB HBM3") == 3350.0
+    assert gpu_bandwidth_gb_s("NVIDIA H100 PCIe") == 2000.0
+    assert gpu_bandwidth_gb_s("cpu") is None

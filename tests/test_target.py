@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eagle.decoding.engine import ContextOverflowError, check_fits
+from eagle.decoding.engine import ContextOverflowError, SpeculativeDecoder, check_fits
 from eagle.decoding.runners import DynamicRunner, StaticRunner
+from eagle.proposers import TemplateProposer
 from eagle.proposers.draft_model import DraftLM
 from eagle.target import (
     LogitTransform,
@@ -20,8 +21,10 @@ from eagle.target import (
     lm_head,
     load_target,
     load_tokenizer,
+    longrope_switch,
     target_forward,
 )
+from eagle.tree import TreeTemplate
 from helpers.models import FAMILIES, TINY, make_tiny_model
 
 
@@ -72,6 +75,47 @@ def test_llama4s_context_stops_before_its_query_scale_would_read_a_slot():
     assert context_length(make_tiny_model("llama")) == 512
 
 
+LONGROPE = dict(max_position_embeddings=64, original_max_position_embeddings=16,
+                rope_parameters=dict(rope_type="longrope", rope_theta=10000.0, short_factor=[1.0] * 4,
+                                     long_factor=[4.0] * 4))
+
+
+def test_a_longrope_target_decodes_on_one_side_of_its_switch_and_refuses_to_cross_it():
+    """Phi-3's longrope rotates a forward with its long factors once its longest position reaches
+    original_max_position_embeddings (16 here); `generate` recomputes the whole cache there. Below
+    the switch and from a prefill past it the engine is exact (a chain that verifies five
+    positions at once, against `generate`); a request that would cross it is refused: crossing,
+    the verification rotated its tree's earlier nodes long over a cache rotated short (logits
+    3.8 off) and the text parted from `generate`'s."""
+    model = make_tiny_model("phi3", **LONGROPE)
+    assert longrope_switch(model) == 16 and longrope_switch(make_tiny_model("phi3")) is None
+    g = torch.Generator().manual_seed(1)
+    for prompt_len, new in ((4, 6), (20, 12)):  # 4 + 6 + 6 <= 16; 20 > 16
+        prompt = torch.randint(3, 96, (prompt_len,), generator=g).tolist()
+        want = model.generate(torch.tensor([prompt]), max_new_tokens=new, do_sample=False, min_new_tokens=new)
+        for runner in (DynamicRunner(model), StaticRunner(model, tree_size=5)):
+            chain = TemplateProposer(DraftLM(model, cache="static" if isinstance(runner, StaticRunner) else "dynamic"),
+                                     TreeTemplate.chain(5))
+            got = SpeculativeDecoder(model, chain, eos_token_id=[], runner=runner).generate(prompt, new).tokens
+            assert got == want[0, prompt_len:].tolist(), (prompt_len, type(runner).__name__)
+    decoder = SpeculativeDecoder(model, TemplateProposer(DraftLM(model), TreeTemplate.chain(5)), eos_token_id=[])
+    with pytest.raises(ContextOverflowError, match="switches to its long factors at 16 positions and prompt 0 "
+                                                   r"\(12 tokens \+ 10 new \+ the tree's 6\) crosses it"):
+        decoder.generate(list(range(3, 15)), 10)
+    with pytest.raises(ContextOverflowError, match="the batch mixes prompts below and past it"):
+        decoder.generate_batch([[5, 6], list(range(3, 23))], 2)
+
+
+def test_a_yarn_target_serves_the_positions_its_factor_extends_to():
+    """Qwen's documented YaRN keeps max_position_embeddings at the original 32,768 and sets factor
+    4: its frequencies are fixed, so it serves 4 x 32,768 positions, where the engine refused
+    every request past 32,768. Dynamic NTK stays at its length (its frequencies change past it)."""
+    yarn = dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=32)
+    assert context_length(make_tiny_model("qwen2", max_position_embeddings=32, rope_parameters=yarn)) == 128
+    dynamic = dict(rope_type="dynamic", rope_theta=10000.0, factor=4.0)
+    assert context_length(make_tiny_model("qwen2", max_position_embeddings=32, rope_parameters=dynamic)) == 32
+
+
 # recurrent layers: Mamba's selective scan, Qwen3-Next's linear attention, LFM2's short convolutions
 RECURRENT = {
     "mamba": dict(vocab_size=96, hidden_size=32, num_hidden_layers=2, state_size=4),
@@ -95,6 +139,16 @@ def test_a_model_with_recurrent_layers_is_refused_by_name(family):
         StaticRunner(model, tree_size=4)
     with pytest.raises(TargetError, match="recurrent state"):
         DraftLM(model)
+
+
+def test_an_attention_that_drops_the_tree_mask_is_refused():
+    """Flash attention takes padding masks only: a verification's 4-D tree mask would be dropped
+    and every node would attend to its siblings, silently. The runners and draft LMs refuse it."""
+    model = make_tiny_model("llama")
+    model.config._attn_implementation = "flash_attention_2"  # what from_pretrained(attn_implementation=...) sets
+    for build in (DynamicRunner, lambda m: StaticRunner(m, tree_size=4), DraftLM):
+        with pytest.raises(TargetError, match="attention_implementation='flash_attention_2'.*attn_implementation='sdpa'"):
+            build(model)
 
 
 def test_logits_slice_keeps_all_features():

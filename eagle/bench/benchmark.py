@@ -323,9 +323,14 @@ def _reference_texts(results: dict[str, MethodResult], outputs: dict[str, list[l
                      max_new_tokens: int, reference: Callable[[str], Method] | None, bar,
                      float32: bool = True) -> dict[str, list[list[int]]]:
     """Greedy vanilla texts in every dtype the run uses (and in float32 with `float32`), label
-    -> texts: the timed vanilla (and vanilla:static) ones, and untimed ones for the dtypes they lack."""
+    -> texts: the timed vanilla (and vanilla:static) ones, and untimed ones for the dtypes they lack.
+    A static method's reference is vanilla:static where the run timed it in its dtype (a GPU run of
+    static methods only: an eager vanilla decoded as well cost ~7 s a prompt there), so no eager
+    one is decoded for it."""
     texts = {f"{name} ({r.dtype})": outputs[name] for name, r in results.items() if name in ("vanilla", "vanilla:static")}
-    for dtype in sorted({r.dtype for r in results.values()} | ({"float32"} if float32 else set())):
+    needed = {r.dtype for name, r in results.items()
+              if name != "vanilla:static" and not (name.endswith(":static") and f"vanilla:static ({r.dtype})" in texts)}
+    for dtype in sorted(needed | ({"float32"} if float32 else set())):
         if f"vanilla ({dtype})" not in texts and reference is not None:
             bar.set_postfix_str(f"reference: vanilla in {dtype}")
             method = reference(dtype)

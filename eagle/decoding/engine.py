@@ -44,7 +44,7 @@ from eagle.decoding.fused import weights_fixed
 from eagle.decoding.runners import ContextOverflowError, DynamicRunner, TargetRunner
 from eagle.decoding.stats import DecodeResult, DecodeStats, RoundStats
 from eagle.sampling import RowProbs, SamplingPolicy, check_generator
-from eagle.target import context_length
+from eagle.target import context_length, longrope_switch
 
 __all__ = ["ContextOverflowError", "DecodeResult", "DecodeState", "DecodeStats", "DraftTree", "Proposer",
            "SpeculativeDecoder", "VanillaProposer"]
@@ -99,6 +99,7 @@ class Proposer:
 
     name = "proposer"
     max_nodes = 0  # the most draft nodes one round proposes (a static runner pads every tree to it)
+    context: int | None = None  # the most positions its own model reads (a draft LM's), None: no limit
 
     def reset(self, state: DecodeState) -> None:
         """Called once after the target's prefill, before the first round."""
@@ -234,8 +235,11 @@ class SpeculativeDecoder:
         runner, policy = self.runner, self.policy
         tree_size = max(self.proposer.max_nodes, runner.tree_size)
         vocab = self.target.get_input_embeddings().weight.shape[0]
+        check_longrope([len(ids) for ids in prompts], budgets, tree_size, longrope_switch(self.target))
         for row, (ids, budget) in enumerate(zip(prompts, budgets)):
             self.check_fits(len(ids), budget, tree_size)
+            if self.proposer.context is not None:  # a draft LM of a shorter context: an index error mid-decode
+                check_fits(len(ids), budget, tree_size, self.proposer.context, f"{self.proposer.name}'s draft model")
             bad = [t for t in ids if not 0 <= t < vocab]
             if bad:  # else an IndexError deep in the embedding (a device-side assert on a GPU)
                 raise ValueError(f"prompt {row} holds token ids outside the target's vocabulary of {vocab}: "
@@ -371,9 +375,10 @@ class SpeculativeDecoder:
         return verify_tree_stochastic(parents, tokens, p, q_full, generator, repeats=tree.repeats)
 
 
-def check_fits(prompt_len: int, max_new_tokens: int, tree_size: int, context: int | None) -> None:
+def check_fits(prompt_len: int, max_new_tokens: int, tree_size: int, context: int | None,
+               model: str = "the target") -> None:
     """Raise before decoding when a request cannot be served: an empty prompt, no new tokens, or
-    prompt + new tokens + the verified tree (root included) past the target's `context`."""
+    prompt + new tokens + the verified tree (root included) past the `context` of `model`."""
     if prompt_len == 0:
         raise ValueError("empty prompt: give at least one token")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
@@ -382,7 +387,29 @@ def check_fits(prompt_len: int, max_new_tokens: int, tree_size: int, context: in
     if context is not None and need > context:
         raise ContextOverflowError(
             f"prompt ({prompt_len}) + max_new_tokens ({max_new_tokens}) + tree ({tree_size + 1}) = {need} "
-            f"tokens exceed the target's context of {context}")
+            f"tokens exceed {model}'s context of {context}")
+
+
+def check_longrope(prompt_lens: Sequence[int], budgets: Sequence[int], tree_size: int, switch: int | None) -> None:
+    """Raise `ContextOverflowError` for a request that would cross a longrope target's `switch`
+    (`eagle.target.longrope_switch`) while decoding. Below it every forward rotates with the short
+    factors, and from a prefill past it all of them with the long ones: exact either way. Crossing
+    it, Hugging Face recomputes the whole cache with the long factors, which this engine does not
+    (its verification forward would rotate the tree's earlier nodes long and its cache short). In a
+    batch the longest position of all rows decides: every row on one side."""
+    if switch is None:
+        return
+    short = [n + b + tree_size + 1 <= switch for n, b in zip(prompt_lens, budgets)]  # every position below it
+    long = [n > switch for n in prompt_lens]  # the prefill already past it
+    if all(short) or all(long):
+        return
+    bad = next((i for i, (s, lo) in enumerate(zip(short, long)) if not (s or lo)), None)
+    where = (f"prompt {bad} ({prompt_lens[bad]} tokens + {budgets[bad]} new + the tree's {tree_size + 1}) crosses it"
+             if bad is not None else "the batch mixes prompts below and past it")
+    raise ContextOverflowError(f"this target's longrope rotary switches to its long factors at {switch} positions and "
+                               f"{where}: Hugging Face recomputes the whole cache there, which this engine does not. "
+                               f"Keep prompt + new tokens + tree within {switch}, or start past it "
+                               f"(a prompt of more than {switch} tokens), every row of a batch alike")
 
 
 def check_tree(tree: DraftTree, vocab_size: int, proposer: str) -> None:

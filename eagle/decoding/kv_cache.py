@@ -158,9 +158,11 @@ def keep_paths(cache, prefix_len: int, lengths: list[int], paths: list[list[int]
         dst.append(list(range(c, c + len(path))) + pad)
     src, dst = torch.tensor(src, device=device), torch.tensor(dst, device=device)  # (B, m)
     for layer in cache.layers:
+        device = layer.keys.device  # a layer's own GPU under device_map
+        s, d = (src, dst) if device == src.device else (src.to(device), dst.to(device))
         for t in (layer.keys, layer.values):  # (B, H_kv, T, D): gather first (a copy), then write in place
             shape = (t.shape[0], t.shape[1], m, t.shape[3])
-            t.scatter_(2, dst[:, None, :, None].expand(shape), t.gather(2, src[:, None, :, None].expand(shape)))
+            t.scatter_(2, d[:, None, :, None].expand(shape), t.gather(2, s[:, None, :, None].expand(shape)))
     crop(cache, max(c + len(p) for c, p in zip(lengths, paths)))
 
 
@@ -168,7 +170,8 @@ def select_rows(cache, rows: list[int]) -> None:
     """Keep only the batch rows `rows` of every layer (the sequences still decoding)."""
     index = torch.tensor(rows, dtype=torch.long, device=cache.layers[0].keys.device)
     for layer in cache.layers:
-        layer.keys, layer.values = layer.keys.index_select(0, index), layer.values.index_select(0, index)
+        own = index if layer.keys.device == index.device else index.to(layer.keys.device)  # device_map
+        layer.keys, layer.values = layer.keys.index_select(0, own), layer.values.index_select(0, own)
 
 
 def crop(cache, length: int) -> None:

@@ -61,13 +61,16 @@ class StaticKVCache:
             self._allocate(i, (kv_heads, head_dim), (kv_heads, head_dim))
         return self
 
-    def _allocate(self, layer: int, key_shape: tuple[int, int], value_shape: tuple[int, int]) -> None:
+    def _allocate(self, layer: int, key_shape: tuple[int, int], value_shape: tuple[int, int],
+                  device: torch.device | None = None) -> None:
         """(heads, dim) of the layer's keys and of its values: they differ where attention is
-        latent (DeepSeek-V3's keys carry a rotary part that its values do not)."""
+        latent (DeepSeek-V3's keys carry a rotary part that its values do not). On `device`, the
+        layer's own (a target spread over GPUs by `device_map`), else the cache's."""
         (kh, kd), (vh, vd) = key_shape, value_shape
-        self.keys[layer] = torch.zeros(self.batch, kh, self.max_len, kd, dtype=self.dtype, device=self.device)
-        self.values[layer] = torch.zeros(self.batch, vh, self.max_len, vd, dtype=self.dtype, device=self.device)
-        if self.device.type != "cpu":
+        device = device or self.device
+        self.keys[layer] = torch.zeros(self.batch, kh, self.max_len, kd, dtype=self.dtype, device=device)
+        self.values[layer] = torch.zeros(self.batch, vh, self.max_len, vd, dtype=self.dtype, device=device)
+        if device.type != "cpu":
             for t in (self.keys[layer], self.values[layer]):
                 # fixed addresses: CUDA graphs mutate them in place, never copy them. Not on a CPU, where
                 # compiled passes freeze their weights (eagle.decoding.compile): Dynamo freezes every
@@ -95,13 +98,14 @@ class StaticKVCache:
         returns the whole layer (B, H_kv, max_len, D) for attention under the mask."""
         if self.keys[layer_idx] is None:
             self._allocate(layer_idx, (key_states.shape[1], key_states.shape[-1]),
-                           (value_states.shape[1], value_states.shape[-1]))
+                           (value_states.shape[1], value_states.shape[-1]), key_states.device)
         keys, values = self.keys[layer_idx], self.values[layer_idx]
-        if self.slots.dim() == 1:  # every row writes at the same slots
-            keys.index_copy_(2, self.slots, key_states)
-            values.index_copy_(2, self.slots, value_states)
+        slots = self.slots if self.slots.device == keys.device else self.slots.to(keys.device)  # layers over GPUs
+        if slots.dim() == 1:  # every row writes at the same slots
+            keys.index_copy_(2, slots, key_states)
+            values.index_copy_(2, slots, value_states)
         else:  # (B, n): each row at its own
-            index = self.slots[:, None, :, None]  # (B, 1, n, 1)
+            index = slots[:, None, :, None]  # (B, 1, n, 1)
             keys.scatter_(2, index.expand_as(key_states), key_states)
             values.scatter_(2, index.expand_as(value_states), value_states)
         return keys, values
@@ -121,10 +125,10 @@ class StaticKVCache:
 
     def select_rows(self, rows) -> None:
         """Keep only the batch rows `rows` (sequences still decoding) of every layer."""
-        index = torch.tensor(list(rows), dtype=torch.long, device=self.device)
-        self.keys = [None if t is None else t.index_select(0, index) for t in self.keys]
-        self.values = [None if t is None else t.index_select(0, index) for t in self.values]
-        self.batch = len(index)
+        rows = list(rows)
+        self.keys = [None if t is None else t.index_select(0, torch.tensor(rows, device=t.device)) for t in self.keys]
+        self.values = [None if t is None else t.index_select(0, torch.tensor(rows, device=t.device)) for t in self.values]
+        self.batch = len(rows)
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.length
@@ -135,8 +139,9 @@ class StaticKVCache:
         for t in self.keys + self.values:
             if t is None:
                 continue
-            if src.dim() == 1:
-                t.index_copy_(2, dst, t.index_select(2, src))
+            s, d = (src, dst) if t.device == src.device else (src.to(t.device), dst.to(t.device))  # device_map
+            if s.dim() == 1:
+                t.index_copy_(2, d, t.index_select(2, s))
             else:
-                shape = (t.shape[0], t.shape[1], src.shape[1], t.shape[3])
-                t.scatter_(2, dst[:, None, :, None].expand(shape), t.gather(2, src[:, None, :, None].expand(shape)))
+                shape = (t.shape[0], t.shape[1], s.shape[1], t.shape[3])
+                t.scatter_(2, d[:, None, :, None].expand(shape), t.gather(2, s[:, None, :, None].expand(shape)))

@@ -12,7 +12,7 @@ from torch import Tensor, nn
 from eagle.decoding.draft_cache import DraftCache, RowsDraftCache, draft_cache
 from eagle.decoding.engine import DecodeState
 from eagle.decoding.masks import padded_causal
-from eagle.target import check_attention_only, lm_head, target_forward
+from eagle.target import check_attention_only, context_length, lm_head, target_forward
 
 
 class DraftLM:
@@ -31,6 +31,11 @@ class DraftLM:
     @property
     def dtype(self) -> torch.dtype:
         return next(self.model.parameters()).dtype
+
+    @property
+    def context(self) -> int | None:
+        """The positions the draft LM reads (a GPT-2's position table ends there)."""
+        return context_length(self.model)
 
     def fork(self) -> DraftLM:
         return DraftLM(self.model, self.cache.fresh())

@@ -111,6 +111,7 @@ class TemplateProposer(Proposer):
         self.model, self.template, self.proposal, self.name = model, template, proposal, name
         self.pass_parent_tokens = bool(getattr(model, "needs_parent_tokens", False))
         self.max_nodes = template.num_nodes
+        self.context = getattr(model, "context", None)  # a draft LM's positions (EAGLE's drafter: no limit)
         tree = template.structure
         self.parents = tree.parents
         ancestors = tree.ancestors()  # (N+1, N+1) bool
