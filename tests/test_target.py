@@ -80,28 +80,32 @@ LONGROPE = dict(max_position_embeddings=64, original_max_position_embeddings=16,
                                      long_factor=[4.0] * 4))
 
 
-def test_a_longrope_target_decodes_on_one_side_of_its_switch_and_refuses_to_cross_it():
+def test_a_longrope_target_crosses_its_switch_as_generate_does():
     """Phi-3's longrope rotates a forward with its long factors once its longest position reaches
-    original_max_position_embeddings (16 here); `generate` recomputes the whole cache there. Below
-    the switch and from a prefill past it the engine is exact (a chain that verifies five
-    positions at once, against `generate`); a request that would cross it is refused: crossing,
-    the verification rotated its tree's earlier nodes long over a cache rotated short (logits
-    3.8 off) and the text parted from `generate`'s."""
+    original_max_position_embeddings (16 here), and `generate` recomputes the whole cache there.
+    A verification that reached past the switch rotated its tree's earlier nodes long over a
+    cache rotated short (logits 3.8 off, texts parted from `generate`'s). Now trees stop short of
+    it, and the round whose root reaches it recomputes the cache: greedy text equal to
+    `generate`'s below the switch, across it and from a prefill past it, on both runners and
+    with a chain of 5 drafted by the target itself (each round verifies 6 positions). A batch
+    whose rows would sit on both sides is refused: its longest row rotates them all."""
     model = make_tiny_model("phi3", **LONGROPE)
     assert longrope_switch(model) == 16 and longrope_switch(make_tiny_model("phi3")) is None
     g = torch.Generator().manual_seed(1)
-    for prompt_len, new in ((4, 6), (20, 12)):  # 4 + 6 + 6 <= 16; 20 > 16
+    for prompt_len, new in ((4, 6), (12, 30), (20, 12)):  # below it, across it, past it from the prefill
         prompt = torch.randint(3, 96, (prompt_len,), generator=g).tolist()
         want = model.generate(torch.tensor([prompt]), max_new_tokens=new, do_sample=False, min_new_tokens=new)
         for runner in (DynamicRunner(model), StaticRunner(model, tree_size=5)):
             chain = TemplateProposer(DraftLM(model, cache="static" if isinstance(runner, StaticRunner) else "dynamic"),
                                      TreeTemplate.chain(5))
-            got = SpeculativeDecoder(model, chain, eos_token_id=[], runner=runner).generate(prompt, new).tokens
-            assert got == want[0, prompt_len:].tolist(), (prompt_len, type(runner).__name__)
+            got = SpeculativeDecoder(model, chain, eos_token_id=[], runner=runner).generate(prompt, new)
+            assert got.tokens == want[0, prompt_len:].tolist(), (prompt_len, type(runner).__name__)
+            if prompt_len == 12:  # the rounds before the switch verified less than the whole chain
+                assert min(r.tree_size for r in got.stats.rounds) == 0 < max(r.tree_size for r in got.stats.rounds)
     decoder = SpeculativeDecoder(model, TemplateProposer(DraftLM(model), TreeTemplate.chain(5)), eos_token_id=[])
-    with pytest.raises(ContextOverflowError, match="switches to its long factors at 16 positions and prompt 0 "
-                                                   r"\(12 tokens \+ 10 new \+ the tree's 6\) crosses it"):
-        decoder.generate(list(range(3, 15)), 10)
+    with pytest.raises(ContextOverflowError, match="switches to its long factors at 16 positions and in this batch "
+                                                   r"prompt 0 \(12 tokens \+ 10 new \+ the tree's 6\) crosses it"):
+        decoder.generate_batch([list(range(3, 15)), [5, 6]], 10)
     with pytest.raises(ContextOverflowError, match="the batch mixes prompts below and past it"):
         decoder.generate_batch([[5, 6], list(range(3, 23))], 2)
 

@@ -45,6 +45,7 @@ from eagle.decoding.runners import ContextOverflowError, DynamicRunner, TargetRu
 from eagle.decoding.stats import DecodeResult, DecodeStats, RoundStats
 from eagle.sampling import RowProbs, SamplingPolicy, check_generator
 from eagle.target import context_length, longrope_switch
+from eagle.tree import Tree
 
 __all__ = ["ContextOverflowError", "DecodeResult", "DecodeState", "DecodeStats", "DraftTree", "Proposer",
            "SpeculativeDecoder", "VanillaProposer"]
@@ -276,6 +277,9 @@ class SpeculativeDecoder:
             runner.retire(live)  # row indices are still those of the prompts
         if live:
             proposer.reset_batch([states[row] for row in live])
+        # a longrope target's one sequence below its switch, which it may cross (check_longrope)
+        switch = longrope_switch(self.target)
+        below = switch if switch is not None and len(prompts) == 1 and len(prompts[0]) <= switch else None
 
         while live:
             t0 = time.perf_counter()
@@ -285,11 +289,14 @@ class SpeculativeDecoder:
                     check_tree(tree, states[row].vocab_size, proposer.name)
             _sync(device)  # GPU work is asynchronous: charge drafting kernels to drafting
             t1 = time.perf_counter()
-            verified = self._verify([states[row] for row in live], trees, generator)
+            verifying = trees
+            if below is not None and live:
+                verifying, below = self._at_switch(states[live[0]], trees, below)
+            verified = self._verify([states[row] for row in live], verifying, generator)
             t2 = time.perf_counter()
 
             going = []
-            for i, (row, tree, (path, next_token, features)) in enumerate(zip(live, trees, verified)):
+            for i, (row, tree, (path, next_token, features)) in enumerate(zip(live, verifying, verified)):
                 block, done = self._cut(tree.tokens[[j - 1 for j in path[1:]]].tolist() + [next_token],
                                         budgets[row] - len(new_tokens[row]))
                 new_tokens[row] += block
@@ -315,6 +322,22 @@ class SpeculativeDecoder:
                     stats[live[i]].rounds[-1].draft_s += bookkeeping
             live = [live[i] for i in going]
         return [DecodeResult(tokens=t, stats=s) for t, s in zip(new_tokens, stats)]
+
+    def _at_switch(self, state: DecodeState, trees: list[DraftTree], switch: int
+                   ) -> tuple[list[DraftTree], int | None]:
+        """A longrope target's sequence below its `switch` (`eagle.target.longrope_switch`): the
+        trees to verify this round, and the switch if the sequence is still below it. A forward
+        whose longest position reaches the switch rotates every position with the long factors:
+        a tree that would reach it is not verified (the round is a plain step, and the proposer
+        hears that nothing was accepted), and the round whose root reaches it first recomputes
+        the whole cache, rotated long, as Hugging Face's `generate` does there."""
+        root = len(state.tokens) - 1  # the root's position
+        if root >= switch:
+            self.runner.recompute(state.tokens)
+            return trees, None
+        if root + Tree.of(trees[0].parents).depth >= switch:
+            return [DraftTree.empty(trees[0].tokens.device)], switch
+        return trees, switch
 
     def _cut(self, block: list[int], room: int) -> tuple[list[int], bool]:
         """A round's accepted tokens and next token, up to the first EOS or the sequence's last
@@ -391,13 +414,13 @@ def check_fits(prompt_len: int, max_new_tokens: int, tree_size: int, context: in
 
 
 def check_longrope(prompt_lens: Sequence[int], budgets: Sequence[int], tree_size: int, switch: int | None) -> None:
-    """Raise `ContextOverflowError` for a request that would cross a longrope target's `switch`
+    """Raise `ContextOverflowError` for a batch that would cross a longrope target's `switch`
     (`eagle.target.longrope_switch`) while decoding. Below it every forward rotates with the short
-    factors, and from a prefill past it all of them with the long ones: exact either way. Crossing
-    it, Hugging Face recomputes the whole cache with the long factors, which this engine does not
-    (its verification forward would rotate the tree's earlier nodes long and its cache short). In a
-    batch the longest position of all rows decides: every row on one side."""
-    if switch is None:
+    factors, and from a prefill past it all of them with the long ones. One sequence crosses it as
+    Hugging Face's `generate` does (`SpeculativeDecoder._at_switch`: the whole cache recomputed,
+    rotated long); in a batch the longest position of all rows decides how every row is rotated,
+    so the rows must stay on one side of it."""
+    if switch is None or len(prompt_lens) == 1:
         return
     short = [n + b + tree_size + 1 <= switch for n, b in zip(prompt_lens, budgets)]  # every position below it
     long = [n > switch for n in prompt_lens]  # the prefill already past it
@@ -407,9 +430,9 @@ def check_longrope(prompt_lens: Sequence[int], budgets: Sequence[int], tree_size
     where = (f"prompt {bad} ({prompt_lens[bad]} tokens + {budgets[bad]} new + the tree's {tree_size + 1}) crosses it"
              if bad is not None else "the batch mixes prompts below and past it")
     raise ContextOverflowError(f"this target's longrope rotary switches to its long factors at {switch} positions and "
-                               f"{where}: Hugging Face recomputes the whole cache there, which this engine does not. "
-                               f"Keep prompt + new tokens + tree within {switch}, or start past it "
-                               f"(a prompt of more than {switch} tokens), every row of a batch alike")
+                               f"in this batch {where}: the batch's longest row would rotate every row's positions. "
+                               f"Keep each row's prompt + new tokens + tree within {switch}, or start every row past it "
+                               f"(prompts of more than {switch} tokens), or decode such a row alone")
 
 
 def check_tree(tree: DraftTree, vocab_size: int, proposer: str) -> None:

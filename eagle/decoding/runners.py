@@ -74,6 +74,18 @@ class TargetRunner:
         (B, 1, V) of each row's last prompt token and features (B, T, H)."""
         raise NotImplementedError
 
+    def recompute(self, tokens: Sequence[int]) -> None:
+        """Fill the cache of a one-sequence decode anew from its tokens, the last one (the next
+        round's root, which that round feeds) left out of it: what Hugging Face's `generate` does
+        when a longrope target's sequence crosses its switch (`eagle.target.longrope_switch`). The
+        forward runs over every token, the root included, so that its longest position is the
+        root's and every entry is rotated as a forward from there rotates it."""
+        self.prefill(torch.tensor([list(tokens)], device=self.device), self.capacity)
+        self._drop_last()
+
+    def _drop_last(self) -> None:
+        raise NotImplementedError
+
     @property
     def capacity(self) -> int:
         """Most tokens (tree included) a sequence of the current batch may reach."""
@@ -167,6 +179,10 @@ class DynamicRunner(TargetRunner):
         select_rows(self.cache, list(keep))
         self.lengths = [self.lengths[i] for i in keep]
         crop(self.cache, self.length)
+
+    def _drop_last(self) -> None:
+        crop(self.cache, self.lengths[0] - 1)
+        self.lengths = [self.lengths[0] - 1]
 
     def committed_kv(self, layer: int, row: int = 0) -> tuple[Tensor, Tensor]:
         kv = self.cache.layers[layer]
@@ -329,6 +345,10 @@ class StaticRunner(TargetRunner):
         for row, path in zip(self._rows, paths):
             self._filled[row] += len(path)
         self.cache.length = max(self._filled)
+
+    def _drop_last(self) -> None:
+        self._filled[0] -= 1  # the root's slot is written again by the next verification
+        self.cache.length = self._filled[0]
 
     def retire(self, keep: Sequence[int]) -> None:
         kept = [self._rows[i] for i in keep]
