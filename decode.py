@@ -797,7 +797,8 @@ def ablations(cfg: DictConfig) -> Path:
     _, tokenizer = methods.target(dtype)
     config = BenchmarkConfig(methods=("vanilla", *drafters), temperatures=tuple(acfg.temperatures),
                              max_new_tokens=cfg.max_new_tokens, warmup=cfg.benchmark.warmup,
-                             warmup_tokens=cfg.benchmark.warmup_tokens, seed=cfg.seed)
+                             warmup_tokens=cfg.benchmark.warmup_tokens, top_k=cfg.top_k, top_p=cfg.top_p,
+                             seed=cfg.seed)
     out_dir = Path(acfg.out_dir)
     bench = run_benchmark(eval_sets, tokenizer, build, config, target_name=str(cfg.target), out_dir=out_dir / "bench",
                           device=cfg.device, reference=lambda d: methods.build("vanilla", d))
