@@ -337,6 +337,9 @@ def _draft(ctx: MethodContext, info, s: DraftSettings, name, runner) -> Method:
     template = _tree(ctx, s.tree)
     proposer = TemplateProposer(DraftLM(_draft_model(ctx, s, name), cache=runner), template, proposal=s.proposal,
                                 name="draft")
+    if runner == "static" and ctx.compile_mode is not None:  # said, not hidden: EAGLE's drafter passes are compiled
+        print(f"[{name}] the target's verification is compiled ({ctx.compile_mode}); the draft LM's passes run "
+              "eagerly (DraftLM has no compiled pass yet): on a GPU its drafting is overhead-bound")
     return EngineMethod(name, info, ctx, runner, proposer, tuple(template.parents))
 
 
