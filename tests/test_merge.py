@@ -84,6 +84,9 @@ def test_proposer_limits():
 
     assert MergeProposer([Fixed(), Fixed()]).max_nodes == 10
     assert MergeProposer([Fixed(), Fixed()], budget=7).max_nodes == 7
+    short = type("Short", (Fixed,), {"context": 32})
+    assert MergeProposer([Fixed(), Fixed()]).context is None  # checked before decoding: the shortest SSM's
+    assert MergeProposer([Fixed(), short(), type("Long", (Fixed,), {"context": 64})()]).context == 32
     with pytest.raises(ValueError, match="budget"):
         MergeProposer([Fixed()], budget=0)
 

@@ -143,6 +143,8 @@ class MergeProposer(Proposer):
         total = sum(p.max_nodes for p in self.proposers)
         self.budget = budget
         self.max_nodes = total if budget is None else min(budget, total)
+        contexts = [p.context for p in self.proposers if getattr(p, "context", None) is not None]
+        self.context = min(contexts) if contexts else None  # the shortest SSM's positions
         self._trees: list[DraftTree] = []
         self._maps: list[dict[int, int]] = []
 
