@@ -81,3 +81,43 @@ def test_distilled_draft_lm_trains_exports_and_decodes_exactly(tmp_path, target_
 def test_the_draft_lm_refuses_a_bad_loss_vocab(target_dir):
     with pytest.raises(ValueError, match="loss_vocab must be"):
         DistilledDraftLMModule(str(target_dir), loss_vocab=0)
+
+
+def _draft_passes(target, draft, template, compile_mode):
+    """A draft LM's passes padded to the template's one shape (compiled with `compile_mode`), a
+    static target runner of the template's width (compiled too)."""
+    from eagle.proposers.eagle import pass_shape
+
+    proposer = TemplateProposer(DraftLM(draft, cache="static", compile_mode=compile_mode,
+                                        pass_shape=pass_shape(template)), template)
+    return proposer, make_runner("static", target, tree_size=template.num_nodes, compile_mode=compile_mode)
+
+
+@pytest.mark.parametrize("name", ["eagle_default", "chain5"])
+def test_a_draft_lm_padded_to_one_pass_shape_drafts_what_it_drafts_unpadded(name):
+    """The draft LM's passes padded to one shape (what its compiled passes run, here eagerly):
+    every greedy text equals `generate`'s, and the rounds accept what the unpadded passes accept
+    (the target drafting for itself: a pass that saw a wrong entry would lose acceptances)."""
+    from helpers.decoding import greedy_cases
+
+    target = make_tiny_model("llama")
+    draft = make_tiny_model("llama")  # the same weights (seed 0): an oracle
+    cases = greedy_cases(target, 6)
+    template = tree(name)
+    padded = run_greedy_cases(target, *_draft_passes(target, draft, template, None), cases, f"padded/{name}")
+    plain = TemplateProposer(DraftLM(draft, cache="static"), template)
+    assert padded == run_greedy_cases(target, plain, make_runner("static", target, tree_size=template.num_nodes),
+                                      cases, f"unpadded/{name}") > 0
+
+
+@pytest.mark.slow
+def test_a_compiled_draft_lm_decodes_what_generate_does():
+    """draft:static compiled as EAGLE's drafter is (its passes padded to one shape, one graph):
+    the classic peer's drafting on a GPU is then not bound by launches where EAGLE's is not."""
+    from helpers.decoding import greedy_cases
+
+    torch._dynamo.reset()
+    target, draft = make_tiny_model("llama"), make_tiny_model("llama", num_hidden_layers=1, seed=3)
+    cases = greedy_cases(target, 4)
+    for name in ("eagle_default", "chain5"):
+        run_greedy_cases(target, *_draft_passes(target, draft, tree(name), "default"), cases, f"compiled/{name}")

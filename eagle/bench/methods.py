@@ -333,13 +333,13 @@ def check_same_tokens(ctx: MethodContext, draft: nn.Module, draft_path: str) -> 
 
 def _draft(ctx: MethodContext, info, s: DraftSettings, name, runner) -> Method:
     from eagle.proposers import DraftLM, TemplateProposer
+    from eagle.proposers.eagle import pass_shape
 
     template = _tree(ctx, s.tree)
-    proposer = TemplateProposer(DraftLM(_draft_model(ctx, s, name), cache=runner), template, proposal=s.proposal,
-                                name="draft")
-    if runner == "static" and ctx.compile_mode is not None:  # said, not hidden: EAGLE's drafter passes are compiled
-        print(f"[{name}] the target's verification is compiled ({ctx.compile_mode}); the draft LM's passes run "
-              "eagerly (DraftLM has no compiled pass yet): on a GPU its drafting is overhead-bound")
+    compile_mode = ctx.compile_mode if runner == "static" else None  # compiled like EAGLE's drafter, or neither
+    draft = DraftLM(_draft_model(ctx, s, name), cache=runner, compile_mode=compile_mode,
+                    pass_shape=pass_shape(template) if compile_mode is not None else None)
+    proposer = TemplateProposer(draft, template, proposal=s.proposal, name="draft")
     return EngineMethod(name, info, ctx, runner, proposer, tuple(template.parents))
 
 

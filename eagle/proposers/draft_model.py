@@ -9,6 +9,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
+from eagle.decoding.compile import compile_static
 from eagle.decoding.draft_cache import DraftCache, RowsDraftCache, draft_cache
 from eagle.decoding.engine import DecodeState
 from eagle.decoding.masks import padded_causal
@@ -19,14 +20,25 @@ class DraftLM:
     """A causal LM as a `TreeDraftModel` (see `eagle.proposers.template`).
 
     Its cache holds every committed token, the root included, after `catch_up`.
+
+    Args:
+        model: the draft LM (it shares the target's tokenizer).
+        cache: "dynamic", "static" (`eagle.decoding.draft_cache`) or a cache.
+        compile_mode: compile its passes (`eagle.decoding.compile.compile_static`), as EAGLE's
+            drafter's are: on a GPU eager passes are bound by their launches.
+        pass_shape: (rows, window) every pass is padded to (`eagle.proposers.eagle.pass_shape`
+            of the template), so that one compiled graph serves them all; None: unpadded.
     """
 
-    def __init__(self, model: nn.Module, cache: str | DraftCache = "dynamic"):
+    def __init__(self, model: nn.Module, cache: str | DraftCache = "dynamic", compile_mode: str | None = None,
+                 pass_shape: tuple[int, int] | None = None):
         check_attention_only(model)
         p = next(model.parameters())
         self.model = model
         self.cache = draft_cache(cache, model.config, p.dtype, p.device) if isinstance(cache, str) else cache
         self._rows: RowsDraftCache | None = None  # a batch drafted in one pass (built on first use)
+        self.compile_mode, self.pass_shape = compile_mode, pass_shape
+        self._scores_fixed = compile_static(self._scores, compile_mode, model)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -38,11 +50,12 @@ class DraftLM:
         return context_length(self.model)
 
     def fork(self) -> DraftLM:
-        return DraftLM(self.model, self.cache.fresh())
+        return DraftLM(self.model, self.cache.fresh(), self.compile_mode, self.pass_shape)
 
     def reset(self, state: DecodeState) -> None:
         self._check_vocab(state)
-        self.cache.begin(state.max_len)
+        # a padded pass writes `rows` entries wherever its nodes start (see EagleDraftModel.reset)
+        self.cache.begin(state.max_len + (self.pass_shape[0] if self.pass_shape else 0))
 
     def _check_vocab(self, state: DecodeState) -> None:
         vocab = lm_head(self.model).weight.shape[0]
@@ -60,26 +73,51 @@ class DraftLM:
         ids = torch.tensor([state.tokens[start:]], device=device)  # (1, k)
         causal = torch.ones(k, k, dtype=torch.bool, device=device).tril()
         positions = torch.arange(start, start + k, device=device)  # (k,): entry i holds token i
-        self.cache.reserve(start + k)
-        mask = self.cache.prepare(start, causal, start, positions)
-        out = target_forward(self.model, ids, self.cache.hf, attention_mask=mask, position_ids=positions[None],
-                             logits_slice=slice(-1, None))
+        logits = self._pass(ids, start, causal, positions, write_at=start, last_only=True)
         self.cache.keep(start + k)
-        return out.logits[0, -1], None
+        return logits[-1], None
 
     def step(self, tokens: Tensor, parent_hidden: Tensor | None, position_ids: Tensor,
              visible: Tensor) -> tuple[Tensor, None]:
         committed, (n, s) = self.cache.length, visible.shape
-        self.cache.reserve(committed + s)
-        mask = self.cache.prepare(committed, visible, committed + s - n, position_ids)  # after earlier steps' nodes
-        out = target_forward(self.model, tokens[None], self.cache.hf, attention_mask=mask,
-                             position_ids=position_ids[None])
-        return out.logits[0], None
+        # after the earlier steps' nodes
+        return self._pass(tokens[None], committed, visible, position_ids, write_at=committed + s - n), None
+
+    def _pass(self, ids: Tensor, start: int, visible: Tensor, positions: Tensor, write_at: int,
+              last_only: bool = False) -> Tensor:
+        """ids (1, n) written at entries write_at.., at `positions` (n,), seeing the committed
+        entries and what `visible` (n, S) allows of the S after `start`; padded to `pass_shape`
+        when there is one and the pass fits it (as `EagleDraftModel._pass`: padding rows see none
+        of the branch and write where later passes overwrite). Returns logits (n, V), or of the
+        last row only (1, V) with `last_only` unpadded."""
+        (n, s), device = visible.shape, self.cache.device
+        rows, window = self.pass_shape or (0, 0)
+        if n > rows or s > window:  # no fixed shape, or a long prompt's catch-up
+            self.cache.reserve(write_at + n)
+            return self._scores(ids, start, visible, positions, write_at, last_only)
+        self.cache.reserve(max(write_at + rows, start + window))
+        pad = rows - n
+        ids = torch.cat([ids, ids[:, :1].expand(1, pad)], 1)  # (1, rows)
+        positions = torch.cat([positions, positions[:1].expand(pad)])  # (rows,)
+        padded = torch.zeros(rows, window, dtype=torch.bool, device=device)
+        padded[:n, :s] = visible
+        # 0-d tensors: one compiled graph serves every committed length
+        return self._scores_fixed(ids, torch.tensor(start, device=device), padded, positions,
+                                  torch.tensor(write_at, device=device))[:n]
+
+    def _scores(self, ids: Tensor, start: int | Tensor, visible: Tensor, positions: Tensor, write_at: int | Tensor,
+                last_only: bool = False) -> Tensor:
+        mask = self.cache.prepare(start, visible, write_at, positions)
+        out = target_forward(self.model, ids, self.cache.hf, attention_mask=mask, position_ids=positions[None],
+                             logits_slice=slice(-1, None) if last_only else None)
+        return out.logits[0]
 
     # Several sequences in one pass (`eagle.proposers.template.RowsDraftModel`): their own rows of
     # one cache, each catch-up padded to the longest one.
 
-    batches_rows = True
+    @property
+    def batches_rows(self) -> bool:  # compiled passes keep to one sequence, as EAGLE's
+        return self.compile_mode is None
 
     def begin_rows(self, states: Sequence[DecodeState]) -> None:
         self._check_vocab(states[0])
