@@ -87,6 +87,28 @@ def test_head_forward_is_medusas_residual_block():
     assert not torch.allclose(got[0], lm_head(target)(f))  # ... and from the LM head
 
 
+@pytest.mark.parametrize("family", ["cohere", "gemma2", "llama"])
+def test_a_fresh_heads_logits_take_the_targets_transform(family, tmp_path):
+    """A fresh head whose block is the identity (W1 = 0, b1 = 0) is the target's own next-token
+    head: its logits are `head_logits`', Cohere's scale and Gemma-2's soft-cap included (they were
+    the LM head's raw products: 1.76 and 1.05 apart), over a drafting vocabulary too, and after a
+    save and a load."""
+    from eagle.target import head_logits
+
+    target = make_tiny_model(family, tie_word_embeddings=False)
+    heads = MedusaHeads.for_target(target, num_heads=2)
+    for head in heads.heads:
+        torch.nn.init.zeros_(head.blocks[0].linear.bias)
+    f = feature_batch()
+    with torch.no_grad():
+        want = head_logits(target, f)
+        torch.testing.assert_close(heads(f)[1], want)
+        heads.restrict_vocab(torch.tensor([3, 5, 7]))
+        torch.testing.assert_close(heads.drafted(f)[0], want[..., [3, 5, 7]])
+        save_medusa(heads, tmp_path / "m")
+        torch.testing.assert_close(load_medusa(tmp_path / "m", target).drafted(f)[1], want[..., [3, 5, 7]])
+
+
 # ---------------------------------------------------------------------------------------
 # Decoding: exact mode is exact, typical mode is lossy
 

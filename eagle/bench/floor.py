@@ -55,8 +55,14 @@ FORWARD_TOKENS = (1, 2, 4, 8, 16, 26, 64)  # 26: EAGLE-1's default tree with its
 
 def weight_bytes(model: nn.Module) -> int:
     """Bytes one decoding step reads: every parameter once (`parameters()` yields a tied
-    embedding and LM head once)."""
-    return sum(p.numel() * p.element_size() for p in model.parameters())
+    embedding and LM head once), but of an untied input embedding table only the row of the
+    token (the rest of it is never read; tied, it is the LM head, read whole)."""
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    table = model.get_input_embeddings().weight
+    head = model.get_output_embeddings()
+    if head is None or head.weight.data_ptr() != table.data_ptr():
+        total -= (table.shape[0] - 1) * table.shape[1] * table.element_size()
+    return total
 
 
 def linear_flops(model: nn.Module) -> int:
@@ -326,7 +332,8 @@ def markdown(report: dict) -> str:
     lines = [f"### The memory floor of {report['target']} ({report['dtype']}, {report['threads']} threads, "
              f"{report['device']})", "",
              f"Weights: {report['weight_bytes'] / 1e6:.0f} MB, read once per step. Streaming read bandwidth: "
-             f"{report['bandwidth_gb_s']:.1f} GB/s. Floor of one step: **{report['floor_ms']:.1f} ms**. "
+             f"{report['bandwidth_gb_s']:.1f} GB/s (the fastest read of the run). Floor of one step: "
+             f"**{report['floor_ms']:.1f} ms**. "
              f"Arithmetic: {report['flops_per_token'] / 1e9:.2f} GFLOP per token in the linears, at most "
              f"{report['peak_gflops']:.0f} GFLOP/s here (a {report['peak_size']}^2 product), so a forward of n "
              f"tokens cannot beat its roof, max(floor, n x GFLOP per token / peak). Forwards after "

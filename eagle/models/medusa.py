@@ -7,7 +7,8 @@ x_{t+1} from it; head k (k = 1..K) predicts x_{t+k+1}:
     h_k    = f_t + SiLU(W1_k f_t + b1_k)     residual block; W1 zero-initialised (Medusa)
     logits = W2_k h_k                        Linear(H, V), initialised from the LM head
 
-so an untrained head starts as (almost) the LM head itself. The K heads are K separately
+so an untrained head starts as (almost) the LM head itself, its logits taking the target's own
+transform (Cohere's scale, Gemma-2's soft-cap). The K heads are K separately
 constructed modules in an `nn.ModuleList`: `[head] * K` would train one module K times
 (a bug Medusa's users hit), and `MedusaHeads` refuses heads that share parameters.
 
@@ -26,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from eagle.target import TargetIdentity, check_shape, lm_head
+from eagle.target import LogitTransform, TargetIdentity, check_shape, lm_head
 
 
 class MedusaError(ValueError):
@@ -44,6 +45,9 @@ class MedusaConfig:
         target: `eagle.target.TargetIdentity(...).to_dict()` of the target.
         draft_vocab: the token ids the heads were trained over (a reduced loss vocabulary) and
             draft from; None = the whole vocabulary.
+        logit_scale, logit_softcap: the target's `eagle.target.LogitTransform`, applied to every
+            head's logits as the target applies it to its LM head's (Cohere's scale, Gemma-2's
+            soft-cap), so that an untrained head is the target's own next-token distribution.
     """
 
     num_heads: int
@@ -52,6 +56,8 @@ class MedusaConfig:
     num_layers: int = 1
     target: dict = field(default_factory=dict)
     draft_vocab: list[int] | None = None
+    logit_scale: float = 1.0
+    logit_softcap: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("num_heads", "hidden_size", "vocab_size", "num_layers"):
@@ -69,9 +75,10 @@ class MedusaConfig:
     @classmethod
     def from_target(cls, model: nn.Module, num_heads: int, num_layers: int = 1, tokenizer=None,
                     path: str | None = None) -> MedusaConfig:
-        ident = TargetIdentity.of(model, tokenizer, path)
+        ident, transform = TargetIdentity.of(model, tokenizer, path), LogitTransform.of(model.config)
         return cls(num_heads=num_heads, hidden_size=ident.hidden_size, vocab_size=ident.vocab_size,
-                   num_layers=num_layers, target=ident.to_dict())
+                   num_layers=num_layers, target=ident.to_dict(), logit_scale=transform.scale,
+                   logit_softcap=transform.softcap)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -163,13 +170,19 @@ class MedusaHeads(nn.Module):
         -inf (the heads were never trained on them: their rows are still the LM head's)."""
         features = features.to(self.device, self.dtype)
         if self.config.draft_vocab is None:
-            return torch.stack([head(features) for head in self.heads])
+            return self.transform(torch.stack([head(features) for head in self.heads]))
         return self.to_vocab(self.drafted(features))
+
+    @property
+    def transform(self) -> LogitTransform:
+        """The target's logit transform, which every head's logits take as its LM head's do."""
+        return LogitTransform(scale=self.config.logit_scale, softcap=self.config.logit_softcap)
 
     def drafted(self, features: Tensor) -> Tensor:
         """Every head over its drafting vocabulary's rows only: (..., H) -> (K, ..., V_draft)."""
         features = features.to(self.device, self.dtype)
-        return torch.stack([F.linear(head.blocks(features), rows) for head, rows in zip(self.heads, self._rows())])
+        return self.transform(torch.stack([F.linear(head.blocks(features), rows)
+                                           for head, rows in zip(self.heads, self._rows())]))
 
     def _rows(self) -> list[Tensor]:
         """Each head's projection rows of the drafting vocabulary (V_draft, H). Training takes
