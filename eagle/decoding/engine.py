@@ -236,7 +236,8 @@ class SpeculativeDecoder:
         runner, policy = self.runner, self.policy
         tree_size = max(self.proposer.max_nodes, runner.tree_size)
         vocab = self.target.get_input_embeddings().weight.shape[0]
-        check_longrope([len(ids) for ids in prompts], budgets, tree_size, longrope_switch(self.target))
+        switch = longrope_switch(self.target)
+        check_longrope([len(ids) for ids in prompts], budgets, tree_size, switch)
         for row, (ids, budget) in enumerate(zip(prompts, budgets)):
             self.check_fits(len(ids), budget, tree_size)
             if self.proposer.context is not None:  # a draft LM of a shorter context: an index error mid-decode
@@ -278,7 +279,6 @@ class SpeculativeDecoder:
         if live:
             proposer.reset_batch([states[row] for row in live])
         # a longrope target's one sequence below its switch, which it may cross (check_longrope)
-        switch = longrope_switch(self.target)
         below = switch if switch is not None and len(prompts) == 1 and len(prompts[0]) <= switch else None
 
         while live:

@@ -13,6 +13,7 @@ from eagle.decoding.compile import compile_static
 from eagle.decoding.draft_cache import DraftCache, RowsDraftCache, draft_cache
 from eagle.decoding.engine import DecodeState
 from eagle.decoding.masks import padded_causal
+from eagle.proposers.template import fit_pass, pad_with_first, pass_slack
 from eagle.target import check_attention_only, context_length, lm_head, target_forward
 
 
@@ -54,8 +55,7 @@ class DraftLM:
 
     def reset(self, state: DecodeState) -> None:
         self._check_vocab(state)
-        # a padded pass writes `rows` entries wherever its nodes start (see EagleDraftModel.reset)
-        self.cache.begin(state.max_len + (self.pass_shape[0] if self.pass_shape else 0))
+        self.cache.begin(state.max_len + pass_slack(self.pass_shape))
 
     def _check_vocab(self, state: DecodeState) -> None:
         vocab = lm_head(self.model).weight.shape[0]
@@ -87,23 +87,16 @@ class DraftLM:
               last_only: bool = False) -> Tensor:
         """ids (1, n) written at entries write_at.., at `positions` (n,), seeing the committed
         entries and what `visible` (n, S) allows of the S after `start`; padded to `pass_shape`
-        when there is one and the pass fits it (as `EagleDraftModel._pass`: padding rows see none
-        of the branch and write where later passes overwrite). Returns logits (n, V), or of the
-        last row only (1, V) with `last_only` unpadded."""
-        (n, s), device = visible.shape, self.cache.device
-        rows, window = self.pass_shape or (0, 0)
-        if n > rows or s > window:  # no fixed shape, or a long prompt's catch-up
-            self.cache.reserve(write_at + n)
+        when there is one and the pass fits it (`fit_pass`). Returns logits (n, V), or of the last
+        row only (1, V) with `last_only` unpadded."""
+        n, device = visible.shape[0], self.cache.device
+        padded = fit_pass(self.cache, self.pass_shape, visible, start, write_at)
+        if padded is None:
             return self._scores(ids, start, visible, positions, write_at, last_only)
-        self.cache.reserve(max(write_at + rows, start + window))
-        pad = rows - n
-        ids = torch.cat([ids, ids[:, :1].expand(1, pad)], 1)  # (1, rows)
-        positions = torch.cat([positions, positions[:1].expand(pad)])  # (rows,)
-        padded = torch.zeros(rows, window, dtype=torch.bool, device=device)
-        padded[:n, :s] = visible
+        rows = padded.shape[0]
         # 0-d tensors: one compiled graph serves every committed length
-        return self._scores_fixed(ids, torch.tensor(start, device=device), padded, positions,
-                                  torch.tensor(write_at, device=device))[:n]
+        return self._scores_fixed(pad_with_first(ids, rows, 1), torch.tensor(start, device=device), padded,
+                                  pad_with_first(positions, rows, 0), torch.tensor(write_at, device=device))[:n]
 
     def _scores(self, ids: Tensor, start: int | Tensor, visible: Tensor, positions: Tensor, write_at: int | Tensor,
                 last_only: bool = False) -> Tensor:

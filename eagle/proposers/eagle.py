@@ -32,7 +32,7 @@ from eagle.decoding.draft_cache import DraftCache, RowsDraftCache, draft_cache
 from eagle.decoding.engine import DecodeState
 from eagle.decoding.masks import padded_causal
 from eagle.models.drafter import EagleDrafter
-from eagle.proposers.template import TemplateProposer
+from eagle.proposers.template import TemplateProposer, fit_pass, pad_with_first, pass_slack
 from eagle.tree import TreeTemplate
 
 
@@ -76,9 +76,7 @@ class EagleDraftModel:
         return self.drafter.config.vocab_size
 
     def reset(self, state: DecodeState) -> None:
-        # a padded pass writes `rows` entries wherever its nodes start: on a deep, narrow tree the
-        # last depth's padding runs up to rows - 1 entries past what the sequence itself needs
-        self.cache.begin(state.max_len + (self.pass_shape[0] if self.pass_shape else 0))
+        self.cache.begin(state.max_len + pass_slack(self.pass_shape))
 
     def fork(self) -> EagleDraftModel:
         return EagleDraftModel(self.drafter, self.cache.fresh(), self.compile_mode, self.pass_shape)
@@ -180,20 +178,16 @@ class EagleDraftModel:
         fits in it (padding rows see nothing of the branch and write past this pass's entries,
         where later passes overwrite them). Returns f_hat (n, H); the callers apply the LM head
         to the rows they need (the catch-up: only the root's)."""
-        (n, s), device = visible.shape, self.drafter.device
-        rows, window = self.pass_shape or (0, 0)
-        if n > rows or s > window:  # no fixed shape, or a long prompt's catch-up
-            self.cache.reserve(write_at + n)
+        n, device = visible.shape[0], self.drafter.device
+        padded = fit_pass(self.cache, self.pass_shape, visible, start, write_at)
+        if padded is None:
             return self._scores(features, ids, start, visible, positions, write_at, prev_ids)
-        self.cache.reserve(max(write_at + rows, start + window))
-        pad = rows - n
-        features = torch.cat([features, features.new_zeros(1, pad, features.shape[-1])], 1)  # (1, rows, H)
-        ids = torch.cat([ids, ids[:, :1].expand(1, pad)], 1)  # (1, rows)
+        rows = padded.shape[0]
+        features = torch.cat([features, features.new_zeros(1, rows - n, features.shape[-1])], 1)  # (1, rows, H)
+        ids = pad_with_first(ids, rows, 1)  # (1, rows)
         if prev_ids is not None:
-            prev_ids = torch.cat([prev_ids, prev_ids[:, :1].expand(1, pad)], 1)  # (1, rows)
-        positions = torch.cat([positions, positions[:1].expand(pad)])  # (rows,)
-        padded = torch.zeros(rows, window, dtype=torch.bool, device=device)
-        padded[:n, :s] = visible
+            prev_ids = pad_with_first(prev_ids, rows, 1)  # (1, rows)
+        positions = pad_with_first(positions, rows, 0)  # (rows,)
         # 0-d tensors: one compiled graph serves every committed length
         hidden = self._scores_fixed(features, ids, torch.tensor(start, device=device), padded, positions,
                                     torch.tensor(write_at, device=device), prev_ids)

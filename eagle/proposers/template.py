@@ -261,6 +261,37 @@ class TemplateProposer(Proposer):
         return sample_without_replacement(dist, m, state.generator)
 
 
+def pass_slack(shape: tuple[int, int] | None) -> int:
+    """Entries a draft cache needs past its sequence for passes padded to `shape` (rows, window):
+    a padded pass writes `rows` entries wherever its nodes start, so on a deep, narrow tree the
+    last depth's padding runs up to rows - 1 entries past what the sequence itself needs."""
+    return shape[0] if shape else 0
+
+
+def fit_pass(cache, shape: tuple[int, int] | None, visible: Tensor, start: int, write_at: int) -> Tensor | None:
+    """Reserve `cache` for one drafter pass whose n nodes are written from `write_at` and see what
+    `visible` (n, S) allows of the S entries from `start`, and return that visibility padded to
+    `shape` (rows, window), the one shape a compiled pass runs; None where there is no shape or
+    the pass does not fit it (a long prompt's catch-up), which then runs as it is. Padding rows
+    see nothing of the branch and write past this pass's entries, where later passes overwrite
+    them (EagleDraftModel, DraftLM)."""
+    n, s = visible.shape
+    rows, window = shape or (0, 0)
+    if n > rows or s > window:
+        cache.reserve(write_at + n)
+        return None
+    cache.reserve(max(write_at + rows, start + window))
+    padded = torch.zeros(rows, window, dtype=torch.bool, device=visible.device)
+    padded[:n, :s] = visible
+    return padded
+
+
+def pad_with_first(t: Tensor, rows: int, dim: int) -> Tensor:
+    """`t` padded along `dim` to `rows` entries with copies of its first one."""
+    first = t.narrow(dim, 0, 1)
+    return torch.cat([t, first.expand(*t.shape[:dim], rows - t.shape[dim], *t.shape[dim + 1:])], dim)
+
+
 @dataclass(frozen=True)
 class _Level:
     """Index tensors of one depth of a template (see `TemplateProposer.__init__`)."""
