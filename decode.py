@@ -320,8 +320,13 @@ def tree_search(cfg: DictConfig) -> Path:
     probe = resolve_tree(ts.probe, [TREE_DIR])
     method = methods.build(f"eagle@{ts.probe}", dtype)
     _, tokenizer = methods.target(dtype)
-    prompts = [encode_prompt(tokenizer, p) for name in bcfg.eval_sets
-               for p in load_eval_set(name, ts.num_prompts)]
+    # the search's prompts are each set's last: the benchmark (and the comparison below) takes the first
+    searched = [p for name in bcfg.eval_sets for p in load_eval_set(name, ts.num_prompts, from_end=True)]
+    prompts = [encode_prompt(tokenizer, p) for p in searched]
+    benchmarked = {p.id for name in bcfg.eval_sets for p in load_eval_set(name, bcfg.num_prompts)}
+    if seen := [p.id for p in searched if p.id in benchmarked]:
+        print(f"[tree search] note: {len(seen)} of the searched prompts are among the benchmark's first "
+              f"{bcfg.num_prompts} of each set (a set too short for both): its figures there are not held out")
     greedy = SamplingPolicy()
 
     def first_round(ids: list[int], max_new: int) -> tuple[int, ...]:
@@ -348,7 +353,8 @@ def tree_search(cfg: DictConfig) -> Path:
     chosen = next(c for c in found if c.tree.name == ranking[0]["tree"])
     write_tree(chosen, out / "machine.yaml", source=f"{chosen.tree.name}, chosen by the cost model of this machine")
     # the dtype of every tree the cost model measured, and of each machine*.yaml written (searched_dtype)
-    machine = {"chosen": chosen.tree.name, "vanilla_ms": vanilla_ms, "vanilla_ms_by_dtype": plain_ms,
+    machine = {"chosen": chosen.tree.name, "searched_prompts": [p.id for p in searched],
+               "vanilla_ms": vanilla_ms, "vanilla_ms_by_dtype": plain_ms,
                "cost_model": cost.to_dict(), "ranking": ranking, "dtypes": {**dtypes, "machine": dtypes[chosen.tree.name]}}
     print(f"[tree search] the tree for this machine: {chosen.tree.summary()} -> {out / 'machine.yaml'}")
     if ranking[0]["predicted_speedup"] < 1.0:  # said, not silent: the benchmark will show EAGLE behind plain decoding
@@ -376,7 +382,7 @@ def tree_search(cfg: DictConfig) -> Path:
                   f"over vanilla batches of {size}) -> {out / f'machine_b{size}.yaml'}")
     if ts.sampled_temperature:
         sample_prompts = [encode_prompt(tokenizer, p) for name in bcfg.eval_sets
-                          for p in load_eval_set(name, ts.sampled_prompts)]
+                          for p in load_eval_set(name, ts.sampled_prompts, from_end=True)]
         sampled = rank_sampled(cfg, methods, sample_prompts, found, out, float(ts.sampled_temperature), dtypes)
         best = next(c for c in found if c.tree.name == sampled["ranking"][0]["tree"])
         name = f"machine_t{sampled['temperature']:g}.yaml"

@@ -169,7 +169,7 @@ def test_greedy_methods_identical_to_hf_generate(models, tmp_path):
             assert got.stats.committed == len(got.tokens) - 1 and got.stats.forwards >= 1, name
 
 
-def test_tree_search_writes_best_subtrees_and_compares_them(models, tmp_path):
+def test_tree_search_writes_best_subtrees_and_compares_them(models, tmp_path, capsys):
     """mode=tree_search on a small probe: best<N>.yaml files, and a comparison run in which
     they decode greedily exactly like vanilla, with the tau the search predicted (float32)."""
     from decode import decode, searched_dtype
@@ -194,6 +194,9 @@ def test_tree_search_writes_best_subtrees_and_compares_them(models, tmp_path):
     # the tree for this machine: the candidate the cost model ranks first, written as machine.yaml
     machine = json.loads((out / "machine.json").read_text())
     assert machine["chosen"] == machine["ranking"][0]["tree"] and machine["vanilla_ms"] > 0
+    # a set of 3 prompts is too short to hold any out: all 3 searched (and recorded), and said
+    assert machine["searched_prompts"] == [p.id for p in load_eval_set(str(models / "prompts.jsonl"))]
+    assert "3 of the searched prompts are among the benchmark's first" in capsys.readouterr().out
     assert TreeTemplate.from_file(out / "machine.yaml").paths == TreeTemplate.from_file(
         out / f"{machine['chosen']}.yaml").paths
     assert [r["machine_choice"] for r in summary].count(True) == 1
@@ -312,6 +315,10 @@ def test_unseen_code_prompts_are_named_new_and_stable(monkeypatch):
 def test_eval_sets_ship_with_packages():
     assert len(load_eval_set("humaneval")) == 164
     assert len(load_eval_set("mtbench", limit=5)) == 5
+    # the tree search tunes on each set's last prompts, held out from the benchmark's first
+    every, last = load_eval_set("mtbench"), load_eval_set("mtbench", limit=5, from_end=True)
+    assert [p.id for p in last] == [p.id for p in every[-5:]] and len(every) >= 40
+    assert not {p.id for p in last} & {p.id for p in load_eval_set("mtbench", limit=20)}
 
 
 def test_timing_mode_times_rounds_and_labels_the_projection(models, tmp_path):

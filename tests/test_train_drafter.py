@@ -235,6 +235,8 @@ def test_quiet_lightning_drops_only_its_messages():
             with quiet_lightning():
                 warnings.warn("Precision bf16-mixed is not supported by the model summary.  Estimated ...", UserWarning, stacklevel=1)
                 warnings.warn("another warning", UserWarning, stacklevel=1)
+                warnings.warn("You're resuming from a checkpoint that ended before the epoch ended and your "
+                              "dataloader is not resumable.", UserWarning, stacklevel=1)
                 rank_zero_info("\N{ELECTRIC LIGHT BULB} Tip: For seamless cloud logging, try ...")
                 rank_zero_info("GPU available: False")
             warnings.warn("Precision bf16-mixed is not supported by the model summary.", UserWarning, stacklevel=1)  # outside

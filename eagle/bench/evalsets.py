@@ -142,12 +142,16 @@ def unseen_code(limit: int = 164) -> list[Prompt]:
 BUILTIN = {"humaneval": humaneval, "mtbench": mtbench, "unseen_code": unseen_code}
 
 
-def load_eval_set(name: str, limit: int | None = None) -> list[Prompt]:
-    """`humaneval`, `mtbench`, `unseen_code`, or a path to a JSONL file; the first `limit` prompts."""
+def load_eval_set(name: str, limit: int | None = None, from_end: bool = False) -> list[Prompt]:
+    """`humaneval`, `mtbench`, `unseen_code`, or a path to a JSONL file; the first `limit` prompts,
+    or with `from_end` the last `limit` (what is tuned on them, the tree search's trees, is then
+    measured on the benchmark's first prompts, which it did not see)."""
     if name in BUILTIN:
         prompts = BUILTIN[name]()
     elif name.endswith(".jsonl"):
         prompts = jsonl(name)
     else:
         raise EvalSetError(f"unknown eval set {name!r}: use one of {sorted(BUILTIN)} or a .jsonl path")
-    return prompts[:limit] if limit else prompts
+    if not limit:
+        return prompts
+    return prompts[-limit:] if from_end else prompts[:limit]

@@ -28,7 +28,11 @@ from lightning.pytorch.callbacks import ProgressBar, Timer, TQDMProgressBar
 # pytree class Lightning still builds, and Lightning advertises a cloud logger. Matched by the start
 # of the message, so any other warning or log line still shows.
 LIGHTNING_NOISE_WARNINGS = (r"Precision \S+ is not supported by the model summary",
-                            r"`isinstance\(treespec, LeafSpec\)` is deprecated")
+                            r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+                            # every training sampler resumes mid-epoch by itself, from the
+                            # optimizer steps taken (eagle.data.tokens.EpochSampler), so the
+                            # "unreliable results" this warns of do not happen here
+                            r"You're resuming from a checkpoint that ended before the epoch ended")
 LIGHTNING_NOISE_LOGS = ("\N{ELECTRIC LIGHT BULB} Tip: For seamless cloud logging",)
 
 
