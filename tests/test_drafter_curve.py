@@ -35,7 +35,11 @@ def test_a_curve_over_the_checkpoints_of_a_run(tmp_path, target_dir, features_di
         "drafter_curve.py", "--run", str(run), "--target", str(target_dir), "--trees", "chain5", "specinfer_221%64",
         "--temperatures", "0", "1", "--prompts", "2", "--new-tokens", "12", "--threads", "1", "--out", str(out),
         "--extra", f"final={run / 'drafter'}"])
+    chosen = []  # the kernels the target's linears were switched to: the fastest that build here
+    real = curve.use_kernels
+    monkeypatch.setattr(curve, "use_kernels", lambda model, kernels: chosen.append(kernels) or real(model, kernels))
     curve.main()
+    assert chosen == ["fused" if "fused" in curve.available_kernels() else "default"]
     report = json.loads((out / "curve.json").read_text())
     columns = ["chain5", "chain5 T=1", "specinfer_221%64", "specinfer_221%64 T=1"]
     assert [(r["label"], r["step"]) for r in report["rows"]] == [("drafter_test", 2), ("drafter_test", 4), ("final", 4)]
