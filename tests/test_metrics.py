@@ -55,6 +55,37 @@ def test_topk_agreement_known_values():
     assert metrics.agreement(target, target, ones, 1).item() == 1.0
 
 
+def test_label_hits_counts_strictly_higher_logits_with_ties():
+    """k > 1 (torch.topk) against its definition, fewer than k tokens score strictly higher, on
+    integer logits full of ties; k = 1 is the argmax."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randint(0, 4, (3, 50, 9), generator=g).float()
+    labels = torch.randint(0, 9, (3, 50), generator=g)
+    higher = (logits > logits.gather(-1, labels[..., None])).sum(-1)  # (3, 50)
+    for k in (2, 3, 5, 9):
+        assert torch.equal(metrics.label_hits(logits, labels, k), higher < k)
+    assert torch.equal(metrics.label_hits(logits, labels, 1), logits.argmax(-1) == labels)
+
+
+def test_head_hits_and_argmax_on_masked_rows_match_the_full_logits():
+    """The head on the masked rows only, a few rows at a time, gives the sums of the full
+    (B, T, V) computation, weights included; unmasked positions get label -1."""
+    g = torch.Generator().manual_seed(1)
+    head = torch.nn.Linear(6, 13)
+    feats, other = torch.randn(2, 11, 6, generator=g), torch.randn(2, 11, 6, generator=g)
+    mask = (torch.rand(2, 11, generator=g) > 0.4).float() * torch.rand(2, 11, generator=g)
+    with torch.no_grad():
+        labels = metrics.head_argmax(head, other, mask, rows=3)
+        full = head(other).argmax(-1)
+        assert torch.equal(labels[mask != 0], full[mask != 0]) and (labels[mask == 0] == -1).all()
+        res = metrics.head_hits(head, feats, full, mask, ks=(1, 4), rows=3)
+        for k in (1, 4):
+            hits, count = res[k]
+            want = metrics.masked_sum_count(metrics.label_hits(head(feats), full, k).float(), mask)
+            torch.testing.assert_close((hits, count), want)
+        assert metrics.head_argmax(head, other, torch.zeros(2, 11)).eq(-1).all()
+
+
 def test_unroll_feeds_shifted_predictions():
     # a "drafter" that returns its input features: f_hat_t = input at t
     b, t, h = 2, 6, 3

@@ -104,8 +104,8 @@ def depth_profile(step: Step, head: Callable[[Tensor], Tensor], batches: Iterabl
     for batch in batches:
         v = shift_batch(batch["input_ids"], batch["features"].float(), batch["loss_mask"])
         target = v["target"]  # (B, T-1, H) f_t
-        target_logits = head(target).float()  # (B, T-1, V)
         w = v["weight"]  # (B, T-1)
+        labels = metrics.head_argmax(head, target, w)  # (B, T-1) the target's greedy next tokens
         sums.scale += float((target.abs().mean(-1) * w).sum())
         sums.scale_count += float(w.sum())
         for i, f_hat in enumerate(metrics.unroll(step, v["features_in"], v["input_ids"], v["prev_ids"], depth)):
@@ -116,9 +116,8 @@ def depth_profile(step: Step, head: Callable[[Tensor], Tensor], batches: Iterabl
             sums.l1[i] += float((l1 * m).sum())
             sums.cos[i] += float((cos * m).sum())
             sums.count[i] += float(m.sum())
-            logits = head(f_hat).float()
-            for k in sums.ks:
-                sums.hits[k][i] += float((metrics.topk_hits(logits, target_logits, k).float() * m).sum())
+            for k, (hits, _) in metrics.head_hits(head, f_hat, labels, m, sums.ks).items():
+                sums.hits[k][i] += float(hits)
     if not any(sums.count):
         raise ValueError("no trained positions in the batches: nothing to measure")
     n = [max(c, 1.0) for c in sums.count]

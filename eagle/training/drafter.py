@@ -189,8 +189,8 @@ class EagleDrafterModule(FrozenTargetModule):
             self.val_add(f"top{k}_d{d}/hits", h)
             self.val_add(f"top{k}_d{d}/count", n)
         # the baseline: a drafter that returns its input feature f_{t-1} unchanged
-        copy_hits, copy_count = metrics.masked_sum_count(
-            metrics.topk_hits(self.head(out["features_in"]), out["target_logits"]).float(), out["weight"])
+        copy_hits, copy_count = metrics.head_hits(self.head, out["features_in"], out["target_logits"].argmax(-1),
+                                                  out["weight"])[1]
         self.val_add("top1_copy/hits", copy_hits)
         self.val_add("top1_copy/count", copy_count)
 
