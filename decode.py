@@ -320,8 +320,8 @@ def tree_search(cfg: DictConfig) -> Path:
     probe = resolve_tree(ts.probe, [TREE_DIR])
     method = methods.build(f"eagle@{ts.probe}", dtype)
     _, tokenizer = methods.target(dtype)
-    # the search's prompts are each set's last: the benchmark (and the comparison below) takes the first
-    searched = [p for name in bcfg.eval_sets for p in load_eval_set(name, ts.num_prompts, from_end=True)]
+    # the search tunes on prompts the benchmark (and the comparison below) does not take, from the same categories
+    searched = [p for name in bcfg.eval_sets for p in load_eval_set(name, ts.num_prompts, held_out_from=bcfg.num_prompts)]
     prompts = [encode_prompt(tokenizer, p) for p in searched]
     benchmarked = {p.id for name in bcfg.eval_sets for p in load_eval_set(name, bcfg.num_prompts)}
     if seen := [p.id for p in searched if p.id in benchmarked]:
@@ -382,7 +382,7 @@ def tree_search(cfg: DictConfig) -> Path:
                   f"over vanilla batches of {size}) -> {out / f'machine_b{size}.yaml'}")
     if ts.sampled_temperature:
         sample_prompts = [encode_prompt(tokenizer, p) for name in bcfg.eval_sets
-                          for p in load_eval_set(name, ts.sampled_prompts, from_end=True)]
+                          for p in load_eval_set(name, ts.sampled_prompts, held_out_from=bcfg.num_prompts)]
         sampled = rank_sampled(cfg, methods, sample_prompts, found, out, float(ts.sampled_temperature), dtypes)
         best = next(c for c in found if c.tree.name == sampled["ranking"][0]["tree"])
         name = f"machine_t{sampled['temperature']:g}.yaml"

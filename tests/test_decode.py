@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from eagle.bench.evalsets import EvalSetError, load_eval_set
+from eagle.bench.evalsets import EvalSetError, load_eval_set, spread
 from eagle.bench.methods import METHODS, MethodError, MethodSpec
 from eagle.decoding.kernels import available_kernels
 from eagle.decoding.stats import DecodeResult, DecodeStats, RoundStats
@@ -315,10 +315,15 @@ def test_unseen_code_prompts_are_named_new_and_stable(monkeypatch):
 def test_eval_sets_ship_with_packages():
     assert len(load_eval_set("humaneval")) == 164
     assert len(load_eval_set("mtbench", limit=5)) == 5
-    # the tree search tunes on each set's last prompts, held out from the benchmark's first
-    every, last = load_eval_set("mtbench"), load_eval_set("mtbench", limit=5, from_end=True)
-    assert [p.id for p in last] == [p.id for p in every[-5:]] and len(every) >= 40
-    assert not {p.id for p in last} & {p.id for p in load_eval_set("mtbench", limit=20)}
+    # MT-bench is ordered by category (10 questions each): a sample takes every category's first
+    every, bench = load_eval_set("mtbench"), load_eval_set("mtbench", limit=8)
+    assert [p.id for p in bench] == [p.id for p in every[::10]] and len(every) == 80
+    # the tree search tunes on prompts held out from the benchmark's, spread the same way
+    held = load_eval_set("mtbench", limit=8, held_out_from=8)
+    assert [p.id for p in held] == [p.id for p in every[1::10]]
+    assert not {p.id for p in load_eval_set("mtbench", 5, held_out_from=20)} & {p.id for p in load_eval_set("mtbench", 20)}
+    # a set too short for both: the held-out prompts overlap the benchmark's
+    assert [p.id for p in load_eval_set("mtbench", 50, held_out_from=40)] == [p.id for p in spread(every, 50)]
 
 
 def test_timing_mode_times_rounds_and_labels_the_projection(models, tmp_path):

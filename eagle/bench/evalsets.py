@@ -21,8 +21,12 @@ import importlib.util
 import json
 import sysconfig
 import textwrap
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 class EvalSetError(ValueError):
@@ -142,16 +146,32 @@ def unseen_code(limit: int = 164) -> list[Prompt]:
 BUILTIN = {"humaneval": humaneval, "mtbench": mtbench, "unseen_code": unseen_code}
 
 
-def load_eval_set(name: str, limit: int | None = None, from_end: bool = False) -> list[Prompt]:
-    """`humaneval`, `mtbench`, `unseen_code`, or a path to a JSONL file; the first `limit` prompts,
-    or with `from_end` the last `limit` (what is tuned on them, the tree search's trees, is then
-    measured on the benchmark's first prompts, which it did not see)."""
+def spread(items: Sequence[T], limit: int | None) -> list[T]:
+    """`limit` items evenly spaced over `items`, the first included, in their order (all of
+    them when `limit` is None or not below their number)."""
+    if not limit or limit >= len(items):
+        return list(items)
+    return [items[i * len(items) // limit] for i in range(limit)]
+
+
+def load_eval_set(name: str, limit: int | None = None, held_out_from: int | None = None) -> list[Prompt]:
+    """`humaneval`, `mtbench`, `unseen_code`, or a path to a JSONL file.
+
+    `limit` prompts spread evenly over the set (`spread`), not its first ones: MT-bench is
+    ordered by category, ten questions each of writing, roleplay, reasoning, math, coding,
+    extraction, STEM and humanities, so its first 10 are all writing; HumanEval's first are
+    among its easiest. With `held_out_from=n`, `limit` prompts spread over those a benchmark of
+    `n` prompts does not take: what is tuned on them (the tree search's trees) is then measured
+    on prompts it did not see, from the same categories. A set too short for both gives
+    `limit` prompts that overlap the benchmark's (the caller says so)."""
     if name in BUILTIN:
         prompts = BUILTIN[name]()
     elif name.endswith(".jsonl"):
         prompts = jsonl(name)
     else:
         raise EvalSetError(f"unknown eval set {name!r}: use one of {sorted(BUILTIN)} or a .jsonl path")
-    if not limit:
-        return prompts
-    return prompts[-limit:] if from_end else prompts[:limit]
+    if held_out_from is None:
+        return spread(prompts, limit)
+    taken = set(spread(range(len(prompts)), held_out_from))
+    rest = [p for i, p in enumerate(prompts) if i not in taken]
+    return spread(rest if len(rest) >= (limit or 1) else prompts, limit)
