@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from eagle.bench.benchmark import tau_by_category
 from eagle.bench.evalsets import EvalSetError, load_eval_set, spread
 from eagle.bench.methods import METHODS, MethodError, MethodSpec
 from eagle.decoding.kernels import available_kernels
@@ -75,6 +76,8 @@ def test_benchmark_every_method_writes_report(models, tmp_path):
         assert eagle_static["speedup_vs_static"] > 0 and eagle_static["ms_per_round"] > 0
         assert eagle_static["draft_ms_per_round"] + eagle_static["verify_ms_per_round"] <= eagle_static["ms_per_round"]
     assert report["status"] == "complete"
+    prompts = load_eval_set(str(models / "prompts.jsonl"))
+    assert report["runs"][0]["prompts"] == [p.id for p in prompts]  # which prompts, in the texts' order
     texts = report["runs"][0]["texts"]  # the greedy texts that were compared, kept in the report
     assert set(texts) == set(EVERY) and all(len(t) == report["runs"][0]["num_prompts"] for t in texts.values())
     assert texts["eagle"] == texts["vanilla"] and all(isinstance(t, str) for t in texts["vanilla"])
@@ -318,12 +321,27 @@ def test_eval_sets_ship_with_packages():
     # MT-bench is ordered by category (10 questions each): a sample takes every category's first
     every, bench = load_eval_set("mtbench"), load_eval_set("mtbench", limit=8)
     assert [p.id for p in bench] == [p.id for p in every[::10]] and len(every) == 80
+    assert len({p.category for p in every}) == 8 and every[0].category == "writing"
     # the tree search tunes on prompts held out from the benchmark's, spread the same way
     held = load_eval_set("mtbench", limit=8, held_out_from=8)
     assert [p.id for p in held] == [p.id for p in every[1::10]]
     assert not {p.id for p in load_eval_set("mtbench", 5, held_out_from=20)} & {p.id for p in load_eval_set("mtbench", 20)}
     # a set too short for both: the held-out prompts overlap the benchmark's
     assert [p.id for p in load_eval_set("mtbench", 50, held_out_from=40)] == [p.id for p in spread(every, 50)]
+
+
+def test_tau_by_category_sums_each_categorys_prompts():
+    """tau over a category is its prompts' committed tokens over their forwards, not a mean of
+    per-prompt taus; plain decoding and runs of one category get no table."""
+    per = {"committed": [10, 30, 8, 12], "forwards": [10, 10, 8, 4]}
+    run = {"categories": ["math", "writing", "math", "writing"],
+           "methods": {"vanilla": {"method": "vanilla", "per_prompt": per},
+                       "eagle": {"method": "eagle", "per_prompt": per}}}
+    lines = tau_by_category(run)
+    assert lines[0] == "tau by category (prompts): math (2), writing (2)"
+    assert "| eagle | 1.00 | 3.00 |" in lines and not any(ln.startswith("| vanilla") for ln in lines)
+    assert tau_by_category({**run, "categories": ["math"] * 4}) == []
+    assert tau_by_category({**run, "categories": [""] * 4}) == [] and tau_by_category({"methods": {}}) == []
 
 
 def test_timing_mode_times_rounds_and_labels_the_projection(models, tmp_path):

@@ -252,6 +252,7 @@ def run_benchmark(eval_sets: dict[str, list[Prompt]], tokenizer, build: Callable
             _speedups(results)
             runs.append({"eval_set": set_name, "temperature": float(temperature), "target": target_name,
                          "num_prompts": len(prompts), "max_new_tokens": cfg.max_new_tokens,
+                         "prompts": [p.id for p in prompts], "categories": [p.category for p in prompts],
                          "fastest_vanilla": fastest_vanilla(results),
                          "methods": {k: asdict(v) for k, v in results.items()},
                          # what was decoded (and, greedy, compared): every method's new text per prompt
@@ -385,7 +386,29 @@ def markdown_table(report: dict) -> str:
                          f"{m['ms_per_token']:.2f} | {speed} | {split} | {per_round} | "
                          f"{'yes' if m['lossless'] else 'NO (lossy)'} | {ident} |")
         lines.append("")
+        lines += tau_by_category(run)
     return "\n".join(lines)
+
+
+def tau_by_category(run: dict) -> list[str]:
+    """Markdown lines: tau of each drafting method over the prompts of each category (MT-bench's
+    writing, math, ...), from the per-prompt counts; nothing when the run has fewer than two."""
+    categories = list(dict.fromkeys(c for c in run.get("categories") or [] if c))
+    if len(categories) < 2:
+        return []
+    lines = ["tau by category (prompts): " + ", ".join(
+        f"{c} ({run['categories'].count(c)})" for c in categories), "",
+        "| method | " + " | ".join(categories) + " |", "|---|" + "---:|" * len(categories)]
+    for m in run["methods"].values():
+        per = m["per_prompt"]
+        if is_plain_decoding(m["method"]):  # one token a forward
+            continue
+        cells = []
+        for c in categories:
+            idx = [i for i, pc in enumerate(run["categories"]) if pc == c]
+            cells.append(f"{tau(sum(per['committed'][i] for i in idx), sum(per['forwards'][i] for i in idx)):.2f}")
+        lines.append(f"| {m['method']} | " + " | ".join(cells) + " |")
+    return lines + [""]
 
 
 def same_text(m: dict) -> str:

