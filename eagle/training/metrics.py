@@ -131,11 +131,12 @@ def head_argmax(head: Callable[[Tensor], Tensor], features: Tensor, mask: Tensor
     non-zero, -1 elsewhere. The head runs on those rows only, `rows` at a time: padding costs
     nothing and no (B, T, V) logits tensor is held (gigabytes for one batch of long
     conversations on a 49,152-token vocabulary)."""
-    _, f = _scored_rows(mask, features)
-    out = torch.full(mask.shape, -1, dtype=torch.long, device=features.device)
-    out.view(-1)[mask.reshape(-1) != 0] = torch.cat(
-        [head(f[s:s + rows]).argmax(-1) for s in range(0, len(f), rows)] or [f.new_zeros(0, dtype=torch.long)])
-    return out
+    idx = (mask.reshape(-1) != 0).nonzero().squeeze(-1)  # (N,)
+    flat = features.reshape(-1, features.shape[-1])  # (B * T, H)
+    out = torch.full((flat.shape[0],), -1, dtype=torch.long, device=features.device)
+    for s in range(0, len(idx), rows):
+        out[idx[s:s + rows]] = head(flat[idx[s:s + rows]]).argmax(-1)
+    return out.view(mask.shape)
 
 
 def head_hits(head: Callable[[Tensor], Tensor], features: Tensor, labels: Tensor, mask: Tensor,
