@@ -45,7 +45,7 @@ from eagle.bench.benchmark import (
     warm_up,
     warmup_budget,
 )
-from eagle.bench.evalsets import Prompt, load_eval_set
+from eagle.bench.evalsets import Prompt, load_eval_set, select
 from eagle.bench.floor import weight_bytes
 from eagle.bench.methods import (
     SECTIONS,
@@ -320,10 +320,11 @@ def tree_search(cfg: DictConfig) -> Path:
     probe = resolve_tree(ts.probe, [TREE_DIR])
     method = methods.build(f"eagle@{ts.probe}", dtype)
     _, tokenizer = methods.target(dtype)
+    sets = [load_eval_set(name) for name in bcfg.eval_sets]  # each read once (unseen_code scans packages)
     # the search tunes on prompts the benchmark (and the comparison below) does not take, from the same categories
-    searched = [p for name in bcfg.eval_sets for p in load_eval_set(name, ts.num_prompts, held_out_from=bcfg.num_prompts)]
+    searched = [p for every in sets for p in select(every, ts.num_prompts, held_out_from=bcfg.num_prompts)]
     prompts = [encode_prompt(tokenizer, p) for p in searched]
-    benchmarked = {p.id for name in bcfg.eval_sets for p in load_eval_set(name, bcfg.num_prompts)}
+    benchmarked = {p.id for every in sets for p in select(every, bcfg.num_prompts)}
     if seen := [p.id for p in searched if p.id in benchmarked]:
         print(f"[tree search] note: {len(seen)} of the searched prompts are among the benchmark's first "
               f"{bcfg.num_prompts} of each set (a set too short for both): its figures there are not held out")
@@ -381,8 +382,8 @@ def tree_search(cfg: DictConfig) -> Path:
             print(f"[tree search] batches of {size}: {pick.tree.summary()} (predicted {ranked[0]['predicted_speedup']:.2f}x "
                   f"over vanilla batches of {size}) -> {out / f'machine_b{size}.yaml'}")
     if ts.sampled_temperature:
-        sample_prompts = [encode_prompt(tokenizer, p) for name in bcfg.eval_sets
-                          for p in load_eval_set(name, ts.sampled_prompts, held_out_from=bcfg.num_prompts)]
+        sample_prompts = [encode_prompt(tokenizer, p) for every in sets
+                          for p in select(every, ts.sampled_prompts, held_out_from=bcfg.num_prompts)]
         sampled = rank_sampled(cfg, methods, sample_prompts, found, out, float(ts.sampled_temperature), dtypes)
         best = next(c for c in found if c.tree.name == sampled["ranking"][0]["tree"])
         name = f"machine_t{sampled['temperature']:g}.yaml"

@@ -393,20 +393,20 @@ def markdown_table(report: dict) -> str:
 def tau_by_category(run: dict) -> list[str]:
     """Markdown lines: tau of each drafting method over the prompts of each category (MT-bench's
     writing, math, ...), from the per-prompt counts; nothing when the run has fewer than two."""
-    categories = list(dict.fromkeys(c for c in run.get("categories") or [] if c))
-    if len(categories) < 2:
+    members: dict[str, list[int]] = {}  # category -> its prompts' positions in the run
+    for i, c in enumerate(run.get("categories") or []):
+        if c:
+            members.setdefault(c, []).append(i)
+    if len(members) < 2:
         return []
-    lines = ["tau by category (prompts): " + ", ".join(
-        f"{c} ({run['categories'].count(c)})" for c in categories), "",
-        "| method | " + " | ".join(categories) + " |", "|---|" + "---:|" * len(categories)]
+    lines = ["tau by category (prompts): " + ", ".join(f"{c} ({len(idx)})" for c, idx in members.items()), "",
+             "| method | " + " | ".join(members) + " |", "|---|" + "---:|" * len(members)]
     for m in run["methods"].values():
-        per = m["per_prompt"]
         if is_plain_decoding(m["method"]):  # one token a forward
             continue
-        cells = []
-        for c in categories:
-            idx = [i for i, pc in enumerate(run["categories"]) if pc == c]
-            cells.append(f"{tau(sum(per['committed'][i] for i in idx), sum(per['forwards'][i] for i in idx)):.2f}")
+        per = m["per_prompt"]
+        cells = [f"{tau(sum(per['committed'][i] for i in idx), sum(per['forwards'][i] for i in idx)):.2f}"
+                 for idx in members.values()]
         lines.append(f"| {m['method']} | " + " | ".join(cells) + " |")
     return lines + [""]
 

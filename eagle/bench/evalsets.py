@@ -158,24 +158,28 @@ def spread(items: Sequence[T], limit: int | None) -> list[T]:
     return [items[i * len(items) // limit] for i in range(limit)]
 
 
-def load_eval_set(name: str, limit: int | None = None, held_out_from: int | None = None) -> list[Prompt]:
-    """`humaneval`, `mtbench`, `unseen_code`, or a path to a JSONL file.
-
-    `limit` prompts spread evenly over the set (`spread`), not its first ones: MT-bench is
+def select(prompts: list[Prompt], limit: int | None = None, held_out_from: int | None = None) -> list[Prompt]:
+    """`limit` prompts spread evenly over a set (`spread`), not its first ones: MT-bench is
     ordered by category, ten questions each of writing, roleplay, reasoning, math, coding,
     extraction, STEM and humanities, so its first 10 are all writing; HumanEval's first are
     among its easiest. With `held_out_from=n`, `limit` prompts spread over those a benchmark of
     `n` prompts does not take: what is tuned on them (the tree search's trees) is then measured
     on prompts it did not see, from the same categories. A set too short for both gives
     `limit` prompts that overlap the benchmark's (the caller says so)."""
+    if held_out_from is None:
+        return spread(prompts, limit)
+    taken = set(spread(range(len(prompts)), held_out_from))
+    rest = [p for i, p in enumerate(prompts) if i not in taken]
+    return spread(rest if len(rest) >= (limit or 1) else prompts, limit)
+
+
+def load_eval_set(name: str, limit: int | None = None, held_out_from: int | None = None) -> list[Prompt]:
+    """`humaneval`, `mtbench`, `unseen_code`, or a path to a JSONL file, its prompts chosen by
+    `select` (all of them by default)."""
     if name in BUILTIN:
         prompts = BUILTIN[name]()
     elif name.endswith(".jsonl"):
         prompts = jsonl(name)
     else:
         raise EvalSetError(f"unknown eval set {name!r}: use one of {sorted(BUILTIN)} or a .jsonl path")
-    if held_out_from is None:
-        return spread(prompts, limit)
-    taken = set(spread(range(len(prompts)), held_out_from))
-    rest = [p for i, p in enumerate(prompts) if i not in taken]
-    return spread(rest if len(rest) >= (limit or 1) else prompts, limit)
+    return select(prompts, limit, held_out_from)
