@@ -426,3 +426,103 @@ def test_packed_weights_start_on_a_2mb_page_and_are_zero_padded():
     width = packed.shape[-1]
     assert torch.equal(packed[0, :, :width], weight[:width].T)
     assert torch.equal(packed[-1, :, :3], weight[-3:].T) and not packed[-1, :, 3:].any()
+
+
+def _pair(family: str, **config):
+    """Two copies of one tiny model: on PyTorch's kernels and on the fused ones."""
+    plain = make_tiny_model(family, **config)
+    other = make_tiny_model(family, **config)
+    other.load_state_dict(plain.state_dict())
+    return plain.eval(), use_kernels(other, "fused").eval()
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+def test_generate_with_hugging_faces_static_cache_on_the_fused_kernels(family):
+    # Qwen2's and Qwen3's `generate` prepares a dict of masks per layer type for a static cache;
+    # the backbone's loop must hand that to the model's own forward, not take it for a tensor
+    plain, fast = _pair(family)
+    ids = torch.randint(3, plain.config.vocab_size, (2, 9))
+    padding = torch.ones_like(ids)
+    padding[0, :3] = 0
+    kwargs = dict(attention_mask=padding, max_new_tokens=12, do_sample=False, pad_token_id=0,
+                  cache_implementation="static")
+    with torch.inference_mode():
+        assert torch.equal(fast.generate(ids, **kwargs), plain.generate(ids, **kwargs))
+
+
+@pytest.mark.parametrize("train_head", [False, True])
+def test_trainable_parameters_inside_a_frozen_model_get_their_gradients(train_head):
+    # the kernels run outside autograd: a layer with one trainable weight takes its own forward,
+    # however the input and q_proj are frozen
+    grads = {}
+    for model in _pair("llama"):
+        model.requires_grad_(False)
+        for layer in model.model.layers:
+            layer.mlp.requires_grad_(True)
+        model.lm_head.requires_grad_(train_head)
+        torch.manual_seed(0)
+        model(torch.randint(3, model.config.vocab_size, (1, 6))).logits.logsumexp(-1).mean().backward()
+        grads[kernels_of(model)] = [layer.mlp.down_proj.weight.grad for layer in model.model.layers]
+    assert all(g is not None for g in grads["fused"])
+    for fast, plain in zip(grads["fused"], grads["default"], strict=True):
+        torch.testing.assert_close(fast, plain, rtol=1e-4, atol=1e-5)
+
+
+def test_a_linears_trainable_bias_gets_its_gradient():
+    linear = use_kernels(nn.Linear(8, 16), "fused")
+    linear.weight.requires_grad_(False)
+    linear(torch.randn(3, 8)).sum().backward()
+    torch.testing.assert_close(linear.bias.grad, torch.full((16,), 3.0))
+
+
+def test_masks_per_head_or_broadcast_over_tokens_take_the_models_own_attention():
+    # the kernels read one mask row per token, shared by every head: a (B, heads, n, L) mask or a
+    # (B, 1, 1, L) one must give what the model computes, not head 0's mask or an error
+    plain, fast = _pair("llama")
+    heads, n = plain.config.num_attention_heads, 6
+    ids = torch.randint(3, plain.config.vocab_size, (1, n))
+    per_head = torch.zeros(1, heads, n, n)
+    per_head[:, :, :, :] = torch.triu(torch.full((n, n), float("-inf")), 1)
+    per_head[:, 1:, :, 0] = float("-inf")  # heads 1.. do not see slot 0 (row 0 keeps it: a softmax needs one)
+    per_head[:, 1:, 0, 0] = 0.0
+    broadcast = torch.zeros(1, 1, 1, n)
+    broadcast[..., 2] = float("-inf")
+    with torch.inference_mode():
+        for mask in (per_head, broadcast):
+            expected = plain(ids, attention_mask=mask).logits
+            torch.testing.assert_close(fast(ids, attention_mask=mask).logits, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_strided_biases_and_norm_weights_are_read_as_the_model_reads_them():
+    # a bias or norm weight that is a view with a stride (or an expanded one) is read as its values,
+    # not as the floats after its first in memory
+    plain, fast = _pair("llama")
+    for model in (plain, fast):
+        torch.manual_seed(1)
+        layer = model.model.layers[0]
+        d = model.config.hidden_size
+        layer.input_layernorm.weight = nn.Parameter(torch.randn(2 * d)[::2])
+        layer.post_attention_layernorm.weight = nn.Parameter(torch.randn(1).expand(d))
+        proj = layer.mlp.down_proj
+        proj.bias = nn.Parameter(torch.randn(2 * proj.out_features)[::2])
+    ids = torch.randint(3, plain.config.vocab_size, (1, 7))
+    with torch.inference_mode():
+        torch.testing.assert_close(fast(ids).logits, plain(ids).logits, rtol=1e-4, atol=1e-4)
+    with pytest.raises(RuntimeError, match="contiguous float32 vector of 8"):
+        fused.load().linear(torch.randn(2, 4), fused.load().pack(torch.randn(8, 4)), 8, torch.randn(16)[::2])
+
+
+@pytest.mark.parametrize("flag", ["output_hidden_states", "output_attentions"])
+@pytest.mark.parametrize("loop", [True, False])  # the backbone's loop, or only the layers fused
+def test_outputs_asked_for_in_the_config_are_returned(flag, loop):
+    plain, fast = _pair("llama", attn_implementation="eager")  # (attentions are returned by eager only)
+    if not loop:
+        del fast.model.forward
+    for model in (plain, fast):
+        setattr(model.config, flag, True)
+    ids = torch.randint(3, plain.config.vocab_size, (1, 5))
+    with torch.inference_mode():
+        expected, got = getattr(plain(ids), flag.removeprefix("output_")), getattr(fast(ids), flag.removeprefix("output_"))
+    assert expected is not None and got is not None and len(got) == len(expected) > 0
+    for g, e in zip(got, expected, strict=True):
+        torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-4)

@@ -132,6 +132,13 @@ def _runs_fused(x: Tensor, weight: Tensor) -> bool:
             and not torch.compiler.is_compiling() and x.numel() > 0)
 
 
+def _wants_grad(params: list[Tensor | None]) -> bool:
+    """Whether autograd would track any of these parameters now: the kernels run outside it, so a
+    layer with one trainable weight (a frozen model's trainable MLPs, say) takes its own forward.
+    Free under `torch.inference_mode` or `no_grad`, as every decoding path runs."""
+    return torch.is_grad_enabled() and any(p is not None and p.requires_grad for p in params)
+
+
 class FusedLinear(nn.Linear):
     """An `nn.Linear` whose float32 inference products on a CPU run the fused kernels' product.
 
@@ -148,9 +155,9 @@ class FusedLinear(nn.Linear):
         return self._fused[1]
 
     def forward(self, x: Tensor) -> Tensor:  # (..., in) -> (..., out)
-        if not _runs_fused(x, self.weight):
+        if not _runs_fused(x, self.weight) or _wants_grad([self.bias]):
             return F.linear(x, self.weight, self.bias)
-        bias = None if self.bias is None else self.bias.detach()
+        bias = None if self.bias is None else self.bias.detach().contiguous()  # the kernel reads `out` floats
         return load().linear(x, self.packed_weight(), self.out_features, bias)
 
 
@@ -258,11 +265,13 @@ class FusedLayer:
                 "o": ext.pack(attn.o_proj.weight.detach()), "o_bias": stack([attn.o_proj], "bias"),
                 "gate_up": ext.pack(stack(self.gate_up, "weight")), "gate_up_bias": stack(self.gate_up, "bias"),
                 "down": ext.pack(layer.mlp.down_proj.weight.detach()), "down_bias": stack([layer.mlp.down_proj], "bias"),
-                "norm1": None if norm1_weight is None else norm1_weight.detach(),
+                # (contiguous: the kernels read each norm's d floats from its first; a strided view
+                # is copied once, here)
+                "norm1": None if norm1_weight is None else norm1_weight.detach().contiguous(),
                 "eps1": getattr(norm1, "variance_epsilon", 0.0),
-                "norm2": norm2.weight.detach(), "eps2": norm2.variance_epsilon,
-                "q_norm": self.qk_norms[0].weight.detach() if self.qk_norms else None,
-                "k_norm": self.qk_norms[1].weight.detach() if self.qk_norms else None,
+                "norm2": norm2.weight.detach().contiguous(), "eps2": norm2.variance_epsilon,
+                "q_norm": self.qk_norms[0].weight.detach().contiguous() if self.qk_norms else None,
+                "k_norm": self.qk_norms[1].weight.detach().contiguous() if self.qk_norms else None,
                 "eps_qk": self.qk_norms[0].variance_epsilon if self.qk_norms else 0.0,
                 "heads": (config.num_attention_heads, config.num_key_value_heads, attn.head_dim),
                 "scaling": attn.scaling, "inter": layer.mlp.gate_proj.out_features,
@@ -276,9 +285,13 @@ class FusedLayer:
         layer = self.layer
         attn = layer.self_attn
         cos_sin, mask = kwargs.get("position_embeddings"), kwargs.get("attention_mask")
+        # (attentions asked for in the config are captured by hooks on the attention module, which
+        # the kernels never call)
         if (args or hidden_states.dim() != 3 or cos_sin is None
-                or kwargs.get("output_attentions") or not _runs_fused(hidden_states, attn.q_proj.weight)
-                or cos_sin[0].shape[-1] != attn.head_dim or layer.training or not _fused_mask(mask)):
+                or kwargs.get("output_attentions") or getattr(attn.config, "output_attentions", False)
+                or not _runs_fused(hidden_states, attn.q_proj.weight) or _wants_grad(self._params())
+                or cos_sin[0].shape[-1] != attn.head_dim or layer.training
+                or not _fused_mask(mask, hidden_states.shape[1])):
             return self.original(hidden_states, *args, **kwargs)
         return self.run(hidden_states, cos_sin, mask, kwargs.get("cache", kwargs.get("past_key_values")), kwargs)
 
@@ -299,9 +312,12 @@ class FusedLayer:
                                  w["eps2"], w["gate_up"], w["inter"], w["down"], w["gate_up_bias"], w["down_bias"])
 
 
-def _fused_mask(mask) -> bool:
-    """A mask the kernels read: none (causal), or one 4-D bool or additive float32 mask."""
-    return mask is None or (isinstance(mask, Tensor) and mask.dim() == 4 and mask.dtype in (torch.bool, torch.float32))
+def _fused_mask(mask, n: int) -> bool:
+    """A mask the kernels read for n new tokens: none (causal), or one 4-D bool or additive float32
+    mask (B or 1, 1, n, L), the same for every head and a row per token; a mask per head, or one
+    row broadcast over the tokens, goes to the model's own attention."""
+    return mask is None or (isinstance(mask, Tensor) and mask.dim() == 4 and mask.dtype in (torch.bool, torch.float32)
+                            and mask.shape[1] == 1 and mask.shape[2] == n)
 
 
 class FusedBackbone:
@@ -380,9 +396,14 @@ class FusedBackbone:
                                  cache=cache, inputs_embeds=inputs_embeds, use_cache=use_cache, **kwargs)
 
         layers = self._fused_layers()
+        config = model.config  # HF's forward takes these flags from the config when a call leaves them out
         if (layers is None or model.training or (input_ids is None) == (inputs_embeds is None)
-                or any(k not in self.PASSED for k in kwargs) or kwargs.get("output_attentions")
-                or kwargs.get("output_hidden_states") or kwargs.get("return_dict") is False):
+                or any(k not in self.PASSED for k in kwargs)
+                or kwargs.get("output_attentions", getattr(config, "output_attentions", False))
+                or kwargs.get("output_hidden_states", getattr(config, "output_hidden_states", False))
+                or kwargs.get("return_dict") is False
+                or isinstance(attention_mask, dict)  # masks per layer type, prepared by `generate`
+                or (torch.is_grad_enabled() and any(_wants_grad(layer._params()) for layer in layers))):
             return own()
         if inputs_embeds is None:
             inputs_embeds, input_ids = model.embed_tokens(input_ids), None  # (B, n, d)
@@ -399,7 +420,7 @@ class FusedBackbone:
         mask = create_causal_mask(config=model.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask,
                                   cache=cache, position_ids=position_ids)
         cos_sin = model.rotary_emb(inputs_embeds, position_ids=position_ids)
-        if not _fused_mask(mask) or cos_sin[0].shape[-1] != first.head_dim:
+        if not _fused_mask(mask, inputs_embeds.shape[1]) or cos_sin[0].shape[-1] != first.head_dim:
             return own()
         hidden, packed = inputs_embeds, self.packed_layers(layers)
         # a cache that lets the kernels write its buffers (ours: static and growing; `reserve` changes

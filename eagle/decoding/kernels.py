@@ -27,6 +27,8 @@ module object with the same parameters (so a tied LM head stays tied, a drafter 
 target's head sees the switch, and `state_dict` and `isinstance(m, nn.Linear)` are unchanged);
 only its forward changes. The packed copy of the weight is extra memory (one more copy of every
 linear weight) and is made again if the weight changes (its version counter or its storage).
+An edit through `.data`, or of a weight made under `torch.inference_mode`, changes neither: after
+one, switch to "default" and back (`use_kernels` frees the packed copies on a switch).
 Whatever needs gradients, another device or another dtype runs `F.linear` as before, so training
 is untouched; so does a pass under `torch.compile`, where Inductor's freezing packs the weights
 itself, onto oneDNN too when the module is on these kernels (`eagle.decoding.compile`). A packed

@@ -260,8 +260,13 @@ static void gemm(const torch::Tensor& packed, const float* x, int64_t n, int64_t
   });
 }
 
-static const float* opt_ptr(const c10::optional<torch::Tensor>& t) {
-  return t.has_value() && t->defined() ? t->data_ptr<float>() : nullptr;
+// A bias or a norm's weight: n contiguous float32 values on the CPU (the loops read n floats from its
+// first), or none (nullptr)
+static const float* opt_ptr(const c10::optional<torch::Tensor>& t, int64_t n, const char* what) {
+  if (!t.has_value() || !t->defined()) return nullptr;
+  TORCH_CHECK(t->scalar_type() == torch::kFloat32 && t->is_cpu() && t->is_contiguous() && t->numel() == n,
+              what, ": a contiguous float32 vector of ", n, " on the CPU, not ", t->sizes(), " ", t->scalar_type());
+  return t->data_ptr<float>();
 }
 
 // x (..., in) -> (..., out)
@@ -273,7 +278,7 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor packed, int64_t out, c10::op
   sizes.back() = out;
   auto y = torch::empty(sizes, x.options());
   gemm(packed, xc.data_ptr<float>(), xc.numel() / in, in, out, y.data_ptr<float>(), out,
-       opt_ptr(bias), false);
+       opt_ptr(bias, out, "linear's bias"), false);
   return y;
 }
 
@@ -333,10 +338,10 @@ std::vector<torch::Tensor> attention_inputs(torch::Tensor x, c10::optional<torch
   auto c = cos.contiguous(), s = sin.contiguous();
   const int64_t cos_batch = c.size(0) == 1 ? 0 : 1;  // one rotation for every sequence, or one each
   auto h = torch::empty({rows, d}, x.options());
-  rmsnorm(xc.data_ptr<float>(), opt_ptr(norm_w), (float)eps, h.data_ptr<float>(), rows, d);
+  rmsnorm(xc.data_ptr<float>(), opt_ptr(norm_w, d, "attention_inputs' norm"), (float)eps, h.data_ptr<float>(), rows, d);
   auto qkv = torch::empty({rows, width}, x.options());
   gemm(packed_qkv, h.data_ptr<float>(), rows, d, width, qkv.data_ptr<float>(), width,
-       opt_ptr(bias_qkv), false);
+       opt_ptr(bias_qkv, width, "attention_inputs' q/k/v bias"), false);
   auto q = torch::empty({B, heads, n, hd}, x.options());
   auto k = torch::empty({B, kv_heads, n, hd}, x.options());
   auto v = torch::empty({B, kv_heads, n, hd}, x.options());
@@ -346,8 +351,8 @@ std::vector<torch::Tensor> attention_inputs(torch::Tensor x, c10::optional<torch
                            k_norm->is_contiguous() && q_norm->scalar_type() == torch::kFloat32 &&
                            k_norm->scalar_type() == torch::kFloat32)),
               "attention_inputs: both q/k norms of head_dim float32 weights, or neither");
-  const float* qn = opt_ptr(q_norm);
-  const float* kn = opt_ptr(k_norm);
+  const float* qn = opt_ptr(q_norm, hd, "q_norm");
+  const float* kn = opt_ptr(k_norm, hd, "k_norm");
   for (int64_t b = 0; b < B; ++b)
     for (int64_t i = 0; i < n; ++i) {
       const float* row = QKV + (b * n + i) * width;
@@ -569,7 +574,7 @@ torch::Tensor attention_mlp(torch::Tensor x, torch::Tensor q, torch::Tensor keys
   const bool has_mask = mask.has_value() && mask->defined();
   const bool bool_mask = has_mask && mask->scalar_type() == torch::kBool;
   TORCH_CHECK(!has_mask || bool_mask || mask->scalar_type() == torch::kFloat32, "attention_mlp: a bool or float32 mask");
-  TORCH_CHECK(!has_mask || (mask->dim() == 4 && (mask->size(0) == B || mask->size(0) == 1) && mask->size(2) == n
+  TORCH_CHECK(!has_mask || (mask->dim() == 4 && (mask->size(0) == B || mask->size(0) == 1) && mask->size(1) == 1 && mask->size(2) == n
                             && mask->size(3) >= L), "attention_mlp: a (B or 1, 1, n, L) mask");
   const int64_t ms0 = has_mask && mask->size(0) > 1 ? mask->stride(0) : 0;
   const int64_t ms2 = has_mask ? mask->stride(2) : 0, ms3 = has_mask ? mask->stride(3) : 0;
@@ -615,12 +620,12 @@ torch::Tensor attention_mlp(torch::Tensor x, torch::Tensor q, torch::Tensor keys
     }
   });
   float* X = out.data_ptr<float>();
-  gemm(packed_o, A, rows, heads * hd, d, X, d, opt_ptr(bias_o), true);
+  gemm(packed_o, A, rows, heads * hd, d, X, d, opt_ptr(bias_o, d, "o_proj's bias"), true);
   auto h = torch::empty({rows, d}, x.options());
-  rmsnorm(X, norm_w.data_ptr<float>(), (float)eps, h.data_ptr<float>(), rows, d);
+  rmsnorm(X, opt_ptr(norm_w, d, "attention_mlp's norm"), (float)eps, h.data_ptr<float>(), rows, d);
   auto gu = torch::empty({rows, 2 * inter}, x.options());
   gemm(packed_gate_up, h.data_ptr<float>(), rows, d, 2 * inter, gu.data_ptr<float>(), 2 * inter,
-       opt_ptr(bias_gate_up), false);
+       opt_ptr(bias_gate_up, 2 * inter, "gate/up bias"), false);
   auto act = torch::empty({rows, inter}, x.options());
   float *GU = gu.data_ptr<float>(), *ACT = act.data_ptr<float>();
   // SiLU(gate) * up, a vector at a time (vexp: with the norms' sums of squares, also vectors now,
@@ -639,7 +644,7 @@ torch::Tensor attention_mlp(torch::Tensor x, torch::Tensor q, torch::Tensor keys
       for (; k < inter; ++k) act[k] = G[k] / (1.f + std::exp(-G[k])) * U[k];
     }
   });
-  gemm(packed_down, ACT, rows, inter, d, X, d, opt_ptr(bias_down), true);
+  gemm(packed_down, ACT, rows, inter, d, X, d, opt_ptr(bias_down, d, "down_proj's bias"), true);
   return out.view({B, n, d});
 }
 
