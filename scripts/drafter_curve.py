@@ -10,8 +10,13 @@ Decoding is in float32, greedy by default, so every text is vanilla's and tau de
 drafter alone, not on the machine's load (it can run beside other work), and the linears run the
 fastest kernels that build here (`--kernels`: fused, else the default); `--temperatures 0 1` adds
 sampled tau (each prompt seeded, the same draws for every checkpoint). Tokens and minutes per checkpoint are
-the run's totals (train_metrics.json) times step / steps. Writes curve.json, curve.md and
-curve.png into --out (default: <run>/curve).
+the run's totals (train_metrics.json) times step / steps. Writes curve.json (with every prompt's
+committed tokens and forwards), curve.md and curve.png into --out (default: <run>/curve).
+
+The report fits tau = a + b log2(training tokens) over the run's checkpoints and says how many
+tokens the line needs to reach --goal-greedy / --goal-sampled (3.0 / 2.5), with 90% intervals
+from resampling the prompts (`fit`): with few prompts, which ones were chosen moves that figure
+more than anything else. `--refit curve.json` writes the report again without decoding.
 """
 
 from __future__ import annotations
@@ -25,7 +30,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -66,13 +73,18 @@ def split(tree: str) -> tuple[str, int | None]:
     return name, int(vocab) if pct else None
 
 
+def pooled_tau(pairs: list[list[int]]) -> float:
+    """Tokens committed per target forward over all the prompts (the benchmark's tau)."""
+    return sum(c for c, _ in pairs) / max(sum(f for _, f in pairs), 1)
+
+
 def column_name(spec: str, temperature: float) -> str:
     return spec if temperature == 0 else f"{spec} T={temperature:g}"
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--run", type=Path, required=True, help="a drafter run folder (runs/<task_name>)")
+    parser.add_argument("--run", type=Path, default=None, help="a drafter run folder (runs/<task_name>)")
     parser.add_argument("--target", type=Path, default=ROOT / "runs" / "smollm2" / "model")
     parser.add_argument("--trees", nargs="+", default=["eagle_default"], help="TREE or TREE%%K (a drafting vocabulary)")
     parser.add_argument("--prompts", type=int, default=10, help="MT-bench first turns")
@@ -84,9 +96,15 @@ def main() -> None:
                         "onednn or fused; by default fused where it builds (a float32 step 2-3x faster on a CPU than "
                         "F.linear: the curve's many decodes take a fraction of the time)")
     parser.add_argument("--out", type=Path, default=None)
-    args = parser.parse_args()
-    out = args.out or args.run / "curve"
-    out.mkdir(parents=True, exist_ok=True)
+    parser.add_argument("--goal-greedy", type=float, default=3.0, help="the tau at T=0 the fit extrapolates to")
+    parser.add_argument("--goal-sampled", type=float, default=2.5, help="the tau at T>0 the fit extrapolates to")
+    parser.add_argument("--refit", type=Path, default=None,
+                        help="a curve.json: write its table, fit and plot again (into its folder, or --out)")
+    return parser.parse_args()
+
+
+def measure(args: argparse.Namespace, out: Path) -> dict:
+    """Decode the prompts with every checkpoint (and --extra drafter); writes and returns curve.json's data."""
     set_threads(args.threads)
 
     target, tokenizer = load_target(args.target)
@@ -95,12 +113,14 @@ def main() -> None:
     report = json.loads((final / "train_metrics.json").read_text())
     steps, tokens, seconds = report["steps"], report["tokens_seen"], report["train_time_s"]
     val = validation_top1(args.run)
-    prompts = [encode_prompt(tokenizer, p) for p in load_eval_set("mtbench", args.prompts)]
+    chosen = load_eval_set("mtbench", args.prompts)  # spread over MT-bench's categories
+    prompts = [encode_prompt(tokenizer, p) for p in chosen]
     ctx = MethodContext(target=target, tokenizer=tokenizer, target_path=str(args.target),
                         tree_dirs=(str(ROOT / "configs" / "tree"),))
-    names = [column_name(spec, t) for spec in args.trees for t in args.temperatures]
 
-    def taus(drafter_dir: Path) -> dict[str, float]:
+    def taus(drafter_dir: Path) -> dict[str, list[list[int]]]:
+        """(committed tokens, target forwards) of every prompt, per column: the prompts' tau and
+        what a bootstrap over the prompts resamples (`fit`)."""
         result = {}
         for spec in args.trees:
             tree, vocab = split(spec)
@@ -108,36 +128,110 @@ def main() -> None:
                                                            "draft_vocab": vocab}})  # the drafter loaded once per tree
             for temperature in args.temperatures:
                 policy = SamplingPolicy(temperature=temperature)
-                stats = [method.generate(p, args.new_tokens, policy, torch.Generator().manual_seed(i)).stats
-                         for i, p in enumerate(prompts)]
-                result[column_name(spec, temperature)] = (sum(s.committed for s in stats)
-                                                          / max(sum(s.forwards for s in stats), 1))
+                stats = []
+                for i, p in enumerate(prompts):
+                    stats.append(method.generate(p, args.new_tokens, policy, torch.Generator().manual_seed(i)).stats)
+                    bar.update()
+                result[column_name(spec, temperature)] = [[s.committed, s.forwards] for s in stats]
         return result
 
+    def row(label: str, step: int, tokens_seen: float, minutes: float, drafter_dir: Path, val: dict) -> dict:
+        per_prompt = taus(drafter_dir)
+        found = {"label": label, "step": step, "tokens": tokens_seen, "cpu_minutes": minutes,
+                 "tau": {name: pooled_tau(pairs) for name, pairs in per_prompt.items()}, "val": val,
+                 "per_prompt": per_prompt}
+        bar.write(json.dumps({k: v for k, v in found.items() if k != "per_prompt"}))
+        return found
+
+    kept = checkpoints(args.run)
+    bar = tqdm(total=(len(kept) + len(args.extra)) * len(args.trees) * len(args.temperatures) * len(prompts),
+               desc="curve", unit="decode")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         base = load_drafter(final, target, tokenizer, str(args.target))  # the run's drafter: its config
-        for step, path in checkpoints(args.run):
+        for step, path in kept:
             state = submodule_state(torch.load(path, map_location="cpu", weights_only=False)["state_dict"], "drafter")
             folder = Path(tmp) / f"step{step}"
             save_drafter(base, folder, state=state)  # that checkpoint's weights
             shutil.copy(final / "token_counts.safetensors", folder)  # the training data's counts
-            row = {"label": args.run.name, "step": step, "tokens": tokens * step / steps,
-                   "cpu_minutes": seconds * step / steps / 60, "tau": taus(folder),
-                   "val": val.get(step, {})}
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+            rows.append(row(args.run.name, step, tokens * step / steps, seconds * step / steps / 60, folder,
+                            val.get(step, {})))
     for item in args.extra:
         label, _, folder = item.partition("=")
         meta = json.loads((Path(folder) / "train_metrics.json").read_text())
-        row = {"label": label, "step": meta["steps"], "tokens": meta["tokens_seen"],
-               "cpu_minutes": meta["train_time_s"] / 60, "tau": taus(Path(folder)),
-               "val": {k: v for k, v in meta.items() if k.startswith("val/top")}}
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-    (out / "curve.json").write_text(json.dumps({"prompts": args.prompts, "new_tokens": args.new_tokens,
-                                                "trees": args.trees, "temperatures": args.temperatures,
-                                                "rows": rows}, indent=2))
+        rows.append(row(label, meta["steps"], meta["tokens_seen"], meta["train_time_s"] / 60, Path(folder),
+                        {k: v for k, v in meta.items() if k.startswith("val/top")}))
+    bar.close()
+    data = {"prompts": args.prompts, "prompt_ids": [p.id for p in chosen], "categories": [p.category for p in chosen],
+            "new_tokens": args.new_tokens, "trees": args.trees, "temperatures": args.temperatures,
+            "run": args.run.name, "rows": rows}
+    (out / "curve.json").write_text(json.dumps(data, indent=2))
+    return data
+
+
+def columns(data: dict) -> list[tuple[str, float]]:
+    """(column name, temperature) of every tree x temperature a curve measured."""
+    return [(column_name(spec, t), t) for spec in data["trees"] for t in data["temperatures"]]
+
+
+def slopes(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least-squares slope of y (checkpoints, ...) on x (checkpoints,), for every trailing column."""
+    xc = x - x.mean()
+    return np.tensordot(xc, y - y.mean(0), axes=(0, 0)) / (xc @ xc)
+
+
+def tokens_at(goal: float, x: np.ndarray, y: np.ndarray, slope: np.ndarray) -> np.ndarray:
+    """The training tokens at which the fitted line reaches `goal` (inf where it does not rise)."""
+    with np.errstate(divide="ignore", over="ignore"):
+        log2_tokens = x.mean() + (goal - y.mean(0)) / slope
+    return np.where(slope > 0, np.exp2(log2_tokens), np.inf)
+
+
+def fit(data: dict, goals: tuple[float, float], resamples: int = 2000, seed: int = 0) -> dict[str, dict]:
+    """tau = a + b log2(training tokens) fitted over the run's checkpoints (the --extra drafters
+    aside), per column: b (tau per doubling), b over the later half of the checkpoints (a bend
+    shows there first) and the tokens at which the line reaches the goal (greedy, sampled), with
+    90% intervals from resampling the prompts with replacement: the same resampled prompts for
+    every checkpoint, so the interval says how much the prompts chosen move the extrapolation.
+    A log-linear law is an assumption read off the measured range, not a promise beyond it."""
+    mine = [r for r in data["rows"] if r["label"] == data.get("run", data["rows"][0]["label"])]
+    if len(mine) < 2:
+        return {}
+    x = np.log2([r["tokens"] for r in mine])
+    later = slice(len(mine) // 2, None) if len(mine) >= 4 else slice(None)
+    result = {}
+    for name, temperature in columns(data):
+        goal = goals[0] if temperature == 0 else goals[1]
+        y = np.array([r["tau"][name] for r in mine])
+        slope = slopes(x, y)
+        found = {"goal": goal, "checkpoints": len(mine), "per_doubling": float(slope),
+                 "later_per_doubling": float(slopes(x[later], y[later])),
+                 "tokens_for_goal": float(tokens_at(goal, x, y, slope)), "run_tokens": float(2 ** x.max())}
+        if all(name in r.get("per_prompt", {}) for r in mine):
+            pairs = np.array([r["per_prompt"][name] for r in mine], dtype=np.float64)  # (checkpoints, prompts, 2)
+            pick = np.random.default_rng(seed).integers(0, pairs.shape[1], (resamples, pairs.shape[1]))
+            sums = pairs[:, pick].sum(2)  # (checkpoints, resamples, 2)
+            yb = sums[..., 0] / sums[..., 1]  # (checkpoints, resamples): each resample's pooled tau
+            sb = slopes(x, yb)
+            tb = tokens_at(goal, x, yb, sb)
+            # quantiles without interpolation: a resample whose line does not rise gives inf
+            found["per_doubling_90"] = [float(q) for q in np.quantile(sb, [0.05, 0.95], method="inverted_cdf")]
+            found["tokens_for_goal_90"] = [float(q) for q in np.quantile(tb, [0.05, 0.95], method="inverted_cdf")]
+            found["resamples"], found["prompts"] = resamples, pairs.shape[1]
+        result[name] = found
+    return result
+
+
+def human(tokens: float) -> str:
+    if not np.isfinite(tokens):
+        return "never"
+    return f"{tokens / 1e9:.2f}B" if tokens >= 1e9 else f"{tokens / 1e6:.1f}M"
+
+
+def write_report(data: dict, out: Path, goals: tuple[float, float]) -> None:
+    """curve.md (the table, then the fit) and curve.png from a curve's data."""
+    names = [name for name, _ in columns(data)]
+    rows = data["rows"]
     lines = ["| drafter | step | training tokens | training minutes | val top-1 (depth 1 / 2) | "
              + " | ".join(f"tau {n}" for n in names) + " |", "|---|---:|---:|---:|---|" + "---:|" * len(names)]
     for r in rows:
@@ -145,13 +239,28 @@ def main() -> None:
         top = f"{v['val/top1_d1']:.3f} / {v['val/top1_d2']:.3f}" if "val/top1_d1" in v else "-"
         lines.append(f"| {r['label']} | {r['step']} | {r['tokens'] / 1e6:.2f}M | {r['cpu_minutes']:.1f} | {top} | "
                      + " | ".join(f"{r['tau'][n]:.2f}" for n in names) + " |")
+    fits = fit(data, goals)
+    if fits:
+        first = next(iter(fits.values()))
+        lines += ["", f"tau = a + b log2(training tokens), fitted over the run's {first['checkpoints']} checkpoints "
+                  "(a law read off the measured range, not a promise beyond it)"
+                  + (f"; 90% intervals from {first['resamples']} resamples of the {first['prompts']} prompts with "
+                     "replacement" if "resamples" in first else "") + ".", "",
+                  "| column | tau per doubling | the later half's | goal | training tokens for the goal | x the run |",
+                  "|---|---|---:|---:|---|---:|"]
+        for name, f in fits.items():
+            b90, t90 = f.get("per_doubling_90"), f.get("tokens_for_goal_90")
+            per = f"{f['per_doubling']:.3f}" + (f" [{b90[0]:.3f}, {b90[1]:.3f}]" if b90 else "")
+            need = human(f["tokens_for_goal"]) + (f" [{human(t90[0])}, {human(t90[1])}]" if t90 else "")
+            times = f"{f['tokens_for_goal'] / f['run_tokens']:.0f}x" if np.isfinite(f["tokens_for_goal"]) else "-"
+            lines.append(f"| {name} | {per} | {f['later_per_doubling']:.3f} | {f['goal']:g} | {need} | {times} |")
     (out / "curve.md").write_text("\n".join(lines) + "\n")
-    plot(rows, names, out / "curve.png")
+    plot(rows, names, fits, out / "curve.png")
     print("\n".join(lines))
     print(out.resolve())
 
 
-def plot(rows: list[dict], names: list[str], path: Path) -> None:
+def plot(rows: list[dict], names: list[str], fits: dict[str, dict], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -162,7 +271,7 @@ def plot(rows: list[dict], names: list[str], path: Path) -> None:
     for i, label in enumerate(labels):
         mine = [r for r in rows if r["label"] == label]
         for j, name in enumerate(names):
-            left.plot([r["tokens"] / 1e6 for r in mine], [r["tau"][name] for r in mine], marker="os^v"[i % 4],
+            left.plot([r["tokens"] for r in mine], [r["tau"][name] for r in mine], marker="os^v"[i % 4],
                       color=f"C{j}", ls="-" if i == 0 else "none", label=f"tau, {name} ({label})")
         with_val = [r for r in mine if "val/top1_d1" in r["val"]]
         for depth in (1, 2, 3):
@@ -170,7 +279,21 @@ def plot(rows: list[dict], names: list[str], path: Path) -> None:
             right.plot([r["cpu_minutes"] for r in with_val], [r["val"][key] for r in with_val], marker="os^v"[i % 4],
                        color=f"C{depth - 1}", ls="-" if i == 0 else "none",
                        label=f"validation top-1, depth {depth} ({label})")
-    left.set_xlabel("training tokens (M)")
+    mine = [r for r in rows if r["label"] == labels[0]]
+    low = min(r["tokens"] for r in mine)
+    for j, (name, f) in enumerate(fits.items()):
+        # the fitted line out to its goal (drawn to at most 1,000x the run), the goal's interval as a bar
+        end = min(max(f["tokens_for_goal"], f["run_tokens"]), 1000 * f["run_tokens"])
+        xs = np.geomspace(low, end, 50)
+        x = np.log2([r["tokens"] for r in mine])
+        y = np.array([r["tau"][name] for r in mine])
+        left.plot(xs, y.mean() + f["per_doubling"] * (np.log2(xs) - x.mean()), color=f"C{j}", ls="--", lw=1,
+                  label=f"log-linear fit, {name}: tau {f['goal']:g} at {human(f['tokens_for_goal'])} tokens")
+        if "tokens_for_goal_90" in f and np.isfinite(f["tokens_for_goal"]):
+            lo, hi = (min(t, 1000 * f["run_tokens"]) for t in f["tokens_for_goal_90"])
+            left.plot([lo, hi], [f["goal"], f["goal"]], color=f"C{j}", lw=3, alpha=0.4)
+    left.set_xscale("log")
+    left.set_xlabel("training tokens")
     left.set_ylabel("tau (MT-bench)")
     left.legend(fontsize=7)
     right.set_xlabel("minutes of training (the run's machine)")
@@ -179,6 +302,20 @@ def plot(rows: list[dict], names: list[str], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def main() -> None:
+    args = parse_args()
+    goals = (args.goal_greedy, args.goal_sampled)
+    if args.refit:  # the table, fit and plot again from a curve.json, no decoding
+        data = json.loads(args.refit.read_text())
+        write_report(data, args.out or args.refit.parent, goals)
+        return
+    if args.run is None:
+        raise SystemExit("drafter_curve.py: give --run (a drafter run folder) or --refit (a curve.json)")
+    out = args.out or args.run / "curve"
+    out.mkdir(parents=True, exist_ok=True)
+    write_report(measure(args, out), out, goals)
 
 
 if __name__ == "__main__":

@@ -50,5 +50,60 @@ def test_a_curve_over_the_checkpoints_of_a_run(tmp_path, target_dir, features_di
     # the last checkpoint holds the exported drafter's weights, and sampled rounds are seeded per prompt
     assert last["tau"] == pytest.approx(final["tau"])
     assert last["tokens"] == pytest.approx(final["tokens"]) and last["val"]["val/top1_d1"] == final["val"]["val/top1_d1"]
+    for row in report["rows"]:  # every prompt's (committed, forwards), pooled into the column's tau
+        assert all(len(row["per_prompt"][c]) == 2 for c in columns)
+        assert all(row["tau"][c] == pytest.approx(curve.pooled_tau(row["per_prompt"][c])) for c in columns)
+    assert len(report["prompt_ids"]) == 2 and report["run"] == "drafter_test"
     table = (out / "curve.md").read_text()
     assert all(f"tau {c}" in table for c in columns) and (out / "curve.png").stat().st_size > 0
+    assert "training tokens for the goal" in table and "resamples of the 2 prompts" in table
+
+    # the same report again from curve.json alone
+    refit = tmp_path / "refit"
+    refit.mkdir()
+    monkeypatch.setattr(sys, "argv", ["drafter_curve.py", "--refit", str(out / "curve.json"), "--out", str(refit)])
+    curve.main()
+    assert (refit / "curve.md").read_text() == table
+
+
+def synthetic_curve(per_prompt_tau: list[list[float]], tokens: list[float]) -> dict:
+    """A curve.json's data: checkpoint i's prompt j commits per_prompt_tau[i][j] x 100 tokens in 100 forwards."""
+    rows = [{"label": "run", "step": i, "tokens": t, "cpu_minutes": i, "val": {},
+             "tau": {"chain5": sum(taus) / len(taus)},
+             "per_prompt": {"chain5": [[round(100 * tau), 100] for tau in taus]}}
+            for i, (taus, t) in enumerate(zip(per_prompt_tau, tokens))]
+    return {"trees": ["chain5"], "temperatures": [0.0], "run": "run", "rows": rows}
+
+
+def test_the_fit_finds_a_log_linear_law_and_its_goal():
+    curve = load_script()
+    tokens = [1e6, 2e6, 4e6, 8e6]
+    # tau = 1.5 + 0.25 log2(tokens / 1M) on every prompt: 3.0 is reached after 6 doublings, at 64M
+    data = synthetic_curve([[1.5 + 0.25 * i] * 3 for i in range(4)], tokens)
+    found = curve.fit(data, (3.0, 2.5))["chain5"]
+    assert found["per_doubling"] == pytest.approx(0.25) and found["later_per_doubling"] == pytest.approx(0.25)
+    assert found["tokens_for_goal"] == pytest.approx(64e6)
+    # identical prompts: every resample is the same curve, so the interval collapses onto the fit
+    assert found["tokens_for_goal_90"] == pytest.approx([64e6, 64e6])
+    assert found["per_doubling_90"] == pytest.approx([0.25, 0.25])
+
+
+def test_the_fit_interval_shows_how_much_the_prompts_move_it():
+    curve = load_script()
+    tokens = [1e6, 2e6, 4e6, 8e6]
+    # one prompt grows 0.4 per doubling, one not at all: the pooled fit says 0.2, a resample of the
+    # first alone 0.4 and of the second alone never reaches the goal
+    data = synthetic_curve([[1.5 + 0.4 * i, 1.5] for i in range(4)], tokens)
+    found = curve.fit(data, (3.0, 2.5))["chain5"]
+    assert found["per_doubling"] == pytest.approx(0.2)
+    low, high = found["per_doubling_90"]
+    assert low == pytest.approx(0.0) and high == pytest.approx(0.4)
+    assert found["tokens_for_goal_90"][0] < found["tokens_for_goal"] and found["tokens_for_goal_90"][1] == float("inf")
+    assert curve.human(found["tokens_for_goal_90"][1]) == "never"
+
+
+def test_a_falling_curve_never_reaches_its_goal():
+    curve = load_script()
+    data = synthetic_curve([[2.0 - 0.1 * i] * 2 for i in range(3)], [1e6, 2e6, 4e6])
+    found = curve.fit(data, (3.0, 2.5))["chain5"]
+    assert found["per_doubling"] < 0 and found["tokens_for_goal"] == float("inf")
