@@ -208,6 +208,32 @@ def test_train_resume_and_logs(tmp_path, target_dir, features_dir):
     assert list((run_dir / "tensorboard").rglob("events.out.tfevents.*"))
 
 
+def test_a_run_resumed_with_other_settings_is_refused_and_its_checkpoint_kept(tmp_path, target_dir, features_dir):
+    """Lightning would restore the optimizer, schedule and data position under new settings (the
+    old learning rate, another batch order) or fail on weights of another shape deep in
+    load_state_dict: the run says which settings differ and how to go on, before loading anything."""
+    train(drafter_cfg(tmp_path, target_dir, features_dir, "trainer.max_steps=2"))
+    last = tmp_path / "drafter_test" / "checkpoints" / "last.ckpt"
+    saved = last.read_bytes()
+    for override, named in [("model.optim.lr=0.5", "optim.lr: 0.001 -> 0.5"),
+                            ("+model.drafter_config.intermediate_size=48", "drafter_config.intermediate_size"),
+                            ("data.datamodule.batch_size=2", "data batch_size"),
+                            ("data.datamodule.seed=7", "data seed")]:
+        with pytest.raises(StageError, match="trained with other settings") as err:
+            train(drafter_cfg(tmp_path, target_dir, features_dir, "trainer.max_steps=4", override))
+        assert named in str(err.value) and str(last) in str(err.value) and "ckpt_path=null" in str(err.value)
+        assert last.read_bytes() == saved
+    # what validation measures may change; the run goes on from its step
+    resumed = train(drafter_cfg(tmp_path, target_dir, features_dir, "trainer.max_steps=4", "model.val_depth=2"))
+    assert resumed["resumed_from_step"] == 2 and resumed["steps"] == 4
+
+
+def test_the_feature_data_module_knows_its_training_samples(features_dir):
+    dm = FeatureDataModule(features_dir, batch_size=2)
+    dm.setup("fit")
+    assert dm.fingerprint == read_metadata(features_dir)["params"]["splits"]["train"]["fingerprint"]
+
+
 def test_a_fresh_run_prints_its_own_lines_not_lightnings_noise(tmp_path, target_dir, features_dir, capfd):
     """Resuming is on by default (ckpt_path=last): a fresh run finds nothing to resume without a
     warning, and none of the messages `quiet_lightning` drops reaches the output."""

@@ -235,6 +235,7 @@ class FeatureDataModule(SampleDataModule):
         self.features_dir, self.verify = Path(features_dir), verify
         self.meta: dict[str, Any] = {}
         self.made_for: TargetIdentity | None = None  # the target the features came from
+        self.fingerprint: str | None = None  # the training samples' (set up from the dump's metadata)
 
     def setup(self, stage: str | None = None) -> None:
         if not self.splits:
@@ -246,6 +247,8 @@ class FeatureDataModule(SampleDataModule):
                 self._checksum_shared(trainer, world, rank)
             self.made_for = made_for(self.meta)
             self._check_splits(f"feature dump {self.features_dir}")
+            # the training samples' identity, wherever the dump lies (a resumed run must see the same)
+            self.fingerprint = self.meta.get("params", {}).get("splits", {}).get("train", {}).get("fingerprint")
 
     def _checksum_shared(self, trainer: L.Trainer, world: int, rank: int) -> None:
         """Each of `world` processes hashes every world-th shard (a 7B dump holds hundreds of GB:
@@ -353,6 +356,7 @@ class DistilledDataModule(L.LightningDataModule):
                      "n_files": 0, "n_tokens": int(self.rows["train"].numel()),
                      "val_tokens": int(self.rows["validation"][:, 1:].numel()),
                      "train_rows": int(keep.sum()), "all_train_rows": n_train, "covered_by": self.covered_by}
+        self.fingerprint = f"{self.info['corpus_fingerprint']}:{self.info['train_rows']}"  # the rows this SSM trains on
 
     def describe(self) -> dict[str, Any]:
         return dict(self.info)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -109,9 +109,49 @@ class TrainableModule(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # every process saves (Lightning writes rank 0's dict): the count is the sum over ranks
-        checkpoint["eagle"] = {"train_time_s": self.train_time_s(), "tokens_seen": self.tokens_seen_total()}
+        checkpoint["eagle"] = {"train_time_s": self.train_time_s(), "tokens_seen": self.tokens_seen_total(),
+                               "data": self.data_identity()}
+
+    # hyperparameters a resumed run may change: where and how the target is loaded, what validation measures
+    RESUMABLE_CHANGES = frozenset({"target_path", "target_device_map", "target_weights", "val_depth", "val_topk"})
+
+    def data_identity(self) -> dict[str, Any]:
+        """What decides the batch each step takes (the samplers place batches by the steps taken,
+        `eagle.training.datamodules.trained_batches`): the samples per batch, gradient accumulation,
+        the shuffling seed and the training data's fingerprint where its data module has one."""
+        dm = self.trainer.datamodule if self._trainer is not None else None
+        if dm is None:
+            return {}
+        found = {"batch_size": getattr(dm, "batch_size", None), "seed": getattr(dm, "seed", None),
+                 "accumulate_grad_batches": self.trainer.accumulate_grad_batches,
+                 "data": getattr(dm, "fingerprint", None)}
+        return {k: v for k, v in found.items() if v is not None}
+
+    def check_resume(self, checkpoint: dict[str, Any]) -> None:
+        """Refuse to resume a checkpoint trained with other settings: Lightning would restore its
+        optimizer, LR schedule and data position under the new ones (the old learning rate, another
+        batch order) while the run's report recorded the new, or fail on weights of another shape."""
+        if self._trainer is None:  # `load_from_checkpoint`: weights read outside a fit, nothing resumes
+            return
+        saved = _flat(checkpoint.get("hyper_parameters") or {})
+        now = _flat(dict(self.hparams))
+        changed = [f"{k}: {saved.get(k, '(unset)')!r} -> {now.get(k, '(unset)')!r}"
+                   for k in sorted(set(saved) | set(now))
+                   if k.split(".")[0] not in self.RESUMABLE_CHANGES and saved.get(k) != now.get(k)]
+        before = checkpoint.get("eagle", {}).get("data")
+        if before is not None:  # (checkpoints written before the data was recorded are not checked)
+            after = self.data_identity()
+            changed += [f"data {k}: {before.get(k)!r} -> {after.get(k)!r}" for k in sorted(set(before) | set(after))
+                        if before.get(k) != after.get(k)]
+        if changed:
+            where = getattr(self.trainer, "ckpt_path", None) or "the checkpoint"
+            raise StageError(f"{where} was trained with other settings than this run's (the checkpoint's -> this run's):\n  " + "\n  ".join(changed)
+                             + "\nResuming would restore its optimizer, LR schedule and place in the data under the "
+                             "new settings. Rerun with the settings it was trained with to continue it, or start a "
+                             "new run: another task_name, or ckpt_path=null (which overwrites this run's checkpoints)")
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self.check_resume(checkpoint)  # before Lightning loads any weight, optimizer or loop state
         saved = checkpoint.get("eagle", {})
         self.resumed_from_step = int(checkpoint.get("global_step", 0))
         self._time_before = float(saved.get("train_time_s", 0.0))
@@ -187,6 +227,21 @@ class TrainableModule(L.LightningModule):
         process can run the model alone."""
         strategy = type(self.trainer.strategy).__name__ if self._trainer is not None else ""
         return strategy in ("FSDPStrategy", "DeepSpeedStrategy", "ModelParallelStrategy")
+
+
+def _flat(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested config as {"optim.lr": 0.001, ...}, sequences as lists (a list and a tuple, or an
+    OmegaConf ListConfig, of the same values compare equal)."""
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(_flat(value, name + "."))
+        elif isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
+            flat[name] = list(value)
+        else:
+            flat[name] = value
+    return flat
 
 
 def submodule_state(state: Mapping[str, Tensor], prefix: str) -> dict[str, Tensor]:
