@@ -19,12 +19,13 @@ from eagle.data.vocab import (
     save_counts,
 )
 from eagle.decoding import SpeculativeDecoder
-from eagle.models.checkpoint import CheckpointError
-from eagle.models.drafter import EagleDrafter
+from eagle.models.checkpoint import CheckpointError, save_drafter
+from eagle.models.drafter import DrafterConfig, EagleDrafter
 from eagle.proposers import eagle_proposer
 from eagle.sampling import SamplingPolicy
+from eagle.target import load_target
 from helpers.decoding import tree
-from helpers.models import make_tiny_model
+from helpers.models import make_tiny_model, save_tiny_target, small_tokenizer
 
 
 def test_counts_are_the_predicted_tokens():
@@ -107,12 +108,20 @@ def _recording(propose, out: list):
     return wrapped
 
 
-def test_counting_a_feature_dump_into_a_drafter_folder(tmp_path, features_dir, capsys):
+def drafter_folder(target_dir, folder):
+    """An untrained drafter checkpoint for the target in `target_dir`."""
+    target, tokenizer = load_target(target_dir)
+    config = DrafterConfig.from_target(target, tokenizer, str(target_dir))
+    return save_drafter(EagleDrafter.on_target(config, target), folder)
+
+
+def test_counting_a_feature_dump_into_a_drafter_folder(tmp_path, target_dir, features_dir, capsys):
     shards = FeatureShards(features_dir, "train")
     items = [shards[i] for i in range(len(shards))]
     vocab = max(int(x["input_ids"].max()) for x in items) + 1
-    main(["--features", str(features_dir), "--drafter", str(tmp_path)])
-    counts = load_counts(tmp_path)
+    drafter = drafter_folder(target_dir, tmp_path / "drafter")
+    main(["--features", str(features_dir), "--drafter", str(drafter)])
+    counts = load_counts(drafter)
     want = torch.zeros(counts.numel(), dtype=torch.long)
     for x in items:
         want += torch.bincount(x["input_ids"][x["loss_mask"] > 0], minlength=counts.numel())
@@ -120,6 +129,20 @@ def test_counting_a_feature_dump_into_a_drafter_folder(tmp_path, features_dir, c
     assert f"{int(want.sum())} predicted tokens counted" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="not a checkpoint folder"):
         main(["--features", str(features_dir), "--drafter", str(tmp_path / "missing")])
+
+
+def test_a_dump_of_another_target_leaves_the_drafters_counts_alone(tmp_path, target_dir, features_dir):
+    # the counts index the target's vocabulary: another tokenizer's ids would be meaningless ones
+    other = save_tiny_target(tmp_path / "other", small_tokenizer(), vocab_size=320)
+    drafter = drafter_folder(other, tmp_path / "drafter")
+    saved = save_counts(drafter, torch.arange(320))
+    before = saved.read_bytes()
+    with pytest.raises(SystemExit, match="made for another target.*counts are left as they were"):
+        main(["--features", str(features_dir), "--drafter", str(drafter)])
+    assert saved.read_bytes() == before
+    (tmp_path / "plain").mkdir()
+    with pytest.raises(SystemExit, match="names no target|config.json"):
+        main(["--features", str(features_dir), "--drafter", str(tmp_path / "plain")])
 
 
 def test_a_tree_wider_than_the_draft_vocabulary_is_refused():

@@ -98,7 +98,22 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if not args.drafter.is_dir():
         raise SystemExit(f"--drafter {args.drafter} is not a checkpoint folder")
+    from eagle.models.checkpoint import CheckpointError, load_drafter_config
+    from eagle.target import TargetIdentity, TargetMismatchError
+
     meta = read_metadata(args.features)
+    # the counts index the target's vocabulary: a dump of another target's (another tokenizer's ids,
+    # another size) would replace the drafter's counts with meaningless ones
+    try:
+        target = load_drafter_config(args.drafter).target
+    except CheckpointError as err:
+        raise SystemExit(f"error: {err}") from None
+    if not target:
+        raise SystemExit(f"--drafter {args.drafter}: its config.json names no target to check the dump against")
+    try:
+        made_for(meta).check(TargetIdentity.from_dict(target), f"the feature dump {args.features}", head="warn")
+    except TargetMismatchError as err:
+        raise SystemExit(f"error: {err}; the drafter's counts are left as they were") from None
     shards = FeatureShards(args.features, args.split, meta, verify="size")
     counts = count_tokens(shards.token_rows(), made_for(meta).vocab_size)
     print(f"{int(counts.sum())} predicted tokens counted -> {save_counts(args.drafter, counts)}")
