@@ -153,10 +153,29 @@ def to_messages(record: dict, where: str = "") -> list[dict[str, str]]:
     return head + body
 
 
+def check_finished(path: str | Path) -> None:
+    """Refuse a file `python -m data_gen.regenerate` has not finished: its sidecar (`<file>.json`)
+    says "incomplete" while a run is under way or after one was stopped, and the file then holds
+    only the conversations of the batches done so far."""
+    from eagle.data.regenerate import FORMAT
+
+    sidecar = Path(path).with_name(Path(path).name + ".json")
+    try:
+        meta = json.loads(sidecar.read_text())
+    except (OSError, ValueError):
+        return  # no sidecar (a ShareGPT file), or not one of ours
+    if isinstance(meta, dict) and (meta.get("plan") or {}).get("format") == FORMAT and meta.get("status") != "complete":
+        raise ConversationError(f"{path} is an unfinished regeneration (its sidecar {sidecar} says status "
+                                f"{meta.get('status')!r}): rerun the `python -m data_gen.regenerate` command that "
+                                "wrote it, which resumes where it stopped, before using it")
+
+
 def iter_sharegpt(path: str | Path) -> Iterator[dict[str, Any]]:
     """ShareGPT conversations as `{"id": str, "messages": [...]}`, in file order, read lazily.
 
-    Conversations without any assistant turn are skipped (they carry no loss)."""
+    Conversations without any assistant turn are skipped (they carry no loss). A regenerated file
+    that is not finished is refused (`check_finished`)."""
+    check_finished(path)
     for i, record in enumerate(iter_json_records(path)):
         cid = str(record.get("id", i))
         messages = to_messages(record, where=f"{path} conversation {cid!r}")

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from data_gen.conversations import iter_sharegpt, sharegpt_samples
+from data_gen.conversations import ConversationError, iter_sharegpt, sharegpt_samples
 from eagle.data.regenerate import RegenerateError, regenerate
 from eagle.sampling import SamplingPolicy
 from eagle.target import load_target
@@ -145,3 +145,42 @@ def test_the_entry_point_writes_the_file(target_dir, tmp_path):
                                                   "max_conversations=3", "device=cpu", "target_dtype=float32",
                                                   "progress=false", "batch_size=2"]))
     assert meta["counts"]["conversations"] == 3 and len((tmp_path / "r.jsonl").read_text().splitlines()) == 3
+
+
+def test_an_unfinished_file_is_refused_by_the_dump_and_a_finished_one_rerun_says_so(target_dir, tmp_path, caplog):
+    """A dump of a regenerated file its run has not finished would train on part of it as if it
+    were whole; a finished run rerun samples its short last batch again without calling it the
+    remains of an interrupted run, and the file stays the same."""
+    source = sharegpt_file(tmp_path / "src.json")  # 5 conversations: batches of 2, 2 and 1
+    out = tmp_path / "out.jsonl"
+    run(target_dir, source, out)
+    whole = out.read_bytes()
+    _, tokenizer = load_target(target_dir)
+    assert len(sharegpt_samples(tokenizer, max_len=64, path=out)["train"]) > 0
+    sidecar = out.with_name("out.jsonl.json")
+    meta = json.loads(sidecar.read_text())
+    sidecar.write_text(json.dumps({"plan": meta["plan"], "status": "incomplete"}))  # what a stopped run leaves
+    out.write_bytes(b"".join(whole.splitlines(keepends=True)[:2]))
+    with pytest.raises(ConversationError, match="unfinished regeneration.*rerun"):
+        sharegpt_samples(tokenizer, max_len=64, path=out)
+    run(target_dir, source, out)  # resumes
+    assert out.read_bytes() == whole and json.loads(sidecar.read_text())["status"] == "complete"
+    caplog.clear()
+    with caplog.at_level("INFO", logger="eagle.data.regenerate"):
+        run(target_dir, source, out)
+    assert out.read_bytes() == whole
+    assert "interrupted" not in caplog.text and "last, short batch" in caplog.text
+
+
+def test_a_rerun_asking_for_fewer_leaves_a_finished_file_finished(target_dir, tmp_path):
+    from itertools import islice
+
+    source = sharegpt_file(tmp_path / "src.json")
+    out = tmp_path / "out.jsonl"
+    run(target_dir, source, out)
+    whole, sidecar = out.read_bytes(), out.with_name("out.jsonl.json").read_text()
+    model, tokenizer = load_target(target_dir)
+    with pytest.raises(RegenerateError, match="more than the 2 asked for"):
+        regenerate(model, tokenizer, islice(iter_sharegpt(source), 2), out, max_new_tokens=6,
+                   policy=SamplingPolicy(), batch_size=2, progress=False)
+    assert out.read_bytes() == whole and out.with_name("out.jsonl.json").read_text() == sidecar

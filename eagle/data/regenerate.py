@@ -130,19 +130,18 @@ def reply_batch(model: nn.Module, tokenizer, chats: list[list[dict]], max_new_to
     return replies, cut
 
 
-def _whole_batches(path: Path, batch_size: int) -> int:
-    """Conversations of the whole batches a JSONL file holds; the lines of a batch that an
-    interrupted run left incomplete (and a last line it cut) are removed, so that batch is
-    sampled again from its own seed."""
+def _whole_batches(path: Path, batch_size: int) -> tuple[int, int, int]:
+    """(conversations in whole batches, the bytes they take, lines past them) of a JSONL file. A
+    batch an interrupted run left incomplete (or a last line it cut) is sampled again from its
+    own seed; so is a finished run's last batch, short because its source ran out, so that a run
+    asked for more extends the file as one run would have written it."""
     if not path.exists():
-        return 0
+        return 0, 0, 0
     data = path.read_bytes()
     lines = data[: data.rfind(b"\n") + 1].splitlines(keepends=True)
     done = len(lines) // batch_size * batch_size
-    if done != len(lines) or len(b"".join(lines)) != len(data):
-        log.warning("%s: dropping %d line(s) of a batch an interrupted run left incomplete", path, len(lines) - done)
-        path.write_bytes(b"".join(lines[:done]))
-    return done
+    cut_line = int(not data.endswith(b"\n") and bool(data))  # a last line an interrupted write cut
+    return done, len(b"".join(lines[:done])), len(lines) - done + cut_line
 
 
 def _count(path: Path) -> dict[str, int]:
@@ -193,7 +192,8 @@ def regenerate(model: nn.Module, tokenizer, conversations: Iterable[dict], out_p
     elif out_path.exists():
         out_path.unlink()
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    done = _whole_batches(out_path, batch_size)
+    finished = meta_path.exists() and json.loads(meta_path.read_text()).get("status") == "complete"
+    done, keep_bytes, past = _whole_batches(out_path, batch_size)
     long_prompts = no_reply = 0
     stop = None if from_source else _stop_ids(model, tokenizer)
     # counts every conversation read from the source (`total` of them are asked for), skipped ones too
@@ -229,7 +229,16 @@ def regenerate(model: nn.Module, tokenizer, conversations: Iterable[dict], out_p
     if skipped < done:
         raise RegenerateError(f"{out_path} holds {done} conversations, more than the {skipped} asked for now "
                               f"(or than the source holds)")
+    # the file is not whole from here until the run ends: a feature dump refuses it meanwhile
+    # (data_gen.conversations.check_finished)
     meta_path.write_text(json.dumps({"plan": plan, "status": "incomplete"}, indent=2) + "\n")
+    if out_path.exists() and out_path.stat().st_size != keep_bytes:
+        if finished:
+            log.info("%s: sampling its last, short batch again (%d line(s))", out_path, past)
+        else:
+            log.warning("%s: dropping %d line(s) of a batch an interrupted run left incomplete", out_path, past)
+        with out_path.open("r+b") as f:
+            f.truncate(keep_bytes)
     with out_path.open("a") as f:
         b = done // batch_size
         while batch := list(islice(items, batch_size)):
