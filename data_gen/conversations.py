@@ -138,7 +138,10 @@ def to_messages(record: dict, where: str = "") -> list[dict[str, str]]:
     messages = []
     if isinstance(record.get("system"), str) and record["system"]:
         messages.append({"role": "system", "content": record["system"]})
-    for turn in turns:
+    for k, turn in enumerate(turns):
+        if not isinstance(turn, dict):
+            raise ConversationError(f"{where}: turn {k} is {type(turn).__name__} {turn!r:.60}, not an object with "
+                                    "`from` and `value` (or `role` and `content`)")
         speaker = turn.get("from", turn.get("role"))
         content = turn.get("value", turn.get("content"))
         if speaker not in ROLES:
@@ -417,6 +420,7 @@ def text_samples(tokenizer, max_len: int, path: str | Path | None = None, builde
 
     if builder is None and path is None:
         raise ValueError("text source needs `path` or `builder` + `data_files`")
+    where = path if builder is None else f"{builder} {data_files}"  # what an error names
     if builder is None:
         p = Path(path)
         if p.is_dir():
@@ -431,12 +435,24 @@ def text_samples(tokenizer, max_len: int, path: str | Path | None = None, builde
         ds = datasets.load_dataset(builder, data_files=data_files)
     if isinstance(ds, datasets.Dataset):
         ds = datasets.DatasetDict({"train": ds})
+
+    def texts(split: str) -> list[str]:
+        if text_column not in ds[split].column_names:
+            raise ValueError(f"{where}: no text column {text_column!r} in split {split!r} (columns: "
+                             f"{ds[split].column_names}); set source.text_column")
+        column = ds[split][text_column]
+        for i, text in enumerate(column):
+            if not isinstance(text, str):  # a null cell would reach the tokenizer as None
+                raise ValueError(f"{where}: row {i} of split {split!r} has {type(text).__name__} {text!r:.60} in "
+                                 f"column {text_column!r}, not a text")
+        return column
+
     if val_split is not None:
-        parts = {"train": ds["train"], "validation": ds[val_split]}
-        rows = {s: [(f"{s}:{i}", t) for i, t in enumerate(parts[s][text_column])] for s in SPLITS}
+        parts = {"train": "train", "validation": val_split}
+        rows = {s: [(f"{s}:{i}", t) for i, t in enumerate(texts(parts[s]))] for s in SPLITS}
     else:
         rows = {s: [] for s in SPLITS}
-        for i, t in enumerate(ds["train"][text_column]):
+        for i, t in enumerate(texts("train")):
             rows[split_of_id(str(i), val_fraction)].append((str(i), t))
     caps = {"train": max_samples, "validation": max_val_samples}
     return {s: pack_documents(tokenizer, rows[s], max_len, pack=pack, max_samples=caps[s])

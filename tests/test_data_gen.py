@@ -151,6 +151,11 @@ def test_sharegpt_roles_and_jsonl(tmp_path, tokenizer):
     (tmp_path / "bad.json").write_text(json.dumps([{"id": 1, "conversations": [{"from": "robot", "value": "x"}]}]))
     with pytest.raises(ValueError, match="unknown speaker 'robot'"):
         load_sharegpt(tmp_path / "bad.json")
+    for turn in ("hi", None):  # a turn that is not an object names its record and place
+        (tmp_path / "bad.json").write_text(json.dumps([{"id": "x", "conversations": [{"from": "human", "value": "Q"},
+                                                                                   turn]}]))
+        with pytest.raises(ValueError, match=r"bad.json conversation 'x'.*: turn 1 is .*not an object"):
+            load_sharegpt(tmp_path / "bad.json")
     out = sharegpt_samples(tokenizer, 64, path, val_fraction=0.0)
     assert [s["id"] for s in out["train"]] == ["a", "c"] and out["validation"] == []
 
@@ -251,6 +256,12 @@ def test_text_sources(tmp_path, tokenizer):
     path.write_text("\n".join(json.dumps({"body": t}) for t in TEXTS))
     out = text_samples(tokenizer, 16, path=path, text_column="body", val_fraction=0.2, max_samples=5)
     assert len(out["train"]) == 5 and len(out["validation"]) > 0
+    bad = tmp_path / "bad.jsonl"  # a null cell names its file, row and column, not the tokenizer's types
+    bad.write_text("\n".join(json.dumps({"body": t}) for t in [TEXTS[0], None, TEXTS[1]]))
+    with pytest.raises(ValueError, match=r"bad.jsonl: row 1 of split 'train' has NoneType None in column 'body'"):
+        text_samples(tokenizer, 16, path=bad, text_column="body")
+    with pytest.raises(ValueError, match="no text column 'text'.*source.text_column"):
+        text_samples(tokenizer, 16, path=path)
     corpus = python_corpus_samples(tokenizer, 32, val_fraction=0.25, max_files=24, max_samples=6,
                                    max_val_samples=2)
     assert [len(corpus[s]) for s in ("train", "validation")] == [6, 2]
@@ -373,6 +384,9 @@ def test_the_dump_refuses_samples_past_the_targets_context_and_other_datasets(tm
     with pytest.raises(FeatureDumpError, match=r"holds another kind of dataset \(eagle-distill\)"):
         generate(compose_data_gen(short, other, "max_len=16", "overwrite=true"))
     assert (other / METADATA).exists()
+    small = save_tiny_target(tmp_path / "small", tokenizer, vocab_size=200)  # fewer rows than the tokenizer's ids
+    with pytest.raises(FeatureDumpError, match="past the target's 200 embedding rows: .*another tokenizer"):
+        generate(compose_data_gen(small, tmp_path / "dump"))
 
 
 def test_the_last_rank_to_finish_leaves_the_dump_complete(tmp_path, target_dir, monkeypatch):

@@ -49,7 +49,7 @@ from torch import nn
 from eagle.artifacts import SPLITS, Artifact
 from eagle.data import shards
 from eagle.data.shards import shard_ranges
-from eagle.target import TargetIdentity, context_length, target_forward
+from eagle.target import TargetIdentity, context_length, embeddings, target_forward
 
 log = logging.getLogger(__name__)
 
@@ -228,6 +228,12 @@ def dump_features(model: nn.Module, tokenizer, samples: dict[str, list[dict]], o
     if context is not None and longest > context:
         raise FeatureDumpError(f"a sample has {longest} tokens, past the target's context of {context} positions: "
                                f"lower max_len to {context} or less")
+    rows = embeddings(model).weight.shape[0]
+    top = max((int(s["input_ids"].max()) for split in samples.values() for s in split if s["input_ids"].size), default=-1)
+    if top >= rows:  # the embedding would fail with a bare IndexError (a device-side assert on a GPU)
+        raise FeatureDumpError(f"the samples hold token id {top}, past the target's {rows} embedding rows: they were "
+                               f"tokenised with another tokenizer than the model's; use the tokenizer the target was "
+                               f"trained with ({target_path or 'the target folder'})")
     identity = TargetIdentity.of(model, tokenizer, target_path, with_lm_head=True)
     hidden = identity.hidden_size
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
