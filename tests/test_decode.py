@@ -285,6 +285,20 @@ def test_bad_input_errors(models, tmp_path, monkeypatch):
         load_eval_set("humaneval")
 
 
+@pytest.mark.parametrize("line, message", [
+    ("def f(x):", "prompts.jsonl:2: not JSON"),
+    ('"just a string"', "prompts.jsonl:2: a str, not a JSON object"),
+    ('{"prompt": 12345}', "prompts.jsonl:2: the prompt is a int"),
+    ('{"turns": "hello"}', "prompts.jsonl:2: 'turns' must be a list of texts"),  # (was read as the prompt "h")
+    ("{}", "prompts.jsonl:2: no non-empty"),
+])
+def test_a_bad_line_of_a_prompt_file_is_named(tmp_path, line, message):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text('{"prompt": "fine"}\n' + line + "\n")
+    with pytest.raises(EvalSetError, match=message):
+        load_eval_set(str(path))
+
+
 def test_cli_unknown_method_is_one_line(models, tmp_path):
     env = {**os.environ, "HYDRA_FULL_ERROR": "0"}
     proc = subprocess.run([sys.executable, str(ROOT / "decode.py"), f"target={models / 'target'}",

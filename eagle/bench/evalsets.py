@@ -75,10 +75,22 @@ def jsonl(path: str | Path, chat: bool = False) -> list[Prompt]:
     for i, line in enumerate(path.read_text().splitlines()):
         if not line.strip():
             continue
-        row = json.loads(line)
-        text = row.get("prompt") or row.get("text") or row.get("question") or (row.get("turns") or [None])[0]
+        where = f"{path}:{i + 1}"
+        try:
+            row = json.loads(line)
+        except ValueError as err:
+            raise EvalSetError(f"{where}: not JSON ({err})") from None
+        if not isinstance(row, dict):
+            raise EvalSetError(f"{where}: a {type(row).__name__}, not a JSON object with a 'prompt', 'text', "
+                               "'question' or 'turns' field")
+        turns = row.get("turns")
+        if turns is not None and not (isinstance(turns, list) and all(isinstance(t, str) for t in turns)):
+            raise EvalSetError(f"{where}: 'turns' must be a list of texts (the first is the prompt), got {turns!r:.60}")
+        text = row.get("prompt") or row.get("text") or row.get("question") or (turns or [None])[0]
         if not text:
-            raise EvalSetError(f"{path}:{i + 1}: no non-empty 'prompt', 'text', 'question' or 'turns' field")
+            raise EvalSetError(f"{where}: no non-empty 'prompt', 'text', 'question' or 'turns' field")
+        if not isinstance(text, str):
+            raise EvalSetError(f"{where}: the prompt is a {type(text).__name__} ({text!r:.60}), not a text")
         prompts.append(Prompt(id=str(row.get("id", i)), text=text, chat=bool(row.get("chat", chat)),
                               category=str(row.get("category") or "")))
     if not prompts:

@@ -245,7 +245,7 @@ class StaticRunner(TargetRunner):
             size = self.cache.max_len  # compiled, each size is one more graph: keep the largest built
         if need > size:
             raise ContextOverflowError(f"the request needs {need} cache slots (prompt + new tokens + tree) but "
-                                       f"the static cache holds {size}; raise its max_len")
+                                       f"the static cache holds {size}; raise its max_len (decode.py: static_max_len)")
         dtype = next(self.target.parameters()).dtype
         layers = self.target.config.num_hidden_layers
         if self.cache is None or not self.cache.fits(layers, size, dtype, self.device, batch):
