@@ -38,6 +38,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
+from eagle.artifacts import keep_previous
 from eagle.bench.benchmark import (
     BenchmarkConfig,
     encode_prompt,
@@ -813,6 +814,7 @@ def ablations(cfg: DictConfig) -> Path:
                              warmup_tokens=cfg.benchmark.warmup_tokens, top_k=cfg.top_k, top_p=cfg.top_p,
                              seed=cfg.seed)
     out_dir = Path(acfg.out_dir)
+    keep_previous(out_dir, ("ablations.json", "ablations.md", "ablations.png"))  # the table of a run before
     bench = run_benchmark(eval_sets, tokenizer, build, config, target_name=str(cfg.target), out_dir=out_dir / "bench",
                           device=cfg.device, reference=lambda d: methods.build("vanilla", d))
     report = abl.ablation_report(variants, bench, labels)

@@ -101,3 +101,25 @@ class Artifact:
         meta = {"params": self.params, "status": status, **info}
         write_json(self.path, meta)
         return meta
+
+
+def keep_previous(out_dir: str | Path, names: tuple[str, ...]) -> Path | None:
+    """Move the report files (`names`) a run before this one left in `out_dir` (a fixed output
+    folder run again) into `out_dir/previous/<their time>/`, so that no measured run is
+    overwritten; returns that folder, or None when there was nothing to keep."""
+    import time
+
+    out_dir = Path(out_dir)
+    found = [out_dir / name for name in names if (out_dir / name).exists()]
+    if not found:
+        return None
+    stamp = time.strftime("%Y-%m-%d_%H-%M-%S", time.localtime(found[0].stat().st_mtime))
+    dest, n = out_dir / "previous" / stamp, 1
+    while dest.exists():
+        n += 1
+        dest = out_dir / "previous" / f"{stamp}_{n}"
+    dest.mkdir(parents=True)
+    for path in found:
+        path.rename(dest / path.name)
+    print(f"the report already in {out_dir} is kept in {dest}")
+    return dest

@@ -124,6 +124,20 @@ def test_packed_kernels_apply_to_every_method_and_keep_greedy_texts(models, tmp_
         decode(decode_cfg(models, tmp_path, "mode=benchmark", "kernels=fast"))
 
 
+def test_a_benchmark_run_again_into_its_folder_keeps_the_report_before(models, tmp_path):
+    from decode import decode
+
+    out = tmp_path / "bench"
+    args = ["mode=benchmark", f"benchmark.eval_sets=[{models / 'prompts.jsonl'}]", f"benchmark.out_dir={out}",
+            "benchmark.methods=[vanilla]", "benchmark.num_prompts=1", "max_new_tokens=4"]
+    decode(decode_cfg(models, tmp_path, *args, "benchmark.temperatures=[0.0]"))
+    first = (out / "results.json").read_bytes()
+    decode(decode_cfg(models, tmp_path, *args, "benchmark.temperatures=[1.0]"))
+    (kept,) = (out / "previous").iterdir()
+    assert (kept / "results.json").read_bytes() == first and (kept / "results.md").exists()
+    assert [r["temperature"] for r in json.loads((out / "results.json").read_text())["runs"]] == [1.0]
+
+
 def test_a_bf16_method_is_compared_with_bf16_and_fp32_vanilla(models, tmp_path):
     """EAGLE in bf16: its text is compared with vanilla decoding in bf16 (run untimed when the
     benchmark has none) and with fp32 vanilla, each named, with the share that matched."""

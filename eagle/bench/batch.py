@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from eagle.artifacts import write_json
+from eagle.artifacts import keep_previous, write_json
 from eagle.bench.benchmark import is_plain_decoding
 from eagle.bench.methods import Method, MethodError
 from eagle.decoding.stats import DecodeResult, tau
@@ -111,6 +111,7 @@ def run_batch_benchmark(prompts: Sequence[list[int]], build: Callable[[str], tup
     for a label with `{B}` filled in; methods are built before anything runs."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    keep_previous(out_dir, ("batch.json", "batch.md", "batch.png"))  # a fixed out_dir run again
     device = torch.device(device or "cpu")
     labels = {(label, b): label.replace("{B}", str(b)) for label in cfg.methods for b in cfg.sizes}
     built: dict[str, tuple[Method, str]] = {}

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from eagle.artifacts import write_json
+from eagle.artifacts import keep_previous, write_json
 from eagle.bench.evalsets import Prompt
 from eagle.bench.methods import Method, MethodError
 from eagle.decoding.stats import DecodeResult, accepted_histogram, tau
@@ -209,6 +209,7 @@ def run_benchmark(eval_sets: dict[str, list[Prompt]], tokenizer, build: Callable
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    keep_previous(out_dir, REPORT_FILES)  # a fixed out_dir run again: the last report is kept
     device = torch.device(device or "cpu")
     methods = build_all(build, cfg.methods)
     runs = []
@@ -419,6 +420,9 @@ def same_text(m: dict) -> str:
     if m.get("identical_to_fp32") is not None and m.get("reference") != "vanilla (float32)":
         parts.append(f"{m['identical_to_fp32']:.0%} of vanilla (float32)")
     return ", ".join(parts) or "-"
+
+
+REPORT_FILES = ("results.json", "results.md", "speedup.png", "tau.png", "speedup_vs_static.png", "acceptance.png")
 
 
 def write_report(report: dict, out_dir: Path) -> None:
