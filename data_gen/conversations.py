@@ -440,7 +440,7 @@ def text_samples(tokenizer, max_len: int, path: str | Path | None = None, builde
         if text_column not in ds[split].column_names:
             raise ValueError(f"{where}: no text column {text_column!r} in split {split!r} (columns: "
                              f"{ds[split].column_names}); set source.text_column")
-        column = ds[split][text_column]
+        column = list(ds[split][text_column])  # (read once: datasets decodes a column on each pass)
         for i, text in enumerate(column):
             if not isinstance(text, str):  # a null cell would reach the tokenizer as None
                 raise ValueError(f"{where}: row {i} of split {split!r} has {type(text).__name__} {text!r:.60} in "

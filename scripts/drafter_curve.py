@@ -252,7 +252,8 @@ def write_report(data: dict, out: Path, goals: tuple[float, float]) -> None:
             b90, t90 = f.get("per_doubling_90"), f.get("tokens_for_goal_90")
             per = f"{f['per_doubling']:.3f}" + (f" [{b90[0]:.3f}, {b90[1]:.3f}]" if b90 else "")
             need = human(f["tokens_for_goal"]) + (f" [{human(t90[0])}, {human(t90[1])}]" if t90 else "")
-            times = f"{f['tokens_for_goal'] / f['run_tokens']:.0f}x" if np.isfinite(f["tokens_for_goal"]) else "-"
+            ratio = f["tokens_for_goal"] / f["run_tokens"]
+            times = "-" if not np.isfinite(ratio) else "reached" if ratio <= 1 else f"{ratio:.0f}x"
             lines.append(f"| {name} | {per} | {f['later_per_doubling']:.3f} | {f['goal']:g} | {need} | {times} |")
     (out / "curve.md").write_text("\n".join(lines) + "\n")
     plot(rows, names, fits, out / "curve.png")
@@ -309,7 +310,9 @@ def main() -> None:
     goals = (args.goal_greedy, args.goal_sampled)
     if args.refit:  # the table, fit and plot again from a curve.json, no decoding
         data = json.loads(args.refit.read_text())
-        write_report(data, args.out or args.refit.parent, goals)
+        out = args.out or args.refit.parent
+        out.mkdir(parents=True, exist_ok=True)
+        write_report(data, out, goals)
         return
     if args.run is None:
         raise SystemExit("drafter_curve.py: give --run (a drafter run folder) or --refit (a curve.json)")

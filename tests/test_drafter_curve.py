@@ -59,8 +59,7 @@ def test_a_curve_over_the_checkpoints_of_a_run(tmp_path, target_dir, features_di
     assert "training tokens for the goal" in table and "resamples of the 2 prompts" in table
 
     # the same report again from curve.json alone
-    refit = tmp_path / "refit"
-    refit.mkdir()
+    refit = tmp_path / "refit"  # (made by the script)
     monkeypatch.setattr(sys, "argv", ["drafter_curve.py", "--refit", str(out / "curve.json"), "--out", str(refit)])
     curve.main()
     assert (refit / "curve.md").read_text() == table

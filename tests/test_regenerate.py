@@ -120,6 +120,7 @@ def test_other_settings_and_foreign_files_are_refused(target_dir, tmp_path):
     run(target_dir, source, out)
     with pytest.raises(RegenerateError, match="other settings"):
         run(target_dir, source, out, max_new_tokens=7)
+    out.with_name("out.jsonl.json").write_text('{"plan": {"format"')  # a sidecar a crash cut: overwrite mends it
     run(target_dir, source, out, max_new_tokens=7, overwrite=True)
     assert json.loads(out.with_name("out.jsonl.json").read_text())["plan"]["max_new_tokens"] == 7
     with pytest.raises(RegenerateError, match="not written by a regeneration"):

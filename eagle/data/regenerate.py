@@ -182,17 +182,19 @@ def regenerate(model: nn.Module, tokenizer, conversations: Iterable[dict], out_p
     if from_source:  # no sampling: the policy, seed and dtype play no part (the key is absent for "target",
         # so files regenerated before the option existed keep their plan)
         plan.update(replies="source", policy=None, seed=None, dtype=None)
+    finished = False  # the file's run ended (its last batch may be short: the source ran out)
     if out_path.exists() and not overwrite:
         if not meta_path.exists():
             raise RegenerateError(f"{out_path} exists and was not written by a regeneration (no {meta_path.name}); "
                                   f"use another file or overwrite=true")
-        if json.loads(meta_path.read_text()).get("plan") != plan:
+        previous = json.loads(meta_path.read_text())
+        if previous.get("plan") != plan:
             raise RegenerateError(f"{out_path} was regenerated with other settings ({meta_path}); use another "
                                   f"file or overwrite=true")
+        finished = previous.get("status") == "complete"
     elif out_path.exists():
         out_path.unlink()
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    finished = meta_path.exists() and json.loads(meta_path.read_text()).get("status") == "complete"
     done, keep_bytes, past = _whole_batches(out_path, batch_size)
     long_prompts = no_reply = 0
     stop = None if from_source else _stop_ids(model, tokenizer)

@@ -289,7 +289,8 @@ class FusedLayer:
         # the kernels never call)
         if (args or hidden_states.dim() != 3 or cos_sin is None
                 or kwargs.get("output_attentions") or getattr(attn.config, "output_attentions", False)
-                or not _runs_fused(hidden_states, attn.q_proj.weight) or _wants_grad(self._params())
+                or not _runs_fused(hidden_states, attn.q_proj.weight)
+                or (torch.is_grad_enabled() and _wants_grad(self._params()))  # (no parameter list when decoding)
                 or cos_sin[0].shape[-1] != attn.head_dim or layer.training
                 or not _fused_mask(mask, hidden_states.shape[1])):
             return self.original(hidden_states, *args, **kwargs)

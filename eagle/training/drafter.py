@@ -66,6 +66,7 @@ class EagleDrafterModule(FrozenTargetModule):
 
     artifact = "drafter"
     quality = ("val/top1_d1", "val/top1_copy", "higher")
+    RESUMABLE_CHANGES = FrozenTargetModule.RESUMABLE_CHANGES | {"val_depth", "val_topk"}  # validation only
 
     def __init__(
         self,

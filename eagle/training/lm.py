@@ -130,6 +130,7 @@ class CausalLMModule(TrainableModule):
 
     artifact = "model"
     quality = ("val/loss", "val/unigram_loss", "lower")
+    RESUMABLE_CHANGES = frozenset({"samples", "sample_tokens", "repetition"})  # what the export prints and records
 
     def __init__(
         self,

@@ -96,6 +96,7 @@ class MedusaModule(FrozenTargetModule):
 
     artifact = "medusa"
     quality = ("val/top1_h1", "val/top1_h0_shift2", "higher")
+    RESUMABLE_CHANGES = FrozenTargetModule.RESUMABLE_CHANGES | {"val_topk"}  # validation only
 
     def __init__(
         self,

@@ -13,6 +13,7 @@ data carries none.
 
 from __future__ import annotations
 
+import inspect
 import math
 import time
 from collections.abc import Mapping, Sequence
@@ -112,8 +113,10 @@ class TrainableModule(L.LightningModule):
         checkpoint["eagle"] = {"train_time_s": self.train_time_s(), "tokens_seen": self.tokens_seen_total(),
                                "data": self.data_identity()}
 
-    # hyperparameters a resumed run may change: where and how the target is loaded, what validation measures
-    RESUMABLE_CHANGES = frozenset({"target_path", "target_device_map", "target_weights", "val_depth", "val_topk"})
+    # hyperparameters a resumed run may change, extended by subclasses: what neither the optimisation
+    # nor the data order depends on (where a target loads from, what validation measures, what the
+    # export prints)
+    RESUMABLE_CHANGES: frozenset[str] = frozenset()
 
     def data_identity(self) -> dict[str, Any]:
         """What decides the batch each step takes (the samplers place batches by the steps taken,
@@ -133,22 +136,27 @@ class TrainableModule(L.LightningModule):
         batch order) while the run's report recorded the new, or fail on weights of another shape."""
         if self._trainer is None:  # `load_from_checkpoint`: weights read outside a fit, nothing resumes
             return
-        saved = _flat(checkpoint.get("hyper_parameters") or {})
+        # a setting added after the checkpoint was written stands at its default there
+        defaults = {name: p.default for name, p in inspect.signature(type(self).__init__).parameters.items()
+                    if p.default is not inspect.Parameter.empty}
+        written = checkpoint.get("hyper_parameters") or {}
+        saved = _flat({**{k: v for k, v in defaults.items() if k not in written}, **written})
         now = _flat(dict(self.hparams))
+        unset = object()
         changed = [f"{k}: {saved.get(k, '(unset)')!r} -> {now.get(k, '(unset)')!r}"
                    for k in sorted(set(saved) | set(now))
-                   if k.split(".")[0] not in self.RESUMABLE_CHANGES and saved.get(k) != now.get(k)]
+                   if k.split(".")[0] not in self.RESUMABLE_CHANGES and saved.get(k, unset) != now.get(k, unset)]
         before = checkpoint.get("eagle", {}).get("data")
         if before is not None:  # (checkpoints written before the data was recorded are not checked)
             after = self.data_identity()
             changed += [f"data {k}: {before.get(k)!r} -> {after.get(k)!r}" for k in sorted(set(before) | set(after))
                         if before.get(k) != after.get(k)]
-        if changed:
+        if changed:  # the way out first: a command line shows the first 400 characters
             where = getattr(self.trainer, "ckpt_path", None) or "the checkpoint"
-            raise StageError(f"{where} was trained with other settings than this run's (the checkpoint's -> this run's):\n  " + "\n  ".join(changed)
-                             + "\nResuming would restore its optimizer, LR schedule and place in the data under the "
-                             "new settings. Rerun with the settings it was trained with to continue it, or start a "
-                             "new run: another task_name, or ckpt_path=null (which overwrites this run's checkpoints)")
+            raise StageError("this run's settings differ from those its checkpoint was trained with: resume with "
+                             "theirs, or start anew with another task_name or ckpt_path=null (which overwrites the "
+                             f"checkpoints). Resuming would restore its optimizer, LR schedule and place in the data "
+                             f"under the new settings. {where} (its -> this run's): " + "; ".join(changed))
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.check_resume(checkpoint)  # before Lightning loads any weight, optimizer or loop state
@@ -266,6 +274,9 @@ class FrozenTargetModule(TrainableModule):
         target_device_map: `from_pretrained`'s device_map for the whole target (e.g. "auto");
             None = this process's device.
     """
+
+    # the same target from another folder, spread otherwise, loaded whole or head only: the same run
+    RESUMABLE_CHANGES = frozenset({"target_path", "target_device_map", "target_weights"})
 
     def __init__(self, target_path: str, target_dtype: str, optim: Mapping[str, Any],
                  target_weights: str = "auto", target_device_map: str | dict | None = None) -> None:
