@@ -8,8 +8,10 @@ import logging
 import math
 import types
 import warnings
+from functools import partial
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from omegaconf import OmegaConf
@@ -235,10 +237,26 @@ def test_a_run_resumed_with_other_settings_is_refused_and_its_checkpoint_kept(tm
     assert resumed["resumed_from_step"] == 4 and resumed["steps"] == 6
 
 
-def test_the_feature_data_module_knows_its_training_samples(features_dir):
+def test_the_data_modules_know_their_training_samples(features_dir, target_dir):
+    # what a resumed run checks it trains on (`TrainableModule.data_identity`)
+    from eagle.data.features import samples_fingerprint
+    from eagle.training.datamodules import OnlineDataModule
+
     dm = FeatureDataModule(features_dir, batch_size=2)
     dm.setup("fit")
     assert dm.fingerprint == read_metadata(features_dir)["params"]["splits"]["train"]["fingerprint"]
+
+    def source(tokenizer, max_len, first=3):
+        rows = [{"id": str(i), "input_ids": np.arange(first + i, first + i + 5), "loss_mask": np.ones(5)}
+                for i in range(4)]
+        return {"train": rows[:3], "validation": rows[3:]}
+
+    online = OnlineDataModule(source, target_dir, batch_size=2)
+    online.setup("fit")
+    assert online.fingerprint == samples_fingerprint(source(None, 0)["train"])
+    other = OnlineDataModule(partial(source, first=4), target_dir, batch_size=2)
+    other.setup("fit")
+    assert other.fingerprint != online.fingerprint
 
 
 def test_a_fresh_run_prints_its_own_lines_not_lightnings_noise(tmp_path, target_dir, features_dir, capfd):

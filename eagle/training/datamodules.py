@@ -27,7 +27,13 @@ from torch.utils.data import DataLoader
 
 from eagle.artifacts import SPLITS, Artifact
 from eagle.data.batches import TokenSamples, collate
-from eagle.data.features import FeatureDumpError, made_for, open_feature_dump, verify_shard
+from eagle.data.features import (
+    FeatureDumpError,
+    made_for,
+    open_feature_dump,
+    samples_fingerprint,
+    verify_shard,
+)
 from eagle.data.tokens import (
     BlockDataset,
     EpochShuffle,
@@ -286,6 +292,7 @@ class OnlineDataModule(SampleDataModule):
                              "built-in corpus)")
         self.source, self.tokenizer_path, self.max_len = source, tokenizer_path, max_len
         self.tokenizer = None
+        self.fingerprint: str | None = None  # the training samples' (as a dump of them would record)
 
     def setup(self, stage: str | None = None) -> None:
         if self.splits:
@@ -294,6 +301,7 @@ class OnlineDataModule(SampleDataModule):
         samples = self.source(tokenizer=self.tokenizer, max_len=self.max_len)
         self.splits = {s: TokenSamples(samples.get(s, [])) for s in SPLITS}
         self._check_splits("the online data source")
+        self.fingerprint = samples_fingerprint(samples.get("train", []))
 
 
 class DistilledDataModule(L.LightningDataModule):
