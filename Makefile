@@ -110,12 +110,16 @@ LONG_FEATURES := $(RUNS)/data/features/smollm2-sharegpt-long
 LONG_DRAFTER := $(RUNS)/drafter_smollm2_long/drafter
 LONG_TREE := $(RUNS)/tree_search/demo_long/machine.yaml
 LONG_CURVE := $(RUNS)/drafter_smollm2_long/curve
+# MT-bench prompts the curve decodes (spread over its 8 categories): 8 take ~11 min on 2 cores; its
+# fit's interval (curve.md) says how much the prompts chosen move the extrapolation, and 40 (~1 hour)
+# narrow it for planning a GPU budget (LOG.md)
+CURVE_PROMPTS ?= 8
 LONG_EVAL_SETS := mtbench,humaneval
 LONG_METHODS := vanilla,eagle,eagle@$(LONG_TREE)%$(DEMO_VOCAB),draft,prompt_lookup,hf_generate,hf_assisted,hf_prompt_lookup
 demo-long: demo-artifacts
 	$(call stage,EAGLE features of 4000 ShareGPT conversations,grep -qs '"status": "complete"' $(LONG_FEATURES)/metadata.json,$(PY) -m data_gen max_len=1024 source.max_samples=4000 source.max_val_samples=64 name=smollm2-sharegpt-long)
 	$(call stage,EAGLE drafter (long),test -e $(LONG_DRAFTER)/config.json,$(PY) train.py experiment=drafter_smollm2_long)
-	$(call stage,how tau grows with training (every 500 steps; greedy and T=1),test -e $(LONG_CURVE)/curve.json,$(PY) scripts/drafter_curve.py --run $(RUNS)/drafter_smollm2_long --trees eagle_default --temperatures 0 1 --prompts 8 --extra demo=$(RUNS)/drafter_smollm2/drafter --out $(LONG_CURVE))
+	$(call stage,how tau grows with training (every 500 steps; greedy and T=1),test -e $(LONG_CURVE)/curve.json,$(PY) scripts/drafter_curve.py --run $(RUNS)/drafter_smollm2_long --trees eagle_default --temperatures 0 1 --prompts $(CURVE_PROMPTS) --extra demo=$(RUNS)/drafter_smollm2/drafter --out $(LONG_CURVE))
 	$(call stage,the tree for this machine (long drafter),test -e $(LONG_TREE),$(PY) decode.py mode=tree_search eagle.drafter=$(LONG_DRAFTER) eagle.draft_vocab=$(DEMO_VOCAB) tree_search.num_prompts=4 tree_search.compare=false max_new_tokens=64 tree_search.out_dir=$(RUNS)/tree_search/demo_long)
 	@$(call timed_sh,benchmark: every method on 10 MT-bench and 10 HumanEval prompts per temperature,$(PY) decode.py \
 		mode=benchmark eagle.drafter=$(LONG_DRAFTER) benchmark.num_prompts=10 'benchmark.eval_sets=[$(LONG_EVAL_SETS)]' \
