@@ -148,9 +148,9 @@ class TrainableModule(L.LightningModule):
                    if k.split(".")[0] not in self.RESUMABLE_CHANGES and saved.get(k, unset) != now.get(k, unset)]
         before = checkpoint.get("eagle", {}).get("data")
         if before is not None:  # (checkpoints written before the data was recorded are not checked)
-            after = self.data_identity()
-            changed += [f"data {k}: {before.get(k)!r} -> {after.get(k)!r}" for k in sorted(set(before) | set(after))
-                        if before.get(k) != after.get(k)]
+            after = self.data_identity()  # what both record (a data module may record more than it did)
+            changed += [f"data {k}: {before[k]!r} -> {after[k]!r}" for k in sorted(set(before) & set(after))
+                        if before[k] != after[k]]
         if changed:  # the way out first: a command line shows the first 400 characters
             where = getattr(self.trainer, "ckpt_path", None) or "the checkpoint"
             raise StageError("this run's settings differ from those its checkpoint was trained with: resume with "
