@@ -267,7 +267,7 @@ def plot(rows: list[dict], names: list[str], fits: dict[str, dict], path: Path) 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 5.5))
     labels = list(dict.fromkeys(r["label"] for r in rows))  # one line per run; an --extra drafter is a lone point
     for i, label in enumerate(labels):
         mine = [r for r in rows if r["label"] == label]
@@ -292,14 +292,15 @@ def plot(rows: list[dict], names: list[str], fits: dict[str, dict], path: Path) 
                   label=f"log-linear fit, {name}: tau {f['goal']:g} at {human(f['tokens_for_goal'])} tokens")
         if "tokens_for_goal_90" in f and np.isfinite(f["tokens_for_goal"]):
             lo, hi = (min(t, 1000 * f["run_tokens"]) for t in f["tokens_for_goal_90"])
-            left.plot([lo, hi], [f["goal"], f["goal"]], color=f"C{j}", lw=3, alpha=0.4)
+            left.plot([lo, hi], [f["goal"], f["goal"]], color=f"C{j}", lw=3, alpha=0.4,
+                      label=f"90% interval of those tokens (the prompts resampled), {name}")
     left.set_xscale("log")
     left.set_xlabel("training tokens")
     left.set_ylabel("tau (MT-bench)")
-    left.legend(fontsize=7)
+    left.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2)  # under the axes
     right.set_xlabel("minutes of training (the run's machine)")
     right.set_ylabel("agreement with the target")
-    right.legend(fontsize=7)
+    right.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

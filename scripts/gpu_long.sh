@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The long preset's drafter for SmolLM2 at GPU scale, on a remote GPU machine, brought back to be
-# measured on the CPU. The CPU's curve (LOG.md) flattens near tau 2.05 at 13.5M training
-# tokens and puts tau 3.0 ~240x further; this is how a few GPU minutes extend that curve.
+# measured on the CPU. The CPU's curve (LOG.md, 40 MT-bench prompts) reaches tau 2.19 at 13.5M
+# training tokens, gaining 0.18 per doubling, and puts tau 3.0 ~23x further (0.17-0.65B tokens);
+# this is how a few GPU minutes extend that curve.
 #
 # Written for a machine without a package index, reached by commands of at most 600 s that each
 # copy at most 64 MiB along with the repository. What it lacks does not fit one copy: the packaged
@@ -18,7 +19,7 @@
 # in bf16, the validation metrics) as OUT/drafter_run.tar.NN pieces of 15 MiB, with pipeline.log.
 # Back on the CPU machine, in the folder the pieces were copied to:
 #   cat drafter_run.tar.* | tar -C runs -xf -
-#   python scripts/drafter_curve.py --run runs/drafter_smollm2_gpu --trees eagle_default --temperatures 0 1 --prompts 8
+#   python scripts/drafter_curve.py --run runs/drafter_smollm2_gpu --trees eagle_default --temperatures 0 1 --prompts 40
 #   make gpu-long-smoke        # the same plumbing on the CPU, a few conversations and steps (~3 min)
 set -uo pipefail
 cd "$(dirname "$0")/.."
