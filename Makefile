@@ -49,6 +49,13 @@ took = s=$$(( $$(date +%s) - start )); echo "[$@] $(1): done in $$((s / 60)) min
 stage_sh = if $(2); then echo "[$@] $(1): already done, reusing it ($(2))"; else echo "[$@] $(1)"; start=$$(date +%s); $(3) || exit 1; $(took); fi
 stage = @$(stage_sh)
 timed_sh = echo "[$@] $(1)"; start=$$(date +%s); $(2) || exit 1; $(took)
+comma := ,
+# markers that hold the settings too: a dump of other conversations or lengths is not "done" (the
+# dump then refuses the folder, made with other settings, instead of it being reused silently)
+dump_done = grep -qs '"status": "complete"' $(1)/metadata.json && grep -qs '"max_samples": $(2)$(comma)' $(1)/metadata.json && grep -qs '"max_len": $(3)$(comma)' $(1)/metadata.json
+# a multirun's drafters (DIR,NAMES): every one exported, not only the last (Hydra runs each job and
+# fails after the batch: the others' exports exist even when one failed)
+all_exported = $(foreach v,$(subst $(comma), ,$(2)),test -e $(1)/$(v)/drafter/train_metrics.json &&) true
 
 artifacts: install
 	$(call stage,target (12-layer Llama on the Python stdlib),test -e $(RUNS)/target_tiny/model/eagle_target.json,$(PY) train.py experiment=target_tiny)
@@ -81,7 +88,7 @@ smollm2: install
 
 # the demo's features of ShareGPT (the ablations start from them too)
 features: smollm2
-	$(call stage,EAGLE features of $(DEMO_CONVS) ShareGPT conversations,grep -qs '"status": "complete"' $(SMOL_FEATURES)/metadata.json,$(PY) -m data_gen max_len=$(DEMO_LEN) source.max_samples=$(DEMO_CONVS) source.max_val_samples=32)
+	$(call stage,EAGLE features of $(DEMO_CONVS) ShareGPT conversations,$(call dump_done,$(SMOL_FEATURES),$(DEMO_CONVS),$(DEMO_LEN)),$(PY) -m data_gen max_len=$(DEMO_LEN) source.max_samples=$(DEMO_CONVS) source.max_val_samples=32)
 
 # The drafter and the draft LM train side by side, each on half the cores: on 2 cores the pair took
 # 10.5 minutes against 12.5 one after the other on both (LOG.md, 2026-12-03); each also logs to its run folder.
@@ -117,7 +124,7 @@ CURVE_PROMPTS ?= 8
 LONG_EVAL_SETS := mtbench,humaneval
 LONG_METHODS := vanilla,eagle,eagle@$(LONG_TREE)%$(DEMO_VOCAB),draft,prompt_lookup,hf_generate,hf_assisted,hf_prompt_lookup
 demo-long: demo-artifacts
-	$(call stage,EAGLE features of 4000 ShareGPT conversations,grep -qs '"status": "complete"' $(LONG_FEATURES)/metadata.json,$(PY) -m data_gen max_len=1024 source.max_samples=4000 source.max_val_samples=64 name=smollm2-sharegpt-long)
+	$(call stage,EAGLE features of 4000 ShareGPT conversations,$(call dump_done,$(LONG_FEATURES),4000,1024),$(PY) -m data_gen max_len=1024 source.max_samples=4000 source.max_val_samples=64 name=smollm2-sharegpt-long)
 	$(call stage,EAGLE drafter (long),test -e $(LONG_DRAFTER)/config.json,$(PY) train.py experiment=drafter_smollm2_long)
 	$(call stage,how tau grows with training (every 500 steps; greedy and T=1),test -e $(LONG_CURVE)/curve.json,$(PY) scripts/drafter_curve.py --run $(RUNS)/drafter_smollm2_long --trees eagle_default --temperatures 0 1 --prompts $(CURVE_PROMPTS) --extra demo=$(RUNS)/drafter_smollm2/drafter --out $(LONG_CURVE))
 	$(call stage,the tree for this machine (long drafter),test -e $(LONG_TREE),$(PY) decode.py mode=tree_search eagle.drafter=$(LONG_DRAFTER) eagle.draft_vocab=$(DEMO_VOCAB) tree_search.num_prompts=4 tree_search.compare=false max_new_tokens=64 tree_search.out_dir=$(RUNS)/tree_search/demo_long)
@@ -258,7 +265,7 @@ specinfer-tiny: distill-tiny
 ABLATIONS := eagle1,feature_only,token_only,unshifted,no_noise
 DATA_ABLATIONS := sharegpt_replies,self_distilled,self_distilled_greedy
 ABLATION_TABLE := $(PY) decode.py mode=ablations eagle.draft_vocab=$(DEMO_VOCAB)
-ABLATION_DRAFTERS = $(call stage,five ablation drafters (one Hydra multirun),test -e $(RUNS)/ablations/no_noise/drafter/config.json,$(PY) train.py -m experiment=eagle_ablation ablation=$(ABLATIONS))
+ABLATION_DRAFTERS = $(call stage,five ablation drafters (one Hydra multirun),$(call all_exported,$(RUNS)/ablations,$(ABLATIONS)),$(PY) train.py -m experiment=eagle_ablation ablation=$(ABLATIONS))
 ablations: features
 	$(ABLATION_DRAFTERS)
 	$(ABLATION_TABLE)
@@ -273,7 +280,7 @@ ablations-data: features selfdistill-data
 	$(call stage,EAGLE features of the T=1 replies,grep -qs '"status": "complete"' $(SD_T1_FEATURES)/metadata.json,$(SD_DUMP) source.path=$(SD_T1_FILE) name=smollm2-sharegpt-selfdistilled-t1)
 	$(call stage,ShareGPT's own replies to the same prompts (the control),grep -qs '"status": "complete"' $(SD_SRC_FILE).json,$(REGENERATE) replies=source name=smollm2-sharegpt-source)
 	$(call stage,EAGLE features of ShareGPT's replies,grep -qs '"status": "complete"' $(SD_SRC_FEATURES)/metadata.json,$(SD_DUMP) source.path=$(SD_SRC_FILE) name=smollm2-sharegpt-source)
-	$(call stage,three data ablation drafters (one Hydra multirun),test -e $(RUNS)/ablations/self_distilled_greedy/drafter/config.json,$(PY) train.py -m experiment=eagle_ablation ablation=$(DATA_ABLATIONS))
+	$(call stage,three data ablation drafters (one Hydra multirun),$(call all_exported,$(RUNS)/ablations,$(DATA_ABLATIONS)),$(PY) train.py -m experiment=eagle_ablation ablation=$(DATA_ABLATIONS))
 	$(ABLATION_TABLE)
 
 # EAGLE-1's loss against two changes of it, at equal steps, the three drafters alone in one table
@@ -297,7 +304,7 @@ ablations-tiny: distill-tiny
 	$(call stage,EAGLE features of the self-distilled rows,grep -qs '"status": "complete"' $(DISTILL_FEATURES)/metadata.json,$(PY) -m data_gen data_gen=distilled target_path=$(RUNS)/target_tiny/model name=target_tiny-distilled-t1 source.path=$(TINY_DISTILL) max_len=256)
 	$(call stage,greedy self-distillation (T=0),grep -qs '"status": "complete"' $(DISTILL_GREEDY)/metadata.json,$(TINY_DISTILL_CMD) temperature=0 name=target_tiny-python_stdlib-greedy)
 	$(call stage,EAGLE features of the greedy rows,grep -qs '"status": "complete"' $(GREEDY_FEATURES)/metadata.json,$(PY) -m data_gen data_gen=distilled target_path=$(RUNS)/target_tiny/model name=target_tiny-distilled-greedy source.path=$(DISTILL_GREEDY) max_len=256)
-	$(call stage,seven ablation drafters (one Hydra multirun),test -e $(RUNS)/ablations_tiny/self_distilled_greedy/drafter/config.json,$(PY) train.py -m experiment=eagle_ablation_tiny ablation=$(TINY_ABLATIONS))
+	$(call stage,seven ablation drafters (one Hydra multirun),$(call all_exported,$(RUNS)/ablations_tiny,$(TINY_ABLATIONS)),$(PY) train.py -m experiment=eagle_ablation_tiny ablation=$(TINY_ABLATIONS))
 	$(PY) decode.py $(TINY) mode=ablations ablations.dir=$(RUNS)/ablations_tiny ablations.eval_sets=[humaneval] ablations.num_prompts=10
 	$(MAKE) --no-print-directory analysis-tiny
 

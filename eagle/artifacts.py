@@ -46,6 +46,23 @@ def write_json(path: str | Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
+def replace_folder(src: str | Path, dst: str | Path) -> None:
+    """Put the finished folder `src` in place of `dst` (which may exist) by renames: `dst` is
+    either the old folder or the new one whole, never a half-written mix (a process killed between
+    the two renames leaves `dst` absent, and the old one beside it as `.<name>.old`)."""
+    import shutil
+
+    src, dst = Path(src), Path(dst)
+    old = dst.with_name(f".{dst.name}.old")
+    if old.exists():
+        shutil.rmtree(old)
+    if dst.exists():
+        dst.rename(old)
+    src.rename(dst)
+    if old.exists():
+        shutil.rmtree(old)
+
+
 class Artifact:
     """A folder built from `params`, described by the sidecar `folder / sidecar`.
 

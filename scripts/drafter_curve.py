@@ -37,6 +37,7 @@ from tqdm.auto import tqdm
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from eagle.artifacts import write_json  # noqa: E402
 from eagle.bench.benchmark import encode_prompt  # noqa: E402
 from eagle.bench.evalsets import load_eval_set  # noqa: E402
 from eagle.bench.methods import MethodContext, build_method  # noqa: E402
@@ -104,7 +105,8 @@ def parse_args() -> argparse.Namespace:
 
 
 def measure(args: argparse.Namespace, out: Path) -> dict:
-    """Decode the prompts with every checkpoint (and --extra drafter); writes and returns curve.json's data."""
+    """Decode the prompts with every checkpoint (and --extra drafter): curve.json's data (also
+    written as curve.partial.json at once)."""
     set_threads(args.threads)
 
     target, tokenizer = load_target(args.target)
@@ -165,7 +167,9 @@ def measure(args: argparse.Namespace, out: Path) -> dict:
     data = {"prompts": args.prompts, "prompt_ids": [p.id for p in chosen], "categories": [p.category for p in chosen],
             "new_tokens": args.new_tokens, "trees": args.trees, "temperatures": args.temperatures,
             "run": args.run.name, "rows": rows}
-    (out / "curve.json").write_text(json.dumps(data, indent=2))
+    # kept under another name until the report is written: curve.json (a Makefile stage's marker)
+    # exists only beside a finished report, and a report that fails can be redone with --refit
+    (out / "curve.partial.json").write_text(json.dumps(data, indent=2))
     return data
 
 
@@ -319,7 +323,10 @@ def main() -> None:
         raise SystemExit("drafter_curve.py: give --run (a drafter run folder) or --refit (a curve.json)")
     out = args.out or args.run / "curve"
     out.mkdir(parents=True, exist_ok=True)
-    write_report(measure(args, out), out, goals)
+    data = measure(args, out)
+    write_report(data, out, goals)
+    write_json(out / "curve.json", data)
+    (out / "curve.partial.json").unlink()
 
 
 if __name__ == "__main__":

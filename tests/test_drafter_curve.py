@@ -41,6 +41,7 @@ def test_a_curve_over_the_checkpoints_of_a_run(tmp_path, target_dir, features_di
     curve.main()
     assert chosen == ["fused" if "fused" in curve.available_kernels() else "default"]
     report = json.loads((out / "curve.json").read_text())
+    assert not (out / "curve.partial.json").exists()  # curve.json, the marker, comes with the report
     columns = ["chain5", "chain5 T=1", "specinfer_221%64", "specinfer_221%64 T=1"]
     assert [(r["label"], r["step"]) for r in report["rows"]] == [("drafter_test", 2), ("drafter_test", 4), ("final", 4)]
     for row in report["rows"]:

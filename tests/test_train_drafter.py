@@ -237,6 +237,29 @@ def test_a_run_resumed_with_other_settings_is_refused_and_its_checkpoint_kept(tm
     assert resumed["resumed_from_step"] == 4 and resumed["steps"] == 6
 
 
+def test_an_export_killed_midway_leaves_no_artifact_a_later_stage_would_take(tmp_path, target_dir, features_dir,
+                                                                               monkeypatch):
+    """The Makefile skips a stage whose drafter/config.json exists: a kill after the weights and
+    config but before the token counts and the report must not leave one."""
+    import eagle.training.drafter as drafter_module
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(drafter_module, "save_counts", killed)
+    with pytest.raises(KeyboardInterrupt):
+        train(drafter_cfg(tmp_path, target_dir, features_dir, "trainer.max_steps=2"))
+    out = tmp_path / "drafter_test" / "drafter"
+    assert not out.exists()
+    monkeypatch.undo()
+    first = train(drafter_cfg(tmp_path, target_dir, features_dir, "trainer.max_steps=2"))  # resumes, exports
+    assert first["resumed_from_step"] == 2 and {p.name for p in out.iterdir()} >= {
+        "config.json", "model.safetensors", "token_counts.safetensors", "train_metrics.json"}
+    # a second export replaces the first whole, and leaves nothing beside it
+    train(drafter_cfg(tmp_path, target_dir, features_dir, "trainer.max_steps=2"))
+    assert sorted(p.name for p in out.parent.iterdir() if p.name.startswith(".")) == []
+
+
 def test_the_data_modules_know_their_training_samples(features_dir, target_dir):
     # what a resumed run checks it trains on (`TrainableModule.data_identity`)
     from eagle.data.features import samples_fingerprint

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import shutil
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -24,7 +25,7 @@ import lightning as L
 import torch
 from torch import Tensor
 
-from eagle.artifacts import write_json
+from eagle.artifacts import replace_folder, write_json
 from eagle.target import (
     TargetIdentity,
     TargetMismatchError,
@@ -222,8 +223,15 @@ class TrainableModule(L.LightningModule):
         `state` is this module's full state dict (default `self.state_dict()`); under FSDP only
         the strategy's gathered one (`lightning_module_state_dict()`) holds whole tensors."""
         out_dir = Path(out_dir)
-        self.save_artifact(out_dir, dict(self.state_dict() if state is None else state), report)
-        write_json(out_dir / "train_metrics.json", report)
+        # written beside it and moved in whole: a stage killed mid-export (Ctrl-C, out of memory, a
+        # time cap) leaves no folder that a later stage, or a Makefile marker, takes for a finished one
+        partial = out_dir.with_name(f".{out_dir.name}.partial")
+        if partial.exists():
+            shutil.rmtree(partial)
+        partial.mkdir(parents=True)
+        self.save_artifact(partial, dict(self.state_dict() if state is None else state), report)
+        write_json(partial / "train_metrics.json", report)
+        replace_folder(partial, out_dir)
         return out_dir
 
     def save_artifact(self, out_dir: Path, state: dict[str, Tensor], report: dict[str, Any]) -> None:
