@@ -15,6 +15,10 @@
 PY := .venv/bin/python
 STAMP := .venv/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 RUNS := runs
+# the Python stages write under runs/ (their paths.runs_dir), so another RUNS would split a run in two
+ifneq ($(origin RUNS),file)
+$(error RUNS=$(RUNS) cannot be changed here: the stages' Python commands write under runs/; link runs/ to where the runs should go)
+endif
 
 .PHONY: install artifacts smollm2 features distill distill-tiny selfdistill selfdistill-data demo demo-artifacts demo-long demo-tiny batch medusa medusa-tiny specinfer specinfer-tiny ablations ablations-data ablations-loss ablations-tiny analysis analysis-tiny test test-slow lint clean-runs gpu-wheels gpu-bench gpu-bench-smoke gpu-long-carry gpu-long-smoke
 

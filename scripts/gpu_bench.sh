@@ -72,6 +72,10 @@ CAP_DRAFTER=${CAP_DRAFTER:-50} CAP_BENCH=${CAP_BENCH:-150} CAP_TIMING=${CAP_TIMI
 CAP_PROJECT=${CAP_PROJECT:-15}
 TOTAL=${TOTAL:-570}  # the whole script's budget: no stage runs past it (a command limit of 600 s)
 
+# FORCE=1 runs the whole pipeline from the start: a target trained again has another LM head, which
+# the last run's feature dump and drafter no longer match (the dump would refuse the folder, the
+# drafter's training the dump, and the benchmark would load the old drafter for the new target)
+if [ -n "${FORCE:-}" ]; then rm -rf "$RUNS"; fi
 mkdir -p "$OUT" "$RUNS"
 # A rerun on a warm machine finds the last run's files: trained models are reused (stage_once: the
 # log says so; FORCE=1 trains again), but no result of an earlier run may be reported as this one's.
