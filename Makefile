@@ -46,8 +46,9 @@ test-slow: install
 lint: install
 	.venv/bin/ruff check .
 
-# Each stage is skipped when its artifact says it is finished (delete runs/<stage> to redo it), and
-# says how long it took. (stage_sh is its shell, also run side by side with others: scripts/side_by_side.py;
+# Each stage is skipped when its artifact says it is finished, for the settings asked and after its
+# inputs (a dump's marker holds its conversations and length, a drafter is newer than its dump, a tree
+# than its drafter; delete runs/<stage> to redo it), and says how long it took. (stage_sh is its shell, also run side by side with others: scripts/side_by_side.py;
 # timed_sh NAME,COMMAND runs a command that is not skipped, the benchmarks, and times it too)
 took = s=$$(( $$(date +%s) - start )); echo "[$@] $(1): done in $$((s / 60)) min $$((s % 60)) s"
 stage_sh = if $(2); then echo "[$@] $(1): already done, reusing it ($(2))"; else echo "[$@] $(1)"; start=$$(date +%s); $(3) || exit 1; $(took); fi
@@ -60,6 +61,10 @@ dump_done = grep -qs '"status": "complete"' $(1)/metadata.json && grep -qs '"max
 # a multirun's drafters (DIR,NAMES): every one exported, not only the last (Hydra runs each job and
 # fails after the batch: the others' exports exist even when one failed)
 all_exported = $(foreach v,$(subst $(comma), ,$(2)),test -e $(1)/$(v)/drafter/train_metrics.json &&) true
+# FILE,INPUT: FILE exists and was made after INPUT: a drafter after its feature dump, a tree chosen for
+# this machine after the drafter's export (a drafter trained again gets its tree chosen again)
+made_after = test -e $(1) -a $(1) -nt $(2)
+tree_done = $(call made_after,$(1),$(2)/train_metrics.json)
 
 artifacts: install
 	$(call stage,target (12-layer Llama on the Python stdlib),test -e $(RUNS)/target_tiny/model/eagle_target.json,$(PY) train.py experiment=target_tiny)
@@ -101,9 +106,9 @@ PAIR_THREADS := $(shell n=$$(( $$(nproc) / 2 )); [ $$n -lt 1 ] && n=1; echo $$n)
 # every stage of the demo but its benchmark (which runs each time); demo-long builds on these
 demo-artifacts: features
 	@$(PY) scripts/side_by_side.py \
-		drafter '$(call stage_sh,EAGLE drafter,test -e $(RUNS)/drafter_smollm2/drafter/config.json,$(PY) train.py experiment=drafter_smollm2 threads=$(PAIR_THREADS))' \
+		drafter '$(call stage_sh,EAGLE drafter,$(call made_after,$(RUNS)/drafter_smollm2/drafter/train_metrics.json,$(SMOL_FEATURES)/metadata.json),$(PY) train.py experiment=drafter_smollm2 threads=$(PAIR_THREADS))' \
 		'draft LM' '$(call stage_sh,draft LM for classic speculative decoding (the first 2 of the target layers distilled),test -e $(RUNS)/draft_lm_smollm2/model/eagle_target.json,$(PY) train.py experiment=draft_lm_smollm2 threads=$(PAIR_THREADS))'
-	$(call stage,the tree for this machine (tree search + cost model),test -e $(MACHINE_TREE),$(PY) decode.py mode=tree_search eagle.draft_vocab=$(DEMO_VOCAB) tree_search.num_prompts=2 tree_search.sizes=$(DEMO_TREE_SIZES) tree_search.compare=false max_new_tokens=48 tree_search.out_dir=$(RUNS)/tree_search/demo_smollm2)
+	$(call stage,the tree for this machine (tree search + cost model),$(call tree_done,$(MACHINE_TREE),$(RUNS)/drafter_smollm2/drafter),$(PY) decode.py mode=tree_search eagle.draft_vocab=$(DEMO_VOCAB) tree_search.num_prompts=2 tree_search.sizes=$(DEMO_TREE_SIZES) tree_search.compare=false max_new_tokens=48 tree_search.out_dir=$(RUNS)/tree_search/demo_smollm2)
 
 # vanilla:dynamic is vanilla decoding in bf16, beside fp32 vanilla: on a CPU with AMX EAGLE's dtype is
 # measured and may be bf16, and which dtype decodes one token faster is machine-dependent (on the AMX
@@ -129,9 +134,9 @@ LONG_EVAL_SETS := mtbench,humaneval
 LONG_METHODS := vanilla,eagle,eagle@$(LONG_TREE)%$(DEMO_VOCAB),draft,prompt_lookup,hf_generate,hf_assisted,hf_prompt_lookup
 demo-long: demo-artifacts
 	$(call stage,EAGLE features of 4000 ShareGPT conversations,$(call dump_done,$(LONG_FEATURES),4000,1024),$(PY) -m data_gen max_len=1024 source.max_samples=4000 source.max_val_samples=64 name=smollm2-sharegpt-long)
-	$(call stage,EAGLE drafter (long),test -e $(LONG_DRAFTER)/config.json,$(PY) train.py experiment=drafter_smollm2_long)
+	$(call stage,EAGLE drafter (long),$(call made_after,$(LONG_DRAFTER)/train_metrics.json,$(LONG_FEATURES)/metadata.json),$(PY) train.py experiment=drafter_smollm2_long)
 	$(call stage,how tau grows with training (every 500 steps; greedy and T=1),test -e $(LONG_CURVE)/curve.json,$(PY) scripts/drafter_curve.py --run $(RUNS)/drafter_smollm2_long --trees eagle_default --temperatures 0 1 --prompts $(CURVE_PROMPTS) --extra demo=$(RUNS)/drafter_smollm2/drafter --out $(LONG_CURVE))
-	$(call stage,the tree for this machine (long drafter),test -e $(LONG_TREE),$(PY) decode.py mode=tree_search eagle.drafter=$(LONG_DRAFTER) eagle.draft_vocab=$(DEMO_VOCAB) tree_search.num_prompts=4 tree_search.compare=false max_new_tokens=64 tree_search.out_dir=$(RUNS)/tree_search/demo_long)
+	$(call stage,the tree for this machine (long drafter),$(call tree_done,$(LONG_TREE),$(LONG_DRAFTER)),$(PY) decode.py mode=tree_search eagle.drafter=$(LONG_DRAFTER) eagle.draft_vocab=$(DEMO_VOCAB) tree_search.num_prompts=4 tree_search.compare=false max_new_tokens=64 tree_search.out_dir=$(RUNS)/tree_search/demo_long)
 	@$(call timed_sh,benchmark: every method on 10 MT-bench and 10 HumanEval prompts per temperature,$(PY) decode.py \
 		mode=benchmark eagle.drafter=$(LONG_DRAFTER) benchmark.num_prompts=10 'benchmark.eval_sets=[$(LONG_EVAL_SETS)]' \
 		'benchmark.methods=[$(LONG_METHODS)]')
@@ -156,7 +161,7 @@ TINY_TREE := $(RUNS)/tree_search/demo_tiny/machine.yaml
 TINY_TREE_T1 := $(RUNS)/tree_search/demo_tiny/machine_t1.yaml
 TINY_METHODS := vanilla,vanilla:static,eagle,eagle@$(TINY_TREE)%$(TINY_VOCAB),eagle@$(TINY_TREE)%$(TINY_VOCAB):static,eagle@$(TINY_TREE_T1)%$(TINY_VOCAB),draft,prompt_lookup,hf_generate,hf_assisted,hf_prompt_lookup
 demo-tiny: artifacts
-	$(call stage,the tree for this machine (tree search + cost model),test -e $(TINY_TREE) -a -e $(TINY_TREE_T1),$(PY) decode.py $(TINY) mode=tree_search eagle.draft_vocab=$(TINY_VOCAB) tree_search.num_prompts=2 tree_search.compare=false tree_search.sampled_temperature=1.0 tree_search.out_dir=$(RUNS)/tree_search/demo_tiny)
+	$(call stage,the tree for this machine (tree search + cost model),$(call tree_done,$(TINY_TREE),$(RUNS)/drafter_tiny/drafter) && $(call tree_done,$(TINY_TREE_T1),$(RUNS)/drafter_tiny/drafter),$(PY) decode.py $(TINY) mode=tree_search eagle.draft_vocab=$(TINY_VOCAB) tree_search.num_prompts=2 tree_search.compare=false tree_search.sampled_temperature=1.0 tree_search.out_dir=$(RUNS)/tree_search/demo_tiny)
 	$(PY) decode.py $(TINY) mode=benchmark benchmark.num_prompts=10 compile=true static_max_len=512 'benchmark.methods=[$(TINY_METHODS)]'
 
 # Medusa-1 heads on the demo's features (SmolLM2; medusa-tiny: the toy's), then vanilla / EAGLE on the
@@ -205,7 +210,7 @@ BATCH_SEARCH := $(PY) decode.py mode=tree_search eagle.draft_vocab=$(DEMO_VOCAB)
 batch: demo-artifacts
 	$(PY) decode.py mode=floor floor.settings=[dynamic] floor.tokens=[1,4,7,11,16,26] floor.batch_sizes=$(BATCH_SIZES) \
 		floor.out_dir=$(RUNS)/floor/batch_smollm2
-	$(call stage,a tree per batch size,test -e $(BATCH_TREES)/machine_b16.yaml,$(BATCH_SEARCH))
+	$(call stage,a tree per batch size,$(call tree_done,$(BATCH_TREES)/machine_b16.yaml,$(RUNS)/drafter_smollm2/drafter),$(BATCH_SEARCH))
 	$(PY) decode.py mode=batch batch.sizes=$(BATCH_SIZES) batch.num_prompts=16 'batch.methods=[$(BATCH_METHODS)]' \
 		'batch.dtypes=["vanilla:dynamic=bfloat16","eagle=float32"]' batch.out_dir=$(RUNS)/bench_batch/smollm2
 
