@@ -72,10 +72,12 @@ CAP_DRAFTER=${CAP_DRAFTER:-50} CAP_BENCH=${CAP_BENCH:-150} CAP_TIMING=${CAP_TIMI
 CAP_PROJECT=${CAP_PROJECT:-15}
 TOTAL=${TOTAL:-570}  # the whole script's budget: no stage runs past it (a command limit of 600 s)
 
-# FORCE=1 runs the whole pipeline from the start: a target trained again has another LM head, which
-# the last run's feature dump and drafter no longer match (the dump would refuse the folder, the
-# drafter's training the dump, and the benchmark would load the old drafter for the new target)
-if [ -n "${FORCE:-}" ]; then rm -rf "$RUNS"; fi
+# FORCE=1 trains every model again (stage_once) and lets the feature dump replace the last run's: a
+# target trained again has another LM head, whose dump the last one no longer is (without
+# overwrite the dump would refuse the folder, the drafter's training would fail on it, and the
+# benchmark would load the last run's drafter for the new target)
+FEATURE_OVERWRITE=
+if [ -n "${FORCE:-}" ]; then FEATURE_OVERWRITE=overwrite=true; fi
 mkdir -p "$OUT" "$RUNS"
 # A rerun on a warm machine finds the last run's files: trained models are reused (stage_once: the
 # log says so; FORCE=1 trains again), but no result of an earlier run may be reported as this one's.
@@ -94,7 +96,7 @@ source scripts/gpu_common.sh  # LOG, START, say, stage (which calls collect), th
 
 stage_once $RUNS/target_gpu/model/eagle_target.json target "$CAP_TARGET" $PY train.py $TARGET_ARGS paths.runs_dir=$RUNS
 stage_once $RUNS/draft_lm_gpu/model/eagle_target.json draft_lm "$CAP_DRAFT_LM" $PY train.py $DRAFT_LM_ARGS paths.runs_dir=$RUNS
-stage features "$CAP_FEATURES" $PY -m data_gen $FEATURE_ARGS paths.runs_dir=$RUNS progress=false
+stage features "$CAP_FEATURES" $PY -m data_gen $FEATURE_ARGS paths.runs_dir=$RUNS progress=false $FEATURE_OVERWRITE
 stage_once $RUNS/drafter_gpu/drafter/config.json drafter "$CAP_DRAFTER" $PY train.py $DRAFTER_ARGS paths.runs_dir=$RUNS
 
 # ---- MEDUSA HOOK --------------------------------------------------------------------------

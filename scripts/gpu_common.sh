@@ -31,8 +31,8 @@ stage() {
 # stage_once MARKER NAME CAP TRAINING_COMMAND...: `stage`, unless MARKER exists (a rerun on a warm
 # machine: training again would resume from last.ckpt and export another model, which the later
 # stages' files no longer match); FORCE=1 trains it again from the start (ckpt_path=null: resumed,
-# its max_time already spent, it would stop at once and export the same model; gpu_bench.sh then
-# starts from an empty RUNS, so that no later stage meets the last run's files)
+# its max_time already spent, it would stop at once and export the same model; gpu_bench.sh's feature
+# dump then replaces the last run's)
 stage_once() {
   local marker=$1
   shift
