@@ -48,8 +48,9 @@ lint: install
 
 # Each stage is skipped when its artifact says it is finished, for the settings asked and after its
 # inputs (a dump's marker holds its conversations and length, a drafter is newer than its dump, a tree
-# than its drafter; delete runs/<stage> to redo it), and says how long it took. (stage_sh is its shell, also run side by side with others: scripts/side_by_side.py;
-# timed_sh NAME,COMMAND runs a command that is not skipped, the benchmarks, and times it too)
+# than its drafter; delete runs/<stage> to redo it), and says how long it took. (stage_sh is its
+# shell, also run side by side with others: scripts/side_by_side.py; timed_sh NAME,COMMAND runs a
+# command that is not skipped, the benchmarks, and times it too)
 took = s=$$(( $$(date +%s) - start )); echo "[$@] $(1): done in $$((s / 60)) min $$((s % 60)) s"
 stage_sh = if $(2); then echo "[$@] $(1): already done, reusing it ($(2))"; else echo "[$@] $(1)"; start=$$(date +%s); $(3) || exit 1; $(took); fi
 stage = @$(stage_sh)
