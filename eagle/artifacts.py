@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -50,8 +52,6 @@ def replace_folder(src: str | Path, dst: str | Path) -> None:
     """Put the finished folder `src` in place of `dst` (which may exist) by renames: `dst` is
     either the old folder or the new one whole, never a half-written mix (a process killed between
     the two renames leaves `dst` absent, and the old one beside it as `.<name>.old`)."""
-    import shutil
-
     src, dst = Path(src), Path(dst)
     old = dst.with_name(f".{dst.name}.old")
     if old.exists():
@@ -124,8 +124,6 @@ def keep_previous(out_dir: str | Path, names: tuple[str, ...]) -> Path | None:
     """Move the report files (`names`) a run before this one left in `out_dir` (a fixed output
     folder run again) into `out_dir/previous/<their time>/`, so that no measured run is
     overwritten; returns that folder, or None when there was nothing to keep."""
-    import time
-
     out_dir = Path(out_dir)
     found = [out_dir / name for name in names if (out_dir / name).exists()]
     if not found:

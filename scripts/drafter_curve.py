@@ -209,6 +209,7 @@ def fit(data: dict, goals: tuple[float, float], resamples: int = 2000, seed: int
         y = np.array([r["tau"][name] for r in mine])
         slope = slopes(x, y)
         found = {"goal": goal, "checkpoints": len(mine), "per_doubling": float(slope),
+                 "center": [float(x.mean()), float(y.mean())],  # the fitted line passes through it
                  "later_per_doubling": float(slopes(x[later], y[later])),
                  "tokens_for_goal": float(tokens_at(goal, x, y, slope)), "run_tokens": float(2 ** x.max())}
         if all(name in r.get("per_prompt", {}) for r in mine):
@@ -284,15 +285,13 @@ def plot(rows: list[dict], names: list[str], fits: dict[str, dict], path: Path) 
             right.plot([r["cpu_minutes"] for r in with_val], [r["val"][key] for r in with_val], marker="os^v"[i % 4],
                        color=f"C{depth - 1}", ls="-" if i == 0 else "none",
                        label=f"validation top-1, depth {depth} ({label})")
-    mine = [r for r in rows if r["label"] == labels[0]]
-    low = min(r["tokens"] for r in mine)
+    low = min(r["tokens"] for r in rows if r["label"] == labels[0])
     for j, (name, f) in enumerate(fits.items()):
         # the fitted line out to its goal (drawn to at most 1,000x the run), the goal's interval as a bar
         end = min(max(f["tokens_for_goal"], f["run_tokens"]), 1000 * f["run_tokens"])
         xs = np.geomspace(low, end, 50)
-        x = np.log2([r["tokens"] for r in mine])
-        y = np.array([r["tau"][name] for r in mine])
-        left.plot(xs, y.mean() + f["per_doubling"] * (np.log2(xs) - x.mean()), color=f"C{j}", ls="--", lw=1,
+        (cx, cy) = f["center"]
+        left.plot(xs, cy + f["per_doubling"] * (np.log2(xs) - cx), color=f"C{j}", ls="--", lw=1,
                   label=f"log-linear fit, {name}: tau {f['goal']:g} at {human(f['tokens_for_goal'])} tokens")
         if "tokens_for_goal_90" in f and np.isfinite(f["tokens_for_goal"]):
             lo, hi = (min(t, 1000 * f["run_tokens"]) for t in f["tokens_for_goal_90"])
