@@ -65,7 +65,10 @@ all_exported = $(foreach v,$(subst $(comma), ,$(2)),test -e $(1)/$(v)/drafter/tr
 # FILE,INPUT: FILE exists and was made after INPUT: a drafter after its feature dump, a tree chosen for
 # this machine after the drafter's export (a drafter trained again gets its tree chosen again)
 made_after = test -e $(1) -a $(1) -nt $(2)
-tree_done = $(call made_after,$(1),$(2)/train_metrics.json)
+# TREE,DRAFTER,VOCAB[,SIZES]: a tree chosen after DRAFTER's export by a search drafting from VOCAB
+# tokens (among SIZES nodes), as the search's machine.json beside it records: a changed DEMO_VOCAB or
+# DEMO_TREE_SIZES searches again
+tree_done = $(call made_after,$(1),$(2)/train_metrics.json) && grep -qF 'draft_vocab=$(3) $(if $(4),sizes=$(4))' $(dir $(1))machine.json
 
 artifacts: install
 	$(call stage,target (12-layer Llama on the Python stdlib),test -e $(RUNS)/target_tiny/model/eagle_target.json,$(PY) train.py experiment=target_tiny)
@@ -109,7 +112,7 @@ demo-artifacts: features
 	@$(PY) scripts/side_by_side.py \
 		drafter '$(call stage_sh,EAGLE drafter,$(call made_after,$(RUNS)/drafter_smollm2/drafter/train_metrics.json,$(SMOL_FEATURES)/metadata.json),$(PY) train.py experiment=drafter_smollm2 threads=$(PAIR_THREADS))' \
 		'draft LM' '$(call stage_sh,draft LM for classic speculative decoding (the first 2 of the target layers distilled),test -e $(RUNS)/draft_lm_smollm2/model/eagle_target.json,$(PY) train.py experiment=draft_lm_smollm2 threads=$(PAIR_THREADS))'
-	$(call stage,the tree for this machine (tree search + cost model),$(call tree_done,$(MACHINE_TREE),$(RUNS)/drafter_smollm2/drafter),$(PY) decode.py mode=tree_search eagle.draft_vocab=$(DEMO_VOCAB) tree_search.num_prompts=2 tree_search.sizes=$(DEMO_TREE_SIZES) tree_search.compare=false max_new_tokens=48 tree_search.out_dir=$(RUNS)/tree_search/demo_smollm2)
+	$(call stage,the tree for this machine (tree search + cost model),$(call tree_done,$(MACHINE_TREE),$(RUNS)/drafter_smollm2/drafter,$(DEMO_VOCAB),$(DEMO_TREE_SIZES)),$(PY) decode.py mode=tree_search eagle.draft_vocab=$(DEMO_VOCAB) tree_search.num_prompts=2 tree_search.sizes=$(DEMO_TREE_SIZES) tree_search.compare=false max_new_tokens=48 tree_search.out_dir=$(RUNS)/tree_search/demo_smollm2)
 
 # vanilla:dynamic is vanilla decoding in bf16, beside fp32 vanilla: on a CPU with AMX EAGLE's dtype is
 # measured and may be bf16, and which dtype decodes one token faster is machine-dependent (on the AMX
@@ -137,7 +140,7 @@ demo-long: demo-artifacts
 	$(call stage,EAGLE features of 4000 ShareGPT conversations,$(call dump_done,$(LONG_FEATURES),4000,1024),$(PY) -m data_gen max_len=1024 source.max_samples=4000 source.max_val_samples=64 name=smollm2-sharegpt-long)
 	$(call stage,EAGLE drafter (long),$(call made_after,$(LONG_DRAFTER)/train_metrics.json,$(LONG_FEATURES)/metadata.json),$(PY) train.py experiment=drafter_smollm2_long)
 	$(call stage,how tau grows with training (every 500 steps; greedy and T=1),test -e $(LONG_CURVE)/curve.json,$(PY) scripts/drafter_curve.py --run $(RUNS)/drafter_smollm2_long --trees eagle_default --temperatures 0 1 --prompts $(CURVE_PROMPTS) --extra demo=$(RUNS)/drafter_smollm2/drafter --out $(LONG_CURVE))
-	$(call stage,the tree for this machine (long drafter),$(call tree_done,$(LONG_TREE),$(LONG_DRAFTER)),$(PY) decode.py mode=tree_search eagle.drafter=$(LONG_DRAFTER) eagle.draft_vocab=$(DEMO_VOCAB) tree_search.num_prompts=4 tree_search.compare=false max_new_tokens=64 tree_search.out_dir=$(RUNS)/tree_search/demo_long)
+	$(call stage,the tree for this machine (long drafter),$(call tree_done,$(LONG_TREE),$(LONG_DRAFTER),$(DEMO_VOCAB)),$(PY) decode.py mode=tree_search eagle.drafter=$(LONG_DRAFTER) eagle.draft_vocab=$(DEMO_VOCAB) tree_search.num_prompts=4 tree_search.compare=false max_new_tokens=64 tree_search.out_dir=$(RUNS)/tree_search/demo_long)
 	@$(call timed_sh,benchmark: every method on 10 MT-bench and 10 HumanEval prompts per temperature,$(PY) decode.py \
 		mode=benchmark eagle.drafter=$(LONG_DRAFTER) benchmark.num_prompts=10 'benchmark.eval_sets=[$(LONG_EVAL_SETS)]' \
 		'benchmark.methods=[$(LONG_METHODS)]')
@@ -162,7 +165,7 @@ TINY_TREE := $(RUNS)/tree_search/demo_tiny/machine.yaml
 TINY_TREE_T1 := $(RUNS)/tree_search/demo_tiny/machine_t1.yaml
 TINY_METHODS := vanilla,vanilla:static,eagle,eagle@$(TINY_TREE)%$(TINY_VOCAB),eagle@$(TINY_TREE)%$(TINY_VOCAB):static,eagle@$(TINY_TREE_T1)%$(TINY_VOCAB),draft,prompt_lookup,hf_generate,hf_assisted,hf_prompt_lookup
 demo-tiny: artifacts
-	$(call stage,the tree for this machine (tree search + cost model),$(call tree_done,$(TINY_TREE),$(RUNS)/drafter_tiny/drafter) && $(call tree_done,$(TINY_TREE_T1),$(RUNS)/drafter_tiny/drafter),$(PY) decode.py $(TINY) mode=tree_search eagle.draft_vocab=$(TINY_VOCAB) tree_search.num_prompts=2 tree_search.compare=false tree_search.sampled_temperature=1.0 tree_search.out_dir=$(RUNS)/tree_search/demo_tiny)
+	$(call stage,the tree for this machine (tree search + cost model),$(call tree_done,$(TINY_TREE),$(RUNS)/drafter_tiny/drafter,$(TINY_VOCAB)) && $(call tree_done,$(TINY_TREE_T1),$(RUNS)/drafter_tiny/drafter,$(TINY_VOCAB)),$(PY) decode.py $(TINY) mode=tree_search eagle.draft_vocab=$(TINY_VOCAB) tree_search.num_prompts=2 tree_search.compare=false tree_search.sampled_temperature=1.0 tree_search.out_dir=$(RUNS)/tree_search/demo_tiny)
 	$(PY) decode.py $(TINY) mode=benchmark benchmark.num_prompts=10 compile=true static_max_len=512 'benchmark.methods=[$(TINY_METHODS)]'
 
 # Medusa-1 heads on the demo's features (SmolLM2; medusa-tiny: the toy's), then vanilla / EAGLE on the
@@ -199,19 +202,21 @@ selfdistill: demo-artifacts selfdistill-data
 		'benchmark.methods=[vanilla,eagle@$(MACHINE_TREE)%$(DEMO_VOCAB)]' benchmark.out_dir=$(RUNS)/bench/selfdistill_own
 
 # Batches on SmolLM2 after the demo's artifacts (EAGLE-1's Table 7): the target's forwards for B
-# sequences at once against its 1-token step, a tree chosen per batch size (tree_search.batch_sizes:
-# machine_b<B>.yaml), then every method at each size against vanilla at the same size, in float32
-# (vanilla also in bf16, the plain decoding that may win at large batches on an AMX CPU).
+# sequences at once against its 1-token step (on the kernels decoding chooses here: +auto), a tree
+# chosen per batch size (tree_search.batch_sizes: machine_b<B>.yaml), then every method at each size
+# against vanilla at the same size, in float32 (vanilla also in bf16, the plain decoding that may win
+# at large batches on an AMX CPU).
 BATCH_SIZES := [1,2,4,8,16]
 BATCH_TREES := $(RUNS)/tree_search/batch_smollm2
+BATCH_TREE_SIZES := [3,4,6,10,15,25]
 BATCH_METHODS := vanilla,vanilla:dynamic,"eagle@$(BATCH_TREES)/machine_b{B}.yaml%$(DEMO_VOCAB)","eagle%$(DEMO_VOCAB)",draft,prompt_lookup,hf_generate
 BATCH_SEARCH := $(PY) decode.py mode=tree_search eagle.draft_vocab=$(DEMO_VOCAB) tree_search.num_prompts=2 tree_search.compare=false \
-	max_new_tokens=48 tree_search.sizes=[3,4,6,10,15,25] tree_search.cost_prompts=2 tree_search.cost_tokens=32 tree_search.batch_sizes=$(BATCH_SIZES) \
+	max_new_tokens=48 tree_search.sizes=$(BATCH_TREE_SIZES) tree_search.cost_prompts=2 tree_search.cost_tokens=32 tree_search.batch_sizes=$(BATCH_SIZES) \
 	'benchmark.dtypes={eagle:float32}' tree_search.out_dir=$(BATCH_TREES)
 batch: demo-artifacts
-	$(PY) decode.py mode=floor floor.settings=[dynamic] floor.tokens=[1,4,7,11,16,26] floor.batch_sizes=$(BATCH_SIZES) \
+	$(PY) decode.py mode=floor floor.settings=[dynamic+auto] floor.tokens=[1,4,7,11,16,26] floor.batch_sizes=$(BATCH_SIZES) \
 		floor.out_dir=$(RUNS)/floor/batch_smollm2
-	$(call stage,a tree per batch size,$(call tree_done,$(BATCH_TREES)/machine_b16.yaml,$(RUNS)/drafter_smollm2/drafter),$(BATCH_SEARCH))
+	$(call stage,a tree per batch size,$(call tree_done,$(BATCH_TREES)/machine_b16.yaml,$(RUNS)/drafter_smollm2/drafter,$(DEMO_VOCAB),$(BATCH_TREE_SIZES)),$(BATCH_SEARCH))
 	$(PY) decode.py mode=batch batch.sizes=$(BATCH_SIZES) batch.num_prompts=16 'batch.methods=[$(BATCH_METHODS)]' \
 		'batch.dtypes=["vanilla:dynamic=bfloat16","eagle=float32"]' batch.out_dir=$(RUNS)/bench_batch/smollm2
 

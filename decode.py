@@ -355,7 +355,11 @@ def tree_search(cfg: DictConfig) -> Path:
     chosen = next(c for c in found if c.tree.name == ranking[0]["tree"])
     write_tree(chosen, out / "machine.yaml", source=f"{chosen.tree.name}, chosen by the cost model of this machine")
     # the dtype of every tree the cost model measured, and of each machine*.yaml written (searched_dtype)
-    machine = {"chosen": chosen.tree.name, "searched_prompts": [p.id for p in searched],
+    # what the search was asked, in one line that make's stage markers grep (a tree searched with
+    # another drafting vocabulary or among other sizes is not the one asked for)
+    sizes = ",".join(str(int(s)) for s in ts.sizes)
+    machine = {"searched_with": f"draft_vocab={cfg.eagle.draft_vocab} sizes=[{sizes}]", "drafter": str(cfg.eagle.drafter),
+               "chosen": chosen.tree.name, "searched_prompts": [p.id for p in searched],
                "vanilla_ms": vanilla_ms, "vanilla_ms_by_dtype": plain_ms,
                "cost_model": cost.to_dict(), "ranking": ranking, "dtypes": {**dtypes, "machine": dtypes[chosen.tree.name]}}
     print(f"[tree search] the tree for this machine: {chosen.tree.summary()} -> {out / 'machine.yaml'}")
@@ -605,19 +609,26 @@ def floor(cfg: DictConfig) -> Path:
     from eagle.bench import floor as fl
 
     fcfg = cfg.floor
-    settings = {}  # name -> (runner, compiled, kernels): RUNNER[+compile][+onednn|+fused]
+    settings = {}  # name -> (runner, compiled, kernels): RUNNER[+compile][+onednn|+fused|+auto]
     for setting in fcfg.settings:  # every setting checked before anything is loaded or timed
         kind, *flags = setting.split("+")
-        kernels = [f for f in flags if f in ("onednn", "fused")]
-        if (kind not in ("dynamic", "static") or not set(flags) <= {"compile", "onednn", "fused"}
+        kernels = [f for f in flags if f in ("onednn", "fused", "auto")]
+        if (kind not in ("dynamic", "static") or not set(flags) <= {"compile", "onednn", "fused", "auto"}
                 or len(set(flags)) < len(flags) or len(kernels) > 1):
-            raise ValueError(f"floor.settings: {setting!r} is not RUNNER[+compile][+onednn|+fused] with RUNNER "
-                             "dynamic or static")
+            raise ValueError(f"floor.settings: {setting!r} is not RUNNER[+compile][+onednn|+fused|+auto] with "
+                             "RUNNER dynamic or static")
         if "compile" in flags and kind != "static":
             raise ValueError("floor.settings: compile needs the static runner (static+compile)")
-        settings[setting] = (kind, "compile" in flags, check_kernels(kernels[0] if kernels else "default", cfg.device))
+        kernel = kernels[0] if kernels else "default"
+        settings[setting] = (kind, "compile" in flags, kernel if kernel == "auto" else check_kernels(kernel, cfg.device))
     dtype = resolve_dtype_name(fcfg.dtype, cfg.device, wide=False)
     target, _ = load_target(cfg.target, dtype=resolve_dtype(dtype), device=cfg.device, with_tokenizer=False)
+    auto = None  # +auto: the kernels decoding's kernels=auto would choose for this target here (timed once)
+    if any(kernels == "auto" for _, _, kernels in settings.values()):
+        auto = faster_kernels(target, kernels=available_kernels(cfg.device))
+        print(f"[floor] +auto: {auto.describe()}", flush=True)
+        settings = {name: (kind, compiled, auto.kernels if kernels == "auto" else kernels)
+                    for name, (kind, compiled, kernels) in settings.items()}
     probe = fl.BandwidthProbe(cfg.device, megabytes=fcfg.buffer_mb)
     bandwidth = probe(5)
     gflops = fl.peak_gflops(cfg.device, size=fcfg.peak_size, dtype=resolve_dtype(dtype))
@@ -626,6 +637,8 @@ def floor(cfg: DictConfig) -> Path:
               "tokens": list(fcfg.tokens), "bandwidth_gb_s": bandwidth, "weight_bytes": fl.weight_bytes(target),
               "peak_gflops": gflops, "peak_size": fcfg.peak_size, "flops_per_token": fl.linear_flops(target),
               "torch": torch.__version__, "settings": {}}
+    if auto is not None:
+        report["auto_kernels"] = {"kernels": auto.kernels, "ms": auto.ms}
     if fcfg.product_rows:
         report["products"] = fl.product_costs(target, [int(n) for n in fcfg.product_rows], repeats=fcfg.repeats)
     # the settings take turns forward by forward (fl.settings_costs), on their own kernels: switching

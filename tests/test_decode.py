@@ -211,6 +211,7 @@ def test_tree_search_writes_best_subtrees_and_compares_them(models, tmp_path, ca
     # the tree for this machine: the candidate the cost model ranks first, written as machine.yaml
     machine = json.loads((out / "machine.json").read_text())
     assert machine["chosen"] == machine["ranking"][0]["tree"] and machine["vanilla_ms"] > 0
+    assert machine["searched_with"] == "draft_vocab=None sizes=[2,4]"  # what make's tree_done greps
     # a set of 3 prompts is too short to hold any out: all 3 searched (and recorded), and said
     assert machine["searched_prompts"] == [p.id for p in load_eval_set(str(models / "prompts.jsonl"))]
     assert "3 of the searched prompts are among the benchmark's first" in capsys.readouterr().out

@@ -215,3 +215,41 @@ def test_floor_mode_writes_its_report(target_dir, tmp_path, monkeypatch):
             decode(compose_config("decode", [f"target={target_dir}", "mode=floor", "floor.tokens=[1]",
                                              "floor.buffer_mb=8", f"floor.settings=[dynamic,{bad}]",
                                              f"floor.out_dir={tmp_path / 'bad'}"]))
+    with pytest.raises(ValueError, match="floor.settings"):  # one kernel setting per name, auto included
+        decode(compose_config("decode", [f"target={target_dir}", "mode=floor", "floor.tokens=[1]",
+                                         "floor.buffer_mb=8", "floor.settings=[dynamic+auto+onednn]",
+                                         f"floor.out_dir={tmp_path / 'bad'}"]))
+
+
+def test_auto_runs_on_the_kernels_decoding_would_choose(target_dir, tmp_path, monkeypatch):
+    """`+auto` times the kernels once, as decoding's kernels=auto does, and every forward of that
+    setting runs on the winner (make batch's floor: it measured F.linear while decoding ran fused)."""
+    import decode as entry
+    from eagle.bench.precision import KernelChoice
+
+    timed, forwards = [], []
+
+    def chooser(model, kernels):
+        timed.append(kernels)
+        return KernelChoice(kernels="onednn", ms={k: {1: 1.0, 26: 2.0} for k in kernels})
+
+    real = fl.settings_costs
+
+    def costs(target, turns, *args, **kwargs):
+        for setting in turns.values():  # which kernels each turn switches the target to
+            setting.activate()
+            forwards.append(kernels_of(target))
+        return real(target, turns, *args, **kwargs)
+
+    monkeypatch.setattr(entry, "faster_kernels", chooser)
+    monkeypatch.setattr(fl, "settings_costs", costs)
+    out = tmp_path / "floor"
+    entry.decode(compose_config("decode", [f"target={target_dir}", "mode=floor", "floor.tokens=[1,2]",
+                                           "floor.context=8", "floor.repeats=1", "floor.buffer_mb=8",
+                                           "floor.peak_size=64", "floor.product_rows=[]",
+                                           "floor.settings=[dynamic,dynamic+auto]", f"floor.out_dir={out}"]))
+    assert len(timed) == 1 and "default" in timed[0]  # timed once, over every setting that runs here
+    assert forwards == ["default", "onednn"]
+    report = json.loads((out / "floor.json").read_text())
+    assert report["auto_kernels"]["kernels"] == "onednn" and set(report["settings"]) == {"dynamic", "dynamic+auto"}
+    assert "`+auto` ran on **onednn**" in (out / "floor.md").read_text()

@@ -3,6 +3,7 @@ that run them."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -62,3 +63,26 @@ def test_the_makefiles_stages_say_how_long_they_took():
     assert "[probe] a finished stage: already done, reusing it (true)" in lines
     assert timed("[one] [probe] side one") and timed("[two] [probe] side two")
     assert "[probe] a failing command" in lines and not timed("[probe] a failing command")
+
+
+def test_a_tree_is_reused_only_for_its_drafter_vocabulary_and_sizes(tmp_path):
+    """The Makefile's tree_done: a tree chosen after its drafter's export, by a search with the
+    drafting vocabulary (and candidate sizes) asked for, as machine.json records them."""
+    drafter, search = tmp_path / "drafter", tmp_path / "search"
+    drafter.mkdir(), search.mkdir()
+    (drafter / "train_metrics.json").write_text("{}")
+    os.utime(drafter / "train_metrics.json", (1_000_000, 1_000_000))
+    (search / "machine.yaml").write_text("paths: []\n")
+    (search / "machine.json").write_text('{\n  "searched_with": "draft_vocab=4096 sizes=[3,4,6]",\n  "chosen": "best3"\n}')
+
+    def done(vocab: str, sizes: str = "") -> bool:  # passed as variables, as the Makefile passes its lists
+        recipe = f"probe:\n\t@$(call tree_done,{search / 'machine.yaml'},{drafter},$(V),$(S)) && echo yes || echo no"
+        out = subprocess.run(["make", "-s", "-C", str(ROOT), "--eval", recipe, "probe", f"V={vocab}", f"S={sizes}"],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        return out.stdout.strip() == "yes"
+
+    assert done("4096", "[3,4,6]") and done("4096")
+    assert not done("4096", "[3,4,6,10]") and not done("1024", "[3,4,6]") and not done("409")
+    (drafter / "train_metrics.json").touch()  # the drafter exported again: its tree is chosen again
+    assert not done("4096", "[3,4,6]")

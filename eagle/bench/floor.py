@@ -338,6 +338,12 @@ def markdown(report: dict) -> str:
              f"{report['peak_gflops']:.0f} GFLOP/s here (a {report['peak_size']}^2 product), so a forward of n "
              f"tokens cannot beat its roof, max(floor, n x GFLOP per token / peak). Forwards after "
              f"{report['context']} tokens of context, median of {report['repeats']}.", ""]
+    if "auto_kernels" in report:  # +auto: what decoding's kernels=auto chose here, and what it timed
+        auto = report["auto_kernels"]
+        timed = "; ".join(f"{name} " + ", ".join(f"{n} tokens {ms:.1f} ms" for n, ms in by_width.items())
+                          for name, by_width in auto["ms"].items())
+        lines += [f"`+auto` ran on **{auto['kernels']}**, the kernels decoding's `kernels=auto` chose here "
+                        f"({timed}).", ""]
     settings = report["settings"]
     paired = any(r["paired_floors"] is not None for s in settings.values() for r in s["forwards"])
     cols = "ms | floors | paired | roofs | steps" if paired else "ms | floors | roofs | steps"
