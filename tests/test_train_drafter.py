@@ -282,6 +282,32 @@ def test_the_data_modules_know_their_training_samples(features_dir, target_dir):
     assert other.fingerprint != online.fingerprint
 
 
+def test_online_samples_past_the_targets_embedding_are_refused_by_name(target_dir):
+    """Token samples the target embeds on the fly (data=online): an id with no embedding row (a
+    tokenizer with added tokens, the model not resized) is named before training, not an
+    IndexError inside the embedding."""
+    from eagle.training.datamodules import OnlineDataModule
+
+    module = EagleDrafterModule(str(target_dir), noise=0.0)
+    rows = module.target.get_input_embeddings().weight.shape[0]
+
+    def source(tokenizer, max_len, top):
+        ids = [np.array([1, 2, top]), np.array([3, 4, 5])]
+        return {"train": [{"id": "0", "input_ids": ids[0], "loss_mask": np.ones(3)}],
+                "validation": [{"id": "1", "input_ids": ids[1], "loss_mask": np.ones(3)}]}
+
+    for top, fits in ((rows - 1, True), (rows, False)):
+        dm = OnlineDataModule(partial(source, top=top), target_dir, batch_size=1)
+        dm.setup("fit")
+        assert dm.top_token_id() == top
+        module._trainer = types.SimpleNamespace(datamodule=dm, strategy=types.SimpleNamespace(root_device="cpu"))
+        if fits:
+            module.setup("fit")  # loads the whole target: the samples carry no features
+        else:
+            with pytest.raises(TargetMismatchError, match=f"token id {top}, past the target's {rows} embedding rows"):
+                module.setup("fit")
+
+
 def test_a_fresh_run_prints_its_own_lines_not_lightnings_noise(tmp_path, target_dir, features_dir, capfd):
     """Resuming is on by default (ckpt_path=last): a fresh run finds nothing to resume without a
     warning, and none of the messages `quiet_lightning` drops reaches the output."""

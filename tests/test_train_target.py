@@ -131,6 +131,11 @@ def test_train_save_load_and_resume(tmp_path, data_dir, monkeypatch):
     assert resumed["tokens_seen"] == 110 * 4 * 64  # counted across the two invocations
     assert resumed["train_time_s"] == 42.0 + 7.5
     assert resumed["fit_time_s"] > 0  # the real clock around trainer.fit
+    # blocks cut otherwise would resume at the old place in another stream of batches: refused
+    for cut in ("data.datamodule.block_size=32", "data.datamodule.train_samples_per_epoch=7"):
+        with pytest.raises(StageError, match="data sampling") as err:
+            train(compose_train([*overrides, "trainer.max_steps=112", cut]))
+        assert cut.split(".")[-1].split("=")[0] in str(err.value)
 
 
 def test_a_run_stopped_by_its_time_limit_fails_and_resumes(tmp_path, data_dir):

@@ -162,6 +162,12 @@ class TokenBlockDataModule(L.LightningDataModule):
         self.tokens = {s: np.load(self.tokens_dir / f"{s}.npy", mmap_mode="r") for s in SPLITS}
         self.val_offsets = fixed_block_offsets(self.tokens["validation"].size, self.block_size, self.val_max_blocks)
 
+    @property
+    def sampling(self) -> dict[str, int | None]:
+        """How the training blocks are cut and counted: a resumed run must cut them the same way
+        (`TrainableModule.data_identity`; the sampler places batches by the steps taken)."""
+        return {"block_size": self.block_size, "train_samples_per_epoch": self.train_samples_per_epoch}
+
     def describe(self) -> dict[str, Any]:
         """What a model trained on these data records about them."""
         return {"corpus": self.corpus_name, "corpus_fingerprint": self.fingerprint, "n_files": self.meta["n_files"],
@@ -215,6 +221,13 @@ class SampleDataModule(L.LightningDataModule):
         val = self.splits["validation"]
         return DataLoader(val, batch_size=self.batch_size, collate_fn=collate, num_workers=self.num_workers,
                           **eval_sampler(self, val))
+
+    def top_token_id(self) -> int:
+        """The largest token id of any sample (-1 for none): the target's embedding must have a
+        row for it (`FrozenTargetModule.setup`)."""
+        self._check_splits("top_token_id: the data module (was setup() called?)")
+        return max((int(ids.max()) for split in SPLITS for ids, _ in self.splits[split].token_rows() if ids.size),
+                   default=-1)
 
     def token_counts(self, vocab_size: int) -> torch.Tensor:
         """How often each token is predicted in the training split (`eagle.data.vocab.count_tokens`)."""

@@ -122,13 +122,14 @@ class TrainableModule(L.LightningModule):
     def data_identity(self) -> dict[str, Any]:
         """What decides the batch each step takes (the samplers place batches by the steps taken,
         `eagle.training.datamodules.trained_batches`): the samples per batch, gradient accumulation,
-        the shuffling seed and the training data's fingerprint where its data module has one."""
+        the shuffling seed, the training data's fingerprint and how its samples are cut (a token
+        stream's blocks), where its data module has them."""
         dm = self.trainer.datamodule if self._trainer is not None else None
         if dm is None:
             return {}
         found = {"batch_size": getattr(dm, "batch_size", None), "seed": getattr(dm, "seed", None),
                  "accumulate_grad_batches": self.trainer.accumulate_grad_batches,
-                 "data": getattr(dm, "fingerprint", None)}
+                 "data": getattr(dm, "fingerprint", None), "sampling": getattr(dm, "sampling", None)}
         return {k: v for k, v in found.items() if v is not None}
 
     def check_resume(self, checkpoint: dict[str, Any]) -> None:
@@ -314,6 +315,13 @@ class FrozenTargetModule(TrainableModule):
         if tokenizer is not None and tokenizer_hash(tokenizer) != self.target_identity.tokenizer_hash:
             raise TargetMismatchError(f"the training data is tokenised with another tokenizer than the target's "
                                       f"({tokenizer_hash(tokenizer)} != {self.target_identity.tokenizer_hash})")
+        rows = embeddings(self.target).weight.shape[0]
+        if not getattr(dm, "has_features", True) and hasattr(dm, "top_token_id") and (top := dm.top_token_id()) >= rows:
+            # token samples the target embeds on the fly: the embedding would fail with a bare IndexError
+            # (a device-side assert on a GPU); a feature dump was checked when it was made
+            raise TargetMismatchError(f"the training samples hold token id {top}, past the target's {rows} embedding "
+                                      f"rows: its tokenizer ({self._target_path}) has more ids than its model embeds "
+                                      "(tokens added without resizing the embeddings?)")
         if is_head_only(self.target) and not getattr(dm, "has_features", False):
             if self._target_weights == "head":
                 raise ValueError("target_weights=head loads only the target's embeddings and LM head, but the "
