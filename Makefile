@@ -116,11 +116,13 @@ demo-artifacts: features
 
 # vanilla:dynamic is vanilla decoding in bf16, beside fp32 vanilla: on a CPU with AMX EAGLE's dtype is
 # measured and may be bf16, and which dtype decodes one token faster is machine-dependent (on the AMX
-# Xeon of LOG.md fp32 did); the table's "vs fastest" column is against the fastest plain decoding
+# Xeon of LOG.md fp32 did); the table's "vs fastest" column is against the fastest plain decoding.
+# The benchmarks write into fixed folders: a stopped one, rerun, keeps its finished (eval set,
+# temperature) runs (benchmark.resume); a finished one, rerun, measures anew (the last in previous/)
 demo: demo-artifacts
 	@$(call timed_sh,benchmark: every method on $(DEMO_BENCH_PROMPTS) MT-bench prompts per temperature (T=0 and T=1),$(PY) decode.py \
 		mode=benchmark benchmark.num_prompts=$(DEMO_BENCH_PROMPTS) 'benchmark.methods=[$(DEMO_METHODS)]' \
-		'benchmark.dtypes=["vanilla:dynamic=bfloat16"]')
+		'benchmark.dtypes=["vanilla:dynamic=bfloat16"]' benchmark.out_dir=$(RUNS)/bench/demo_smollm2)
 
 # The longer preset (2-3 hours on 2 cores): 4,000 ShareGPT conversations cut at 1,024 tokens, the
 # drafter for 4,000 steps (configs/experiment/drafter_smollm2_long.yaml), its tau at every 500 steps
@@ -143,7 +145,7 @@ demo-long: demo-artifacts
 	$(call stage,the tree for this machine (long drafter),$(call tree_done,$(LONG_TREE),$(LONG_DRAFTER),$(DEMO_VOCAB)),$(PY) decode.py mode=tree_search eagle.drafter=$(LONG_DRAFTER) eagle.draft_vocab=$(DEMO_VOCAB) tree_search.num_prompts=4 tree_search.compare=false max_new_tokens=64 tree_search.out_dir=$(RUNS)/tree_search/demo_long)
 	@$(call timed_sh,benchmark: every method on 10 MT-bench and 10 HumanEval prompts per temperature,$(PY) decode.py \
 		mode=benchmark eagle.drafter=$(LONG_DRAFTER) benchmark.num_prompts=10 'benchmark.eval_sets=[$(LONG_EVAL_SETS)]' \
-		'benchmark.methods=[$(LONG_METHODS)]')
+		'benchmark.methods=[$(LONG_METHODS)]' benchmark.out_dir=$(RUNS)/bench/demo_long)
 
 # The toy target's run: its paths, for the stages below that are not yet moved to SmolLM2
 TINY := target=$(RUNS)/target_tiny/model eagle.drafter=$(RUNS)/drafter_tiny/drafter draft.model=$(RUNS)/draft_lm_tiny/model \

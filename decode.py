@@ -38,7 +38,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from eagle.artifacts import keep_previous
+from eagle.artifacts import files_stamp, keep_previous
 from eagle.bench.benchmark import (
     BenchmarkConfig,
     encode_prompt,
@@ -302,11 +302,35 @@ def benchmark(cfg: DictConfig, methods: Methods | None = None, names: list[str] 
                              warmup_tokens=bcfg.warmup_tokens, top_k=cfg.top_k,
                              top_p=cfg.top_p, seed=cfg.seed)
     out_dir = Path(out_dir or bcfg.out_dir)
+    key = resume_key(cfg, names, config.temperatures, dtypes, tree_dirs, eval_sets) if bcfg.resume else None
     run_benchmark(eval_sets, tokenizer, build, config, target_name=str(cfg.target), out_dir=out_dir,
                   device=cfg.device, reference=lambda dtype: methods.build("vanilla", dtype),
-                  dtype_choices=methods.measured, kernels=methods.kernels)
+                  dtype_choices=methods.measured, kernels=methods.kernels, resume_key=key)
     print((out_dir / "results.md").read_text())
     return out_dir
+
+
+# the settings a benchmark's measurements depend on (the other sections belong to other modes)
+MEASURED_SETTINGS = ("target", "runner", "static_max_len", "compile", "kernels", "eagle", "draft", "specinfer",
+                     "prompt_lookup", "medusa", "top_k", "top_p", "seed", "max_new_tokens", "device")
+
+
+def resume_key(cfg: DictConfig, names: list[str], temperatures, dtypes: dict, tree_dirs, eval_sets: dict) -> dict:
+    """What decides a benchmark's measurements: the settings, the methods and prompts, and the
+    stamps of the files they read (a drafter retrained in the same folder is another drafter), so
+    a stopped run resumes only when nothing of it changed (eagle.bench.benchmark.run_benchmark)."""
+    settings = {k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k]) else cfg[k]
+                for k in MEASURED_SETTINGS if k in cfg}
+    bench = OmegaConf.to_container(cfg.benchmark, resolve=True)
+    bench.pop("out_dir", None)  # a time stamp by default; the folder is where the report is found
+    files = [str(cfg.target), str(cfg.eagle.drafter), str(cfg.draft.model), *map(str, cfg.specinfer.models),
+             str(cfg.medusa.heads), *map(str, cfg.benchmark.eval_sets)]
+    for name in names:  # trees named by path (eagle@runs/tree_search/.../machine.yaml)
+        tree = MethodSpec.parse(name).tree
+        files += [tree] if tree else []
+    return {"settings": settings, "benchmark": bench, "methods": list(names),
+            "temperatures": [float(t) for t in temperatures], "dtypes": dict(dtypes), "tree_dirs": list(tree_dirs),
+            "prompts": {k: [p.id for p in v] for k, v in eval_sets.items()}, "inputs": files_stamp(files)}
 
 
 def tree_search(cfg: DictConfig) -> Path:

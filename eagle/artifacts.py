@@ -48,6 +48,20 @@ def write_json(path: str | Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
+def files_stamp(paths: list[str]) -> dict[str, int]:
+    """For each of `paths` that exists, the newest modification time (ns) of the file, or of the
+    files directly in the folder: a model or drafter saved again there has a new stamp (a run
+    that resumes must not mix the measurements of two of them)."""
+    stamps = {}
+    for name in dict.fromkeys(paths):
+        path = Path(name)
+        if path.is_file():
+            stamps[name] = path.stat().st_mtime_ns
+        elif path.is_dir():
+            stamps[name] = max((f.stat().st_mtime_ns for f in path.iterdir() if f.is_file()), default=0)
+    return stamps
+
+
 def replace_folder(src: str | Path, dst: str | Path) -> None:
     """Put the finished folder `src` in place of `dst` (which may exist) by renames: `dst` is
     either the old folder or the new one whole, never a half-written mix (a process killed between

@@ -924,6 +924,67 @@ def test_a_stopped_benchmark_keeps_the_runs_it_finished(models, tmp_path, monkey
     assert (out / "results.md").exists()
 
 
+def test_a_stopped_benchmark_resumes_only_with_the_same_settings_and_inputs(models, tmp_path, monkeypatch):
+    """Rerun into the same folder, a stopped benchmark keeps its finished (eval set, temperature)
+    runs and runs the rest; other settings, another prompt, a model saved again or a finished
+    report start over (the report before kept in previous/)."""
+    import os
+
+    from decode import decode
+    from eagle.bench import benchmark
+
+    out, calls = tmp_path / "bench", []
+    real = benchmark.summarise
+
+    def stop_on_the_second_run(method, dtype, results):
+        calls.append(method)
+        if len(calls) > 1:
+            raise KeyboardInterrupt
+        return real(method, dtype, results)
+
+    def counted(method, dtype, results):
+        calls.append(method)
+        return real(method, dtype, results)
+
+    args = ["mode=benchmark", f"benchmark.eval_sets=[{models / 'prompts.jsonl'}]", f"benchmark.out_dir={out}",
+            "benchmark.methods=[vanilla]"]
+
+    def stopped(*more: str) -> dict:
+        calls.clear()
+        monkeypatch.setattr(benchmark, "summarise", stop_on_the_second_run)
+        with pytest.raises(KeyboardInterrupt):
+            decode(decode_cfg(models, tmp_path, *args, *more))
+        monkeypatch.setattr(benchmark, "summarise", counted)
+        calls.clear()
+        return json.loads((out / "results.json").read_text())
+
+    first = stopped()
+    decode(decode_cfg(models, tmp_path, *args))
+    report = json.loads((out / "results.json").read_text())
+    assert report["status"] == "complete" and [r["temperature"] for r in report["runs"]] == [0.0, 1.0]
+    assert len(calls) == 1  # only T=1 was run
+    kept = report["runs"][0]
+    assert kept["kept_from"] == first["date"] and kept["methods"] == first["runs"][0]["methods"]
+    assert "kept_from" not in report["runs"][1] and not (out / "previous").exists()
+    assert "timed by a stopped run of" in (out / "results.md").read_text()
+
+    def started_over(*more: str, change=None) -> bool:
+        stopped()
+        if change:
+            change()
+        decode(decode_cfg(models, tmp_path, *args, *more))
+        return len(calls) == 2  # both temperatures run
+    assert started_over("max_new_tokens=10")
+    assert started_over("benchmark.num_prompts=2")
+    weights = next((models / "target").glob("*.safetensors"))
+    assert started_over(change=lambda: os.utime(weights, ns=(weights.stat().st_mtime_ns + 10**9,) * 2))
+    assert started_over("benchmark.resume=false")
+    calls.clear()
+    kept_before = len(list((out / "previous").iterdir()))  # each start over kept the report it replaced
+    decode(decode_cfg(models, tmp_path, *args))  # a finished report rerun: measured anew
+    assert len(calls) == 2 and len(list((out / "previous").iterdir())) == kept_before + 1
+
+
 def test_the_timings_are_on_disk_before_the_reference_texts_are_decoded(models, tmp_path, monkeypatch):
     """A method in bfloat16 is compared with vanilla in bfloat16, decoded untimed after the
     timed turns; a failure there (a float32 or bf16 copy of a large target: out of memory) lost

@@ -19,6 +19,7 @@ speedup_vs_static.png when the run has vanilla:static.
 
 from __future__ import annotations
 
+import json
 import math
 import platform
 import resource
@@ -27,11 +28,12 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from tqdm.auto import tqdm
 
-from eagle.artifacts import keep_previous, write_json
+from eagle.artifacts import keep_previous, read_json, write_json
 from eagle.bench.evalsets import Prompt
 from eagle.bench.methods import Method, MethodError
 from eagle.decoding.stats import DecodeResult, accepted_histogram, tau
@@ -190,7 +192,7 @@ def build_all(build: Callable[[str], tuple[Method, str]], names: Sequence[str]) 
 def run_benchmark(eval_sets: dict[str, list[Prompt]], tokenizer, build: Callable[[str], tuple[Method, str]],
                   cfg: BenchmarkConfig, target_name: str, out_dir: str | Path, device=None,
                   reference: Callable[[str], Method] | None = None, dtype_choices: Mapping | None = None,
-                  kernels: Mapping | None = None) -> dict:
+                  kernels: Mapping | None = None, resume_key: Mapping | None = None) -> dict:
     """Run every method on every eval set and temperature; write results into `out_dir`.
 
     Args:
@@ -206,10 +208,20 @@ def run_benchmark(eval_sets: dict[str, list[Prompt]], tokenizer, build: Callable
             `build` ran (read after building), stored under machine.dtype_measured.
         kernels: dtype -> the linear kernels its models ran (a name, or the
             `eagle.bench.precision.KernelChoice` measured), read after building; machine.kernels.
+        resume_key: everything else that decides the measurements (JSON: the caller's settings,
+            its inputs' stamps). A stopped report in `out_dir` with the same key resumes: its
+            finished (eval set, temperature) runs are kept, each still timed within one process,
+            and the others are run. None: never resume.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    keep_previous(out_dir, REPORT_FILES)  # a fixed out_dir run again: the last report is kept
+    key = json.loads(json.dumps(resume_key)) if resume_key is not None else None  # as results.json holds it
+    kept = _finished_runs(out_dir, key)
+    if kept:
+        print(f"[benchmark] resuming the stopped run in {out_dir}: {len(kept)} (eval set, temperature) runs kept "
+              f"({', '.join(f'{s} T={t:g}' for s, t in kept)}), made with the same settings and inputs")
+    else:
+        keep_previous(out_dir, REPORT_FILES)  # a fixed out_dir run again: the last report is kept
     device = torch.device(device or "cpu")
     methods = build_all(build, cfg.methods)
     runs = []
@@ -218,6 +230,10 @@ def run_benchmark(eval_sets: dict[str, list[Prompt]], tokenizer, build: Callable
     for set_name, prompts in eval_sets.items():
         encoded = [encode_prompt(tokenizer, p) for p in prompts]
         for temperature in cfg.temperatures:
+            if (set_name, float(temperature)) in kept:
+                runs.append(kept[set_name, float(temperature)])
+                bar.update(len(prompts) * len(cfg.methods))
+                continue
             policy = SamplingPolicy(temperature=temperature, top_k=cfg.top_k if temperature else 0,
                                     top_p=cfg.top_p if temperature else 1.0)
             results: dict[str, MethodResult] = {}
@@ -260,23 +276,35 @@ def run_benchmark(eval_sets: dict[str, list[Prompt]], tokenizer, build: Callable
                          "texts": {k: [tokenizer.decode(t) for t in v] for k, v in outputs.items()}})
             # each finished (eval set, temperature) is on disk at once: a stopped run keeps it, also
             # when decoding the references below fails (a float32 copy of a large target: memory)
-            write_report(_report(runs, cfg, device, dtype_choices, kernels, complete=False), out_dir)
+            write_report(_report(runs, cfg, device, dtype_choices, kernels, key, complete=False), out_dir)
             if policy.greedy:
                 texts = _reference_texts(results, outputs, encoded, cfg.max_new_tokens, reference, bar,
                                          float32=device.type == "cpu")
                 _compare_texts(results, outputs, texts)
                 runs[-1]["methods"] = {k: asdict(v) for k, v in results.items()}
-                write_report(_report(runs, cfg, device, dtype_choices, kernels, complete=False), out_dir)
+            runs[-1]["finished"] = True  # a resumed run keeps it (`_finished_runs`)
+            write_report(_report(runs, cfg, device, dtype_choices, kernels, key, complete=False), out_dir)
     bar.close()
-    report = _report(runs, cfg, device, dtype_choices, kernels, complete=True)
+    report = _report(runs, cfg, device, dtype_choices, kernels, key, complete=True)
     write_report(report, out_dir)
     return report
 
 
+def _finished_runs(out_dir: Path, key: Any) -> dict[tuple[str, float], dict]:
+    """The finished (eval set, temperature) runs of a stopped report in `out_dir` that was made
+    with `key` (none for another key, a finished report, or none given), each marked with the
+    date of the run that timed it (`kept_from`)."""
+    report = read_json(out_dir / "results.json") if key is not None else None
+    if not report or report.get("status") != "incomplete" or report.get("resume_key") != key:
+        return {}
+    return {(r["eval_set"], float(r["temperature"])): r | {"kept_from": r.get("kept_from", report.get("date"))}
+            for r in report.get("runs", []) if r.get("finished")}
+
+
 def _report(runs: list[dict], cfg: BenchmarkConfig, device: torch.device, dtype_choices: Mapping | None,
-            kernels: Mapping | None, complete: bool) -> dict:
+            kernels: Mapping | None, key: Any, complete: bool) -> dict:
     """The results.json of the runs so far; `status` says whether every one is in."""
-    return {"status": "complete" if complete else "incomplete", "runs": runs,
+    return {"status": "complete" if complete else "incomplete", "runs": runs, "resume_key": key,
             "config": asdict(cfg) | {"methods": list(cfg.methods), "temperatures": list(cfg.temperatures)},
             "machine": {"platform": platform.platform(), "processor": platform.processor(),
                         "torch": torch.__version__, "threads": torch.get_num_threads(), "device": str(device),
@@ -370,7 +398,9 @@ def markdown_table(report: dict) -> str:
         lines += [f"### {run['eval_set']}, temperature {run['temperature']:g} "
                   f"({run['num_prompts']} prompts, {run['max_new_tokens']} new tokens, target {run['target']})", "",
                   f"speedup: over `vanilla`; vs fastest: over the fastest plain decoding of the run "
-                  f"(`{run.get('fastest_vanilla')}`)", "",
+                  f"(`{run.get('fastest_vanilla')}`)"
+                  + (f"; timed by a stopped run of {run['kept_from']} that this one resumed" if run.get("kept_from")
+                     else ""), "",
                   "| method | dtype | tau | tokens/s | ms/token | " + ("speedup vs static | " if static else "")
                   + "speedup | median speedup | vs fastest | draft / verify / other | ms/round (draft + verify) | "
                   "lossless | same text as (greedy) |",
