@@ -68,7 +68,7 @@ made_after = test -e $(1) -a $(1) -nt $(2)
 # TREE,DRAFTER,VOCAB[,SIZES]: a tree chosen after DRAFTER's export by a search drafting from VOCAB
 # tokens (among SIZES nodes), as the search's machine.json beside it records: a changed DEMO_VOCAB or
 # DEMO_TREE_SIZES searches again
-tree_done = $(call made_after,$(1),$(2)/train_metrics.json) && grep -qF 'draft_vocab=$(3) $(if $(4),sizes=$(4))' $(dir $(1))machine.json
+tree_done = $(call made_after,$(1),$(2)/train_metrics.json) && grep -qsF 'draft_vocab=$(3) $(if $(4),sizes=$(4))' $(dir $(1))machine.json
 
 artifacts: install
 	$(call stage,target (12-layer Llama on the Python stdlib),test -e $(RUNS)/target_tiny/model/eagle_target.json,$(PY) train.py experiment=target_tiny)
@@ -218,7 +218,7 @@ BATCH_SEARCH := $(PY) decode.py mode=tree_search eagle.draft_vocab=$(DEMO_VOCAB)
 batch: demo-artifacts
 	$(PY) decode.py mode=floor floor.settings=[dynamic+auto] floor.tokens=[1,4,7,11,16,26] floor.batch_sizes=$(BATCH_SIZES) \
 		floor.out_dir=$(RUNS)/floor/batch_smollm2
-	$(call stage,a tree per batch size,$(call tree_done,$(BATCH_TREES)/machine_b16.yaml,$(RUNS)/drafter_smollm2/drafter,$(DEMO_VOCAB),$(BATCH_TREE_SIZES)),$(BATCH_SEARCH))
+	$(call stage,a tree per batch size,$(call tree_done,$(BATCH_TREES)/machine.yaml,$(RUNS)/drafter_smollm2/drafter,$(DEMO_VOCAB),$(BATCH_TREE_SIZES)) $(foreach b,$(subst $(comma), ,$(subst [,,$(subst ],,$(BATCH_SIZES)))),&& test -e $(BATCH_TREES)/machine_b$(b).yaml),$(BATCH_SEARCH))
 	$(PY) decode.py mode=batch batch.sizes=$(BATCH_SIZES) batch.num_prompts=16 'batch.methods=[$(BATCH_METHODS)]' \
 		'batch.dtypes=["vanilla:dynamic=bfloat16","eagle=float32"]' batch.out_dir=$(RUNS)/bench_batch/smollm2
 

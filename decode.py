@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import json
+import platform
 import sys
 import time
 from pathlib import Path
@@ -79,7 +81,7 @@ from eagle.decoding.kernels import (
 from eagle.hardware import auto_dtype, gpu_bandwidth_gb_s, resolve_dtype_name, set_threads
 from eagle.sampling import SamplingPolicy, seeded_generator
 from eagle.target import load_target, resolve_dtype
-from eagle.tree import TreeTemplate, resolve_tree
+from eagle.tree import TreeError, TreeTemplate, resolve_tree
 
 ROOT = Path(__file__).resolve().parent
 TREE_DIR = ROOT / "configs" / "tree"
@@ -91,6 +93,25 @@ def compile_mode(cfg: DictConfig) -> str | None:
     if not cfg.compile:
         return None
     return "reduce-overhead" if str(cfg.device).startswith("cuda") else "default"
+
+
+def choose_kernels(model: torch.nn.Module, kernels: str, device, name: str) -> KernelChoice | str:
+    """The linear kernels for `model` (the target in one dtype, `name`): `kernels` as named, or
+    with auto the setting measured faster on it (eagle.bench.precision.faster_kernels), unless
+    there is nothing to choose or a packed copy may not fit. Decoding and the floor's `+auto` both
+    choose here, so the floor times what decoding runs."""
+    choices = available_kernels(device)
+    if kernels != "auto":
+        return check_kernels(kernels, device)
+    if len(choices) == 1 or resolve_dtype(name) not in PACKED_DTYPES:
+        return "default"  # nothing to choose: no packed products for this device or dtype
+    if (free := free_memory_bytes()) is not None and (extra := packed_bytes(model)) > free / 2:
+        print(f"[kernels] {name}: default (packing the linears would take {extra / 1e9:.1f} GB "  # a 7B float32
+              f"of the {free / 1e9:.1f} GB free; kernels=onednn forces it)", file=sys.stderr, flush=True)  # target
+        return "default"
+    choice = faster_kernels(model, kernels=choices)
+    print(f"[kernels] {name}: {choice.describe()}", file=sys.stderr, flush=True)  # not in the text
+    return choice
 
 
 class Methods:
@@ -147,19 +168,7 @@ class Methods:
         of a dtype (target, draft LMs, drafters) then runs the same kernels."""
         name = str(resolve_dtype(dtype)).removeprefix("torch.")
         if name not in self.kernels:
-            kernels = self.cfg.kernels
-            choices = available_kernels(self.cfg.device)
-            if kernels != "auto":
-                self.kernels[name] = check_kernels(kernels, self.cfg.device)
-            elif len(choices) == 1 or resolve_dtype(dtype) not in PACKED_DTYPES:
-                self.kernels[name] = "default"  # nothing to choose: no packed products for this device or dtype
-            elif (free := free_memory_bytes()) is not None and (extra := packed_bytes(model)) > free / 2:
-                self.kernels[name] = "default"  # a 7B float32 target on a CPU: a second copy may not fit
-                print(f"[kernels] {name}: default (packing the linears would take {extra / 1e9:.1f} GB "
-                      f"of the {free / 1e9:.1f} GB free; kernels=onednn forces it)", file=sys.stderr, flush=True)
-            else:
-                self.kernels[name] = faster_kernels(model, kernels=choices)
-                print(f"[kernels] {name}: {self.kernels[name].describe()}", file=sys.stderr, flush=True)  # not in the text
+            self.kernels[name] = choose_kernels(model, self.cfg.kernels, self.cfg.device, name)
         choice = self.kernels[name]
         use_kernels(model, choice if isinstance(choice, str) else choice.kernels)
 
@@ -312,25 +321,33 @@ def benchmark(cfg: DictConfig, methods: Methods | None = None, names: list[str] 
 
 # the settings a benchmark's measurements depend on (the other sections belong to other modes)
 MEASURED_SETTINGS = ("target", "runner", "static_max_len", "compile", "kernels", "eagle", "draft", "specinfer",
-                     "prompt_lookup", "medusa", "top_k", "top_p", "seed", "max_new_tokens", "device")
+                     "prompt_lookup", "medusa", "chat", "top_k", "top_p", "seed", "max_new_tokens", "device")
 
 
 def resume_key(cfg: DictConfig, names: list[str], temperatures, dtypes: dict, tree_dirs, eval_sets: dict) -> dict:
-    """What decides a benchmark's measurements: the settings, the methods and prompts, and the
-    stamps of the files they read (a drafter retrained in the same folder is another drafter), so
-    a stopped run resumes only when nothing of it changed (eagle.bench.benchmark.run_benchmark)."""
+    """What decides a benchmark's measurements: the settings, the methods, their trees and the
+    prompts, the threads and libraries timing them, and the stamps of the files they read (a
+    drafter retrained in the same folder is another drafter), so a stopped run resumes only when
+    nothing of it changed (eagle.bench.benchmark.run_benchmark)."""
     settings = {k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k]) else cfg[k]
                 for k in MEASURED_SETTINGS if k in cfg}
     bench = OmegaConf.to_container(cfg.benchmark, resolve=True)
     bench.pop("out_dir", None)  # a time stamp by default; the folder is where the report is found
     files = [str(cfg.target), str(cfg.eagle.drafter), str(cfg.draft.model), *map(str, cfg.specinfer.models),
              str(cfg.medusa.heads), *map(str, cfg.benchmark.eval_sets)]
-    for name in names:  # trees named by path (eagle@runs/tree_search/.../machine.yaml)
-        tree = MethodSpec.parse(name).tree
-        files += [tree] if tree else []
-    return {"settings": settings, "benchmark": bench, "methods": list(names),
+    trees = {}  # each method's tree as drafted: a name in tree_dirs (the tree search's comparison) or
+    for name in names:  # a file may hold another tree than when the stopped run read it
+        spec = MethodSpec.parse(name)
+        tree = spec.tree or (settings.get(spec.info.section) or {}).get("tree")
+        try:
+            trees[name] = list(resolve_tree(tree, (*tree_dirs, str(TREE_DIR))).parents) if tree else None
+        except (TreeError, OSError):
+            trees[name] = None  # building the method says what is wrong with it
+    return {"settings": settings, "benchmark": bench, "methods": list(names), "trees": trees,
             "temperatures": [float(t) for t in temperatures], "dtypes": dict(dtypes), "tree_dirs": list(tree_dirs),
-            "prompts": {k: [p.id for p in v] for k, v in eval_sets.items()}, "inputs": files_stamp(files)}
+            "prompts": {k: [[p.id, p.chat, hashlib.sha256(p.text.encode()).hexdigest()[:16]] for p in v]
+                        for k, v in eval_sets.items()}, "inputs": files_stamp(files),
+            "threads": torch.get_num_threads(), "torch": torch.__version__, "platform": platform.platform()}
 
 
 def tree_search(cfg: DictConfig) -> Path:
@@ -649,8 +666,8 @@ def floor(cfg: DictConfig) -> Path:
     target, _ = load_target(cfg.target, dtype=resolve_dtype(dtype), device=cfg.device, with_tokenizer=False)
     auto = None  # +auto: the kernels decoding's kernels=auto would choose for this target here (timed once)
     if any(kernels == "auto" for _, _, kernels in settings.values()):
-        auto = faster_kernels(target, kernels=available_kernels(cfg.device))
-        print(f"[floor] +auto: {auto.describe()}", flush=True)
+        chosen = choose_kernels(target, "auto", cfg.device, dtype)
+        auto = chosen if isinstance(chosen, KernelChoice) else KernelChoice(kernels=chosen, ms={})
         settings = {name: (kind, compiled, auto.kernels if kernels == "auto" else kernels)
                     for name, (kind, compiled, kernels) in settings.items()}
     probe = fl.BandwidthProbe(cfg.device, megabytes=fcfg.buffer_mb)

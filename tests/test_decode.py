@@ -985,6 +985,36 @@ def test_a_stopped_benchmark_resumes_only_with_the_same_settings_and_inputs(mode
     assert len(calls) == 2 and len(list((out / "previous").iterdir())) == kept_before + 1
 
 
+def test_the_resume_key_changes_with_what_a_resumed_run_would_mix(models, tmp_path):
+    """Whatever decides a measurement is in the key: a tree file rewritten (named by path, by
+    eagle.tree, or in the tree search's folder), the chat rendering, the threads."""
+    from decode import resume_key
+
+    prompts = {"prompts": load_eval_set(str(models / "prompts.jsonl"))}
+    trees = tmp_path / "trees"
+    trees.mkdir()
+    (trees / "mine.yaml").write_text("kind: paths\npaths:\n- [0]\n- [1]\n")
+
+    def key(names, *overrides, tree_dirs=(str(trees),)):
+        cfg = decode_cfg(models, tmp_path, "mode=benchmark", *overrides)
+        return resume_key(cfg, names, [0.0], {}, tree_dirs, prompts)
+
+    before = [key(["eagle@mine"]), key([f"eagle@{trees / 'mine.yaml'}"]), key(["eagle"], f"eagle.tree={trees / 'mine.yaml'}")]
+    assert before == [key(["eagle@mine"]), key([f"eagle@{trees / 'mine.yaml'}"]),
+                      key(["eagle"], f"eagle.tree={trees / 'mine.yaml'}")]  # nothing in it moves by itself
+    (trees / "mine.yaml").write_text("kind: paths\npaths:\n- [0]\n- [0, 0]\n")
+    after = [key(["eagle@mine"]), key([f"eagle@{trees / 'mine.yaml'}"]), key(["eagle"], f"eagle.tree={trees / 'mine.yaml'}")]
+    assert all(a != b for a, b in zip(before, after))
+    assert key(["vanilla"], "chat=true") != key(["vanilla"], "chat=false")
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1 if threads > 1 else 2)
+        other = key(["vanilla"])
+    finally:
+        torch.set_num_threads(threads)
+    assert other != key(["vanilla"])
+
+
 def test_the_timings_are_on_disk_before_the_reference_texts_are_decoded(models, tmp_path, monkeypatch):
     """A method in bfloat16 is compared with vanilla in bfloat16, decoded untimed after the
     timed turns; a failure there (a float32 or bf16 copy of a large target: out of memory) lost

@@ -253,3 +253,11 @@ def test_auto_runs_on_the_kernels_decoding_would_choose(target_dir, tmp_path, mo
     report = json.loads((out / "floor.json").read_text())
     assert report["auto_kernels"]["kernels"] == "onednn" and set(report["settings"]) == {"dynamic", "dynamic+auto"}
     assert "`+auto` ran on **onednn**" in (out / "floor.md").read_text()
+    # decoding's rules, not only its timing: no packed products in bf16, so nothing is timed
+    timed.clear()
+    entry.decode(compose_config("decode", [f"target={target_dir}", "mode=floor", "floor.tokens=[1]", "floor.dtype=bfloat16",
+                                           "floor.context=8", "floor.repeats=1", "floor.buffer_mb=8",
+                                           "floor.peak_size=64", "floor.product_rows=[]",
+                                           "floor.settings=[dynamic+auto]", f"floor.out_dir={out}"]))
+    assert not timed and json.loads((out / "floor.json").read_text())["auto_kernels"]["kernels"] == "default"
+    assert "nothing to time" in (out / "floor.md").read_text()

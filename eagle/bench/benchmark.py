@@ -271,6 +271,10 @@ def run_benchmark(eval_sets: dict[str, list[Prompt]], tokenizer, build: Callable
                          "num_prompts": len(prompts), "max_new_tokens": cfg.max_new_tokens,
                          "prompts": [p.id for p in prompts], "categories": [p.category for p in prompts],
                          "fastest_vanilla": fastest_vanilla(results),
+                         # what timed it (the report's machine is the last process's: a resumed run's
+                         # kept runs were timed by another)
+                         "threads": torch.get_num_threads(),
+                         "kernels": {d: k if isinstance(k, str) else k.kernels for d, k in (kernels or {}).items()},
                          "methods": {k: asdict(v) for k, v in results.items()},
                          # what was decoded (and, greedy, compared): every method's new text per prompt
                          "texts": {k: [tokenizer.decode(t) for t in v] for k, v in outputs.items()}})

@@ -343,7 +343,7 @@ def markdown(report: dict) -> str:
         timed = "; ".join(f"{name} " + ", ".join(f"{n} tokens {ms:.1f} ms" for n, ms in by_width.items())
                           for name, by_width in auto["ms"].items())
         lines += [f"`+auto` ran on **{auto['kernels']}**, the kernels decoding's `kernels=auto` chose here "
-                        f"({timed}).", ""]
+                  f"({timed or 'nothing to time: no packed products for this device or dtype, or no room'}).", ""]
     settings = report["settings"]
     paired = any(r["paired_floors"] is not None for s in settings.values() for r in s["forwards"])
     cols = "ms | floors | paired | roofs | steps" if paired else "ms | floors | roofs | steps"
