@@ -324,17 +324,19 @@ MEASURED_SETTINGS = ("target", "runner", "static_max_len", "compile", "kernels",
                      "prompt_lookup", "medusa", "chat", "top_k", "top_p", "seed", "max_new_tokens", "device")
 
 
-def resume_key(cfg: DictConfig, names: list[str], temperatures, dtypes: dict, tree_dirs, eval_sets: dict) -> dict:
+def resume_key(cfg: DictConfig, names: list[str], temperatures, dtypes: dict, tree_dirs, eval_sets: dict,
+               section: str = "benchmark") -> dict:
     """What decides a benchmark's measurements: the settings, the methods, their trees and the
     prompts, the threads and libraries timing them, and the stamps of the files they read (a
     drafter retrained in the same folder is another drafter), so a stopped run resumes only when
-    nothing of it changed (eagle.bench.benchmark.run_benchmark)."""
+    nothing of it changed (eagle.bench.benchmark.run_benchmark; `section` "batch":
+    eagle.bench.batch.run_batch_benchmark, `names` with each batch size's tree filled in)."""
     settings = {k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k]) else cfg[k]
                 for k in MEASURED_SETTINGS if k in cfg}
-    bench = OmegaConf.to_container(cfg.benchmark, resolve=True)
+    bench = OmegaConf.to_container(cfg[section], resolve=True)
     bench.pop("out_dir", None)  # a time stamp by default; the folder is where the report is found
     files = [str(cfg.target), str(cfg.eagle.drafter), str(cfg.draft.model), *map(str, cfg.specinfer.models),
-             str(cfg.medusa.heads), *map(str, cfg.benchmark.eval_sets)]
+             str(cfg.medusa.heads), *map(str, cfg[section].eval_sets)]
     trees = {}  # each method's tree as drafted: a name in tree_dirs (the tree search's comparison) or
     for name in names:  # a file may hold another tree than when the stopped run read it
         spec = MethodSpec.parse(name)
@@ -891,14 +893,18 @@ def batch(cfg: DictConfig) -> Path:
     methods = Methods(cfg)
     dtypes = dtype_overrides(bc.dtypes)
     _, tokenizer = methods.target(methods.dtype("vanilla", dtypes))
-    prompts = [encode_prompt(tokenizer, p) for name in bc.eval_sets for p in load_eval_set(name, bc.num_prompts)]
+    eval_sets = {name: load_eval_set(name, bc.num_prompts) for name in bc.eval_sets}
+    prompts = [encode_prompt(tokenizer, p) for every in eval_sets.values() for p in every]
 
     def build(name: str):
         dtype = methods.dtype(name, dtypes)
         return methods.build(name, dtype), dtype
 
     out_dir = Path(bc.out_dir)
-    run_batch_benchmark(prompts, build, config, target_name=str(cfg.target), out_dir=out_dir, device=cfg.device)
+    labels = list(dict.fromkeys(m.replace("{B}", str(b)) for m in config.methods for b in config.sizes))
+    key = resume_key(cfg, labels, config.temperatures, dtypes, (), eval_sets, section="batch") if bc.resume else None
+    run_batch_benchmark(prompts, build, config, target_name=str(cfg.target), out_dir=out_dir, device=cfg.device,
+                        resume_key=key)
     print((out_dir / "batch.md").read_text())
     return out_dir
 

@@ -1099,6 +1099,18 @@ def test_a_stopped_batch_run_keeps_the_sizes_it_finished(models, tmp_path, monke
     assert one["vanilla"]["vs_vanilla_b1"] == pytest.approx(1.0) and one["vanilla"]["identical_to_vanilla"] == 1.0
     assert one["eagle"]["identical_to_vanilla"] is None  # bf16 against float32: not a check of exactness
     assert "B=1" in (out / "batch.md").read_text()
+    # rerun as it was: the finished size is kept, only the second one runs
+    calls.clear()
+    monkeypatch.setattr(batch, "summarise", lambda label, size, runs: calls.append(size) or real(label, size, runs))
+    decode(cfg)
+    resumed = json.loads((out / "batch.json").read_text())
+    assert resumed["status"] == "complete" and calls == [2, 2] and list(resumed["runs"][0]["sizes"]) == ["1", "2"]
+    assert resumed["runs"][0]["sizes"]["1"] == one and resumed["runs"][0]["kept_from"] == {"1": report["date"]}
+    assert "Timed by a stopped run that this one resumed: B=1" in (out / "batch.md").read_text()
+    assert not (out / "previous").exists()
+    calls.clear()
+    decode(cfg)  # a finished report rerun: measured anew, the one before kept
+    assert sorted(calls) == [1, 1, 2, 2] and len(list((out / "previous").iterdir())) == 1
 
 
 def test_batch_mode_measures_every_method_at_each_size(models, tmp_path):

@@ -21,16 +21,18 @@ Output (in `out_dir`): batch.json, batch.md, batch.png.
 
 from __future__ import annotations
 
+import json
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from tqdm.auto import tqdm
 
-from eagle.artifacts import keep_previous, write_json
+from eagle.artifacts import keep_previous, read_json, write_json
 from eagle.bench.benchmark import is_plain_decoding
 from eagle.bench.methods import Method, MethodError
 from eagle.decoding.stats import DecodeResult, tau
@@ -104,14 +106,27 @@ def summarise(label: str, size: int, runs: list[tuple[list[DecodeResult], float]
         tau_per_sequence=[r.tau for r in results])
 
 
+REPORT_FILES = ("batch.json", "batch.md", "batch.png")
+
+
 def run_batch_benchmark(prompts: Sequence[list[int]], build: Callable[[str], tuple[Method, str]],
-                        cfg: BatchConfig, target_name: str, out_dir: str | Path, device=None) -> dict:
+                        cfg: BatchConfig, target_name: str, out_dir: str | Path, device=None,
+                        resume_key: Mapping | None = None) -> dict:
     """Every method of `cfg` at every batch size and temperature on `prompts`; writes batch.json,
-    batch.md and batch.png into `out_dir` after each temperature. `build` gives (method, dtype)
-    for a label with `{B}` filled in; methods are built before anything runs."""
+    batch.md and batch.png into `out_dir` after each batch size. `build` gives (method, dtype)
+    for a label with `{B}` filled in; methods are built before anything runs. A stopped report in
+    `out_dir` made with the same `resume_key` (JSON: what else decides the measurements) keeps
+    its finished (temperature, batch size) parts, each timed whole, every method in turn, in the
+    process that ran it; None: never resume (as `eagle.bench.benchmark.run_benchmark`)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    keep_previous(out_dir, ("batch.json", "batch.md", "batch.png"))  # a fixed out_dir run again
+    key = json.loads(json.dumps(resume_key)) if resume_key is not None else None  # as batch.json holds it
+    kept = _finished_sizes(out_dir, key)
+    if kept:
+        print(f"[batch] resuming the stopped run in {out_dir}: "
+              + ", ".join(f"T={t:g} B={b}" for t, b in kept) + " kept, made with the same settings and inputs")
+    else:
+        keep_previous(out_dir, REPORT_FILES)  # a fixed out_dir run again
     device = torch.device(device or "cpu")
     labels = {(label, b): label.replace("{B}", str(b)) for label in cfg.methods for b in cfg.sizes}
     built: dict[str, tuple[Method, str]] = {}
@@ -138,6 +153,11 @@ def run_batch_benchmark(prompts: Sequence[list[int]], build: Callable[[str], tup
         runs.append(run)
         smallest = None  # vanilla at the smallest size: the sizes run in ascending order
         for b in sorted(cfg.sizes):
+            if (float(temperature), str(b)) in kept:  # timed by the stopped run: every method, in turn
+                run["sizes"][str(b)], run.setdefault("kept_from", {})[str(b)] = kept[float(temperature), str(b)]
+                smallest = smallest or run["sizes"][str(b)]["vanilla"]["tokens_per_s"]
+                bar.update(len(cfg.methods) * len(prompts))
+                continue
             groups = batches(prompts, b)
             names = {label: labels[(label, b)] for label in cfg.methods}
             for label in cfg.methods:  # untimed: buffers sized, first-call costs paid
@@ -168,15 +188,26 @@ def run_batch_benchmark(prompts: Sequence[list[int]], build: Callable[[str], tup
                     ref = [row.tokens for rows, _ in timed["vanilla"] for row in rows]
                     r.identical_to_vanilla = sum(a == c for a, c in zip(mine, ref)) / max(len(ref), 1)
             run["sizes"][str(b)] = {label: asdict(r) for label, r in results.items()}
-            write_report(_report(runs, cfg, complete=False), out_dir)  # each size on disk as it ends
+            write_report(_report(runs, cfg, key, complete=False), out_dir)  # each size on disk as it ends
     bar.close()
-    report = _report(runs, cfg, complete=True)
+    report = _report(runs, cfg, key, complete=True)
     write_report(report, out_dir)
     return report
 
 
-def _report(runs: list[dict], cfg: BatchConfig, complete: bool) -> dict:
-    return {"status": "complete" if complete else "incomplete", "runs": runs,
+def _finished_sizes(out_dir: Path, key: Any) -> dict[tuple[float, str], tuple[dict, str]]:
+    """(temperature, batch size) -> (its results, the date of the run that timed them), from a
+    stopped report in `out_dir` made with `key` (none for another key, a finished report, or none
+    given). A size is written only once every method has run it."""
+    report = read_json(out_dir / "batch.json") if key is not None else None
+    if not report or report.get("status") != "incomplete" or report.get("resume_key") != key:
+        return {}
+    return {(float(run["temperature"]), b): (results, run.get("kept_from", {}).get(b, report.get("date")))
+            for run in report.get("runs", []) for b, results in run.get("sizes", {}).items()}
+
+
+def _report(runs: list[dict], cfg: BatchConfig, key: Any, complete: bool) -> dict:
+    return {"status": "complete" if complete else "incomplete", "runs": runs, "resume_key": key,
             "config": asdict(cfg) | {"sizes": list(cfg.sizes), "methods": list(cfg.methods),
                                      "temperatures": list(cfg.temperatures)},
             "eagle1_table7": {k: {str(b): v for b, v in row.items()} for k, row in TABLE7.items()},
@@ -198,6 +229,10 @@ def markdown(report: dict) -> str:
         lines += [f"### temperature {run['temperature']:g} ({run['num_prompts']} prompts, {run['max_new_tokens']} "
                   f"new tokens, target {run['target']})", "",
                   "Speedup over vanilla decoding at the same batch size (EAGLE-1's Table 7), tau per sequence:", "",
+                  *(["Timed by a stopped run that this one resumed: " + ", ".join(
+                      f"B={b} ({date})" for b, date in run["kept_from"].items())
+                     + f" (their column against vanilla at B={sizes[0]} compares two runs).", ""]
+                    if run.get("kept_from") else []),
                   "| method | dtype | " + " | ".join(f"B={b}" for b in sizes) + f" | tokens/s at B={largest} | "
                   f"vs vanilla at B={sizes[0]} |",
                   "|---|---|" + "---:|" * (len(sizes) + 2)]
