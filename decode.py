@@ -320,8 +320,8 @@ def benchmark(cfg: DictConfig, methods: Methods | None = None, names: list[str] 
 
 
 # the settings a benchmark's measurements depend on (the other sections belong to other modes)
-MEASURED_SETTINGS = ("target", "runner", "static_max_len", "compile", "kernels", "eagle", "draft", "specinfer",
-                     "prompt_lookup", "medusa", "chat", "top_k", "top_p", "seed", "max_new_tokens", "device")
+MEASURED_SETTINGS = ("target", "runner", "static_max_len", "compile", "kernels", "eagle", "eagle_lookup", "draft",
+                     "specinfer", "prompt_lookup", "medusa", "chat", "top_k", "top_p", "seed", "max_new_tokens", "device")
 
 
 def resume_key(cfg: DictConfig, names: list[str], temperatures, dtypes: dict, tree_dirs, eval_sets: dict,

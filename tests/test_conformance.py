@@ -127,13 +127,18 @@ PROPOSERS = [
     Case("medusa", lambda t, f, r, trees: medusa(MedusaHeads.random(t, trees.medusa.depth, seed=2), trees.medusa)),
     Case("medusa_vocab", _medusa_vocab),
     Case("specinfer_merge", _merge, accepts=True),
+    # EAGLE's tree and prompt lookup's chain merged (eagle_lookup): a 1-token match, so the chain
+    # drafts nearly every round and often repeats EAGLE's tokens under the same parent
+    Case("eagle_lookup", lambda t, f, r, trees: MergeProposer([
+        eagle_proposer(EagleDrafter.random(t, seed=1), trees.tree, cache=r),
+        PromptLookupProposer(num_tokens=trees.lookup, max_ngram=2, min_ngram=1)])),
 ]
 CASES = [(c, r) for c in PROPOSERS for r in c.runners]
 IDS = [f"{c.name}-{r}" for c, r in CASES]
 # Sampled checks cost ~10 s each: on the static runner the default run keeps those whose draft
 # model's own cache turns static too (the rest differ from their dynamic case only in the target's
 # runner, whose logits the greedy suite checks for every proposer); `make test-slow` runs them all.
-SAMPLED_STATIC = {"draft_tree", "eagle", "eagle_padded", "specinfer_merge"}
+SAMPLED_STATIC = {"draft_tree", "eagle", "eagle_padded", "specinfer_merge", "eagle_lookup"}
 SAMPLED = [pytest.param(c, r, id=f"{c.name}-{r}",
                         marks=[pytest.mark.slow] if r == "static" and c.name not in SAMPLED_STATIC else [])
            for c, r in CASES]

@@ -264,14 +264,14 @@ def test_bad_input_errors(models, tmp_path, monkeypatch):
     methods = Methods(decode_cfg(models, tmp_path))
     with pytest.raises(MethodError, match="unknown method 'nope'"):
         methods.build("nope", "float32")
-    with pytest.raises(MethodError, match="only eagle, draft, specinfer_merge, medusa, medusa_typical take a tree"):
+    with pytest.raises(MethodError, match="only eagle, eagle_lookup, draft, specinfer_merge, medusa, medusa_typical take a tree"):
         methods.build("vanilla@chain5", "float32")
     with pytest.raises(MethodError, match=r"'eagle@': no tree name after @ \(as eagle@chain5\)"):
         methods.build("eagle@", "float32")
     for bad in ("eagle%0", "eagle%-5", "eagle%1024@chain5"):
         with pytest.raises(MethodError, match="K must be a positive integer, as eagle%1024"):
             MethodSpec.parse(bad)
-    with pytest.raises(MethodError, match="is for eagle only"):
+    with pytest.raises(MethodError, match="is for eagle and eagle_lookup only"):
         MethodSpec.parse("draft%1024")
     with pytest.raises(ValueError, match="temperature must be a number, got 'hot'"):
         decode(decode_cfg(models, tmp_path, "method=vanilla", "temperature=hot"))
@@ -557,7 +557,7 @@ def test_eagle_drafts_from_a_reduced_vocabulary(models, tmp_path, capsys):
                 ids, 20, SamplingPolicy()).tokens, name
     assert f"drafting from 16 of {vocab} tokens" in capsys.readouterr().out
     assert str(MethodSpec.parse("eagle@chain5%16:static")) == "eagle@chain5%16:static"
-    for bad, why in (("draft%16", "for eagle only"), ("eagle%0", "K must be a positive integer"),
+    for bad, why in (("draft%16", "for eagle and eagle_lookup only"), ("eagle%0", "K must be a positive integer"),
                      ("eagle%x", "K must be a positive integer")):
         with pytest.raises(MethodError, match=why):
             MethodSpec.parse(bad)

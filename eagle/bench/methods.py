@@ -1,8 +1,8 @@
 """Decoding methods by name: one registry, one parser, one typed settings class per method.
 
 A method is named `NAME[@TREE][%K][:RUNNER]`:
-  - NAME: a key of `METHODS` (vanilla, eagle, draft, specinfer_merge, prompt_lookup, medusa,
-    medusa_typical, and the Hugging Face peers hf_generate, hf_assisted, hf_prompt_lookup);
+  - NAME: a key of `METHODS` (vanilla, eagle, eagle_lookup, draft, specinfer_merge, prompt_lookup,
+    medusa, medusa_typical, and the Hugging Face peers hf_generate, hf_assisted, hf_prompt_lookup);
   - @TREE: another tree for a method that drafts one (`eagle@chain5`, a name in configs/tree/
     or a YAML path), so several trees run side by side in one benchmark;
   - %K: EAGLE drafting from its K most frequent tokens (`eagle%1024`; `eagle.draft_vocab`);
@@ -56,6 +56,13 @@ class EagleSettings:
     proposal: str = "sample"       # under sampling: "sample" (drawn without replacement) or "topk"
     draft_vocab: int | None = None  # draft from the K most frequent tokens of the drafter's training
                                     # data (FR-Spec, eagle/data/vocab.py); None: the whole vocabulary
+
+
+@dataclass(frozen=True)
+class EagleLookupSettings(EagleSettings):
+    num_tokens: int = 10           # prompt lookup's chain, merged with EAGLE's tree each round
+    max_ngram: int = 2
+    min_ngram: int = 2             # a 1-token match drafts nearly every round, and is rarely right
 
 
 @dataclass(frozen=True)
@@ -356,6 +363,24 @@ def _specinfer_merge(ctx: MethodContext, info, s: MergeSettings, name, runner) -
 
 
 def _eagle(ctx: MethodContext, info, s: EagleSettings, name, runner) -> Method:
+    proposer, template = _eagle_proposer(ctx, s, name, runner)
+    return EngineMethod(name, info, ctx, runner, proposer, tuple(template.parents))
+
+
+def _eagle_lookup(ctx: MethodContext, info, s: EagleLookupSettings, name, runner) -> Method:
+    """EAGLE's tree and prompt lookup's chain merged by shared prefix into one tree a round
+    (`MergeProposer`, exact as SpecInfer's merge is): the chain where the text repeats itself,
+    the drafter elsewhere."""
+    from eagle.proposers import PromptLookupProposer
+    from eagle.proposers.merge import MergeProposer
+
+    proposer, _ = _eagle_proposer(ctx, s, name, runner)
+    lookup = PromptLookupProposer(num_tokens=s.num_tokens, max_ngram=s.max_ngram, min_ngram=s.min_ngram)
+    return EngineMethod(name, info, ctx, runner, MergeProposer([proposer, lookup]))
+
+
+def _eagle_proposer(ctx: MethodContext, s: EagleSettings, name: str, runner: str):
+    """EAGLE's proposer for `s` (its drafter, tree and drafting vocabulary) and its tree template."""
     from eagle.models.checkpoint import load_drafter
     from eagle.models.drafter import EagleDrafter
     from eagle.proposers import eagle_proposer
@@ -373,8 +398,7 @@ def _eagle(ctx: MethodContext, info, s: EagleSettings, name, runner) -> Method:
     if s.draft_vocab is not None:
         drafter.restrict_vocab(_draft_vocab(s, name, drafter.config.vocab_size))
     compile_mode = ctx.compile_mode if runner == "static" else None
-    proposer = eagle_proposer(drafter, template, proposal=s.proposal, cache=runner, compile_mode=compile_mode)
-    return EngineMethod(name, info, ctx, runner, proposer, tuple(template.parents))
+    return eagle_proposer(drafter, template, proposal=s.proposal, cache=runner, compile_mode=compile_mode), template
 
 
 def _draft_vocab(s: EagleSettings, name: str, vocab_size: int):
@@ -444,6 +468,7 @@ class MethodInfo:
 METHODS: dict[str, MethodInfo] = {
     "vanilla": MethodInfo(_vanilla),
     "eagle": MethodInfo(_eagle, EagleSettings, "eagle", takes_tree=True, wide=True),
+    "eagle_lookup": MethodInfo(_eagle_lookup, EagleLookupSettings, "eagle_lookup", takes_tree=True, wide=True),
     "draft": MethodInfo(_draft, DraftSettings, "draft", takes_tree=True, needs_draft_lm=True),
     "specinfer_merge": MethodInfo(_specinfer_merge, MergeSettings, "specinfer", takes_tree=True, needs_draft_lm=True),
     "prompt_lookup": MethodInfo(_prompt_lookup, PromptLookupSettings, "prompt_lookup"),
@@ -475,9 +500,9 @@ class MethodSpec:
             raise MethodError(f"unknown method {text!r}; choose one of {', '.join(METHODS)} "
                               f"(as NAME[@TREE][%K][:RUNNER])")
         info = METHODS[base]
-        if pct and info.settings is not EagleSettings:
-            raise MethodError(f"method {text!r}: %K (a draft vocabulary of K tokens) is for eagle only, "
-                              f"as eagle%1024")
+        if pct and not (info.settings and issubclass(info.settings, EagleSettings)):
+            raise MethodError(f"method {text!r}: %K (a draft vocabulary of K tokens) is for eagle and eagle_lookup "
+                              f"only, as eagle%1024")
         if pct and (not vocab.isdigit() or int(vocab) < 1):
             raise MethodError(f"method {text!r}: K must be a positive integer, as eagle%1024 "
                               f"(in this order: NAME[@TREE][%K][:RUNNER])")

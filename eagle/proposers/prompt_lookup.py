@@ -14,20 +14,29 @@ from eagle.decoding.engine import DecodeState, DraftTree, Proposer
 
 
 class PromptLookupProposer(Proposer):
+    """Args:
+        num_tokens: the chain's length.
+        max_ngram: the longest suffix n-gram matched (Hugging Face's max_matching_ngram_size).
+        min_ngram: the shortest (1, as Hugging Face): beside another proposer (`eagle_lookup`)
+            a 1-token match drafts nearly every round, and a chain that is rarely right costs a
+            verification of its length each time; a longer match is right more often.
+    """
+
     name = "prompt_lookup"
 
-    def __init__(self, num_tokens: int = 10, max_ngram: int = 2):
-        if max_ngram < 1 or num_tokens < 1:
-            raise ValueError(f"prompt lookup needs max_ngram >= 1 and num_tokens >= 1, got {max_ngram} and {num_tokens}")
-        self.num_tokens, self.max_ngram = num_tokens, max_ngram
+    def __init__(self, num_tokens: int = 10, max_ngram: int = 2, min_ngram: int = 1):
+        if not 1 <= min_ngram <= max_ngram or num_tokens < 1:
+            raise ValueError(f"prompt lookup needs 1 <= min_ngram <= max_ngram and num_tokens >= 1, got {min_ngram}, "
+                             f"{max_ngram} and {num_tokens}")
+        self.num_tokens, self.max_ngram, self.min_ngram = num_tokens, max_ngram, min_ngram
         self.max_nodes = num_tokens
 
     def fork(self) -> PromptLookupProposer:
-        return PromptLookupProposer(self.num_tokens, self.max_ngram)  # it reads everything off the state
+        return PromptLookupProposer(self.num_tokens, self.max_ngram, self.min_ngram)  # it reads the state only
 
     def lookup(self, tokens: list[int]) -> list[int]:
         """The continuation after the earliest earlier match of the longest suffix n-gram."""
-        for n in range(min(self.max_ngram, len(tokens) - 1), 0, -1):
+        for n in range(min(self.max_ngram, len(tokens) - 1), self.min_ngram - 1, -1):
             suffix = tokens[-n:]
             for start in range(len(tokens) - n):  # every start but the suffix's own
                 if tokens[start:start + n] == suffix:
