@@ -150,8 +150,15 @@ def test_prompt_lookup_matches():
     assert PromptLookupProposer(num_tokens=3, max_ngram=2).lookup(seq) == [3, 4, 9]  # HF: the earliest match
     assert PromptLookupProposer(num_tokens=3, max_ngram=3).lookup([7, 1, 2, 8, 5, 1, 2]) == [8, 5, 1]  # 2-gram
     assert PromptLookupProposer(num_tokens=3, max_ngram=2).lookup([1, 2, 3]) == []
-    with pytest.raises(ValueError, match="max_ngram >= 1"):
-        PromptLookupProposer(max_ngram=0)
+    # a shortest match (eagle_lookup's): 1-token matches draft nothing
+    one_only = [5, 1, 7, 8, 2, 1]  # only the 1-gram [1] repeats
+    assert PromptLookupProposer(num_tokens=2, max_ngram=2).lookup(one_only) == [7, 8]
+    assert PromptLookupProposer(num_tokens=2, max_ngram=2, min_ngram=2).lookup(one_only) == []
+    assert PromptLookupProposer(num_tokens=2, max_ngram=3, min_ngram=3).lookup([4, 1, 2, 3, 9, 1, 2, 3]) == [9, 1]
+    assert PromptLookupProposer(num_tokens=2, max_ngram=3, min_ngram=3).lookup(seq) == []  # 2-grams only
+    for bad in ({"max_ngram": 0}, {"max_ngram": 2, "min_ngram": 3}, {"min_ngram": 0}):
+        with pytest.raises(ValueError, match="1 <= min_ngram <= max_ngram"):
+            PromptLookupProposer(**bad)
 
 
 # ---------------------------------------------------------------------------------------
