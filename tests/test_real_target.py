@@ -19,6 +19,7 @@ from eagle.decoding.kernels import available_kernels, use_kernels
 from eagle.models.drafter import EagleDrafter
 from eagle.models.packaged import SIDECAR, SMOLLM2, convert_gguf
 from eagle.proposers import DraftLM, PromptLookupProposer, TemplateProposer, eagle_proposer
+from eagle.proposers.merge import MergeProposer
 from eagle.target import TargetError, load_target
 from helpers.decoding import hf_greedy, run_batched_greedy, run_greedy_cases, tree
 from helpers.models import ROOT
@@ -65,6 +66,8 @@ def test_greedy_text_on_the_real_target_is_generates(smollm2, kernels):
         "eagle": eagle_proposer(EagleDrafter.random(model, seed=1), template, cache="dynamic"),
         "draft_lm": TemplateProposer(DraftLM(model, cache="dynamic"), template),
         "prompt_lookup": PromptLookupProposer(num_tokens=10, max_ngram=2),
+        "eagle_lookup": MergeProposer([eagle_proposer(EagleDrafter.random(model, seed=1), template, cache="dynamic"),
+                                       PromptLookupProposer(num_tokens=10, max_ngram=3, min_ngram=3)]),
     }
     for name, proposer in proposers.items():
         runner = make_runner("dynamic", model, tree_size=proposer.max_nodes)
