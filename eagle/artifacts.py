@@ -134,6 +134,16 @@ class Artifact:
         return meta
 
 
+def stopped_report(path: str | Path, key: Any) -> dict | None:
+    """The JSON report at `path` if the run that wrote it stopped before the end (`status`
+    "incomplete") and was made with `key` (compared as JSON holds it): a rerun with the same key
+    resumes from it. None for no key, no report, a finished one or another key."""
+    report = read_json(path) if key is not None else None
+    if not report or report.get("status") != "incomplete" or report.get("resume_key") != json.loads(json.dumps(key)):
+        return None
+    return report
+
+
 def keep_previous(out_dir: str | Path, names: tuple[str, ...]) -> Path | None:
     """Move the report files (`names`) a run before this one left in `out_dir` (a fixed output
     folder run again) into `out_dir/previous/<their time>/`, so that no measured run is

@@ -21,7 +21,6 @@ Output (in `out_dir`): batch.json, batch.md, batch.png.
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -32,7 +31,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from eagle.artifacts import keep_previous, read_json, write_json
+from eagle.artifacts import keep_previous, stopped_report, write_json
 from eagle.bench.benchmark import is_plain_decoding
 from eagle.bench.methods import Method, MethodError
 from eagle.decoding.stats import DecodeResult, tau
@@ -120,8 +119,7 @@ def run_batch_benchmark(prompts: Sequence[list[int]], build: Callable[[str], tup
     process that ran it; None: never resume (as `eagle.bench.benchmark.run_benchmark`)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    key = json.loads(json.dumps(resume_key)) if resume_key is not None else None  # as batch.json holds it
-    kept = _finished_sizes(out_dir, key)
+    kept = _finished_sizes(out_dir, resume_key)
     if kept:
         print(f"[batch] resuming the stopped run in {out_dir}: "
               + ", ".join(f"T={t:g} B={b}" for t, b in kept) + " kept, made with the same settings and inputs")
@@ -188,9 +186,9 @@ def run_batch_benchmark(prompts: Sequence[list[int]], build: Callable[[str], tup
                     ref = [row.tokens for rows, _ in timed["vanilla"] for row in rows]
                     r.identical_to_vanilla = sum(a == c for a, c in zip(mine, ref)) / max(len(ref), 1)
             run["sizes"][str(b)] = {label: asdict(r) for label, r in results.items()}
-            write_report(_report(runs, cfg, key, complete=False), out_dir)  # each size on disk as it ends
+            write_report(_report(runs, cfg, resume_key, complete=False), out_dir)  # each size on disk as it ends
     bar.close()
-    report = _report(runs, cfg, key, complete=True)
+    report = _report(runs, cfg, resume_key, complete=True)
     write_report(report, out_dir)
     return report
 
@@ -199,8 +197,8 @@ def _finished_sizes(out_dir: Path, key: Any) -> dict[tuple[float, str], tuple[di
     """(temperature, batch size) -> (its results, the date of the run that timed them), from a
     stopped report in `out_dir` made with `key` (none for another key, a finished report, or none
     given). A size is written only once every method has run it."""
-    report = read_json(out_dir / "batch.json") if key is not None else None
-    if not report or report.get("status") != "incomplete" or report.get("resume_key") != key:
+    report = stopped_report(out_dir / "batch.json", key)
+    if report is None:
         return {}
     return {(float(run["temperature"]), b): (results, run.get("kept_from", {}).get(b, report.get("date")))
             for run in report.get("runs", []) for b, results in run.get("sizes", {}).items()}

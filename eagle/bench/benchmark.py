@@ -19,7 +19,6 @@ speedup_vs_static.png when the run has vanilla:static.
 
 from __future__ import annotations
 
-import json
 import math
 import platform
 import resource
@@ -33,7 +32,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from eagle.artifacts import keep_previous, read_json, write_json
+from eagle.artifacts import keep_previous, stopped_report, write_json
 from eagle.bench.evalsets import Prompt
 from eagle.bench.methods import Method, MethodError
 from eagle.decoding.stats import DecodeResult, accepted_histogram, tau
@@ -215,8 +214,7 @@ def run_benchmark(eval_sets: dict[str, list[Prompt]], tokenizer, build: Callable
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    key = json.loads(json.dumps(resume_key)) if resume_key is not None else None  # as results.json holds it
-    kept = _finished_runs(out_dir, key)
+    kept = _finished_runs(out_dir, resume_key)
     if kept:
         print(f"[benchmark] resuming the stopped run in {out_dir}: {len(kept)} (eval set, temperature) runs kept "
               f"({', '.join(f'{s} T={t:g}' for s, t in kept)}), made with the same settings and inputs")
@@ -280,16 +278,16 @@ def run_benchmark(eval_sets: dict[str, list[Prompt]], tokenizer, build: Callable
                          "texts": {k: [tokenizer.decode(t) for t in v] for k, v in outputs.items()}})
             # each finished (eval set, temperature) is on disk at once: a stopped run keeps it, also
             # when decoding the references below fails (a float32 copy of a large target: memory)
-            write_report(_report(runs, cfg, device, dtype_choices, kernels, key, complete=False), out_dir)
+            write_report(_report(runs, cfg, device, dtype_choices, kernels, resume_key, complete=False), out_dir)
             if policy.greedy:
                 texts = _reference_texts(results, outputs, encoded, cfg.max_new_tokens, reference, bar,
                                          float32=device.type == "cpu")
                 _compare_texts(results, outputs, texts)
                 runs[-1]["methods"] = {k: asdict(v) for k, v in results.items()}
             runs[-1]["finished"] = True  # a resumed run keeps it (`_finished_runs`)
-            write_report(_report(runs, cfg, device, dtype_choices, kernels, key, complete=False), out_dir)
+            write_report(_report(runs, cfg, device, dtype_choices, kernels, resume_key, complete=False), out_dir)
     bar.close()
-    report = _report(runs, cfg, device, dtype_choices, kernels, key, complete=True)
+    report = _report(runs, cfg, device, dtype_choices, kernels, resume_key, complete=True)
     write_report(report, out_dir)
     return report
 
@@ -298,8 +296,8 @@ def _finished_runs(out_dir: Path, key: Any) -> dict[tuple[str, float], dict]:
     """The finished (eval set, temperature) runs of a stopped report in `out_dir` that was made
     with `key` (none for another key, a finished report, or none given), each marked with the
     date of the run that timed it (`kept_from`)."""
-    report = read_json(out_dir / "results.json") if key is not None else None
-    if not report or report.get("status") != "incomplete" or report.get("resume_key") != key:
+    report = stopped_report(out_dir / "results.json", key)
+    if report is None:
         return {}
     return {(r["eval_set"], float(r["temperature"])): r | {"kept_from": r.get("kept_from", report.get("date"))}
             for r in report.get("runs", []) if r.get("finished")}
