@@ -63,7 +63,7 @@ from eagle.bench.precision import DtypeChoice, KernelChoice, faster_dtype, faste
 from eagle.bench.timing import project, random_target, time_methods, write_timing
 from eagle.bench.tree_search import (
     Candidate,
-    RoundCost,
+    MachineCost,
     candidates,
     choose_for_machine,
     position_paths,
@@ -495,9 +495,9 @@ def plain_dtypes(cfg: DictConfig, methods: Methods, out: Path) -> list[str]:
 
 
 def measure_round_cost(cfg: DictConfig, methods: Methods, prompts: list[list[int]],
-                       found: list, out: Path, size: int = 1) -> tuple[RoundCost, dict[str, float], dict[str, str]]:
+                       found: list, out: Path, size: int = 1) -> tuple[MachineCost, dict[str, float], dict[str, str]]:
     """Rounds measured on chains and on the candidate trees (short greedy decodes of a few
-    batches of `size` prompts), fitted into a `RoundCost`; the round of plain decoding on the
+    batches of `size` prompts), fitted per dtype into a `MachineCost`; the round of plain decoding on the
     same batches in each dtype a benchmark compares (vanilla's own and, where bf16 is fast, bf16:
     the fastest is the "vs fastest" baseline); and the dtype of each tree. A batch round drafts
     every sequence's tree and verifies them all in one forward.
@@ -506,7 +506,8 @@ def measure_round_cost(cfg: DictConfig, methods: Methods, prompts: list[list[int
     in both dtypes (unless `benchmark.dtypes` names its dtype), and keeps float32 unless its bf16
     rounds are faster by more than `tree_search.dtype_margin`: one verification forward timed
     alone chose bf16 where the benchmark's 7-token bf16 rounds then cost more than float32's
-    (LOG.md). The cost model fits each tree's rounds in the dtype kept.
+    (LOG.md). The cost model prices each tree in the dtype kept, from a fit of the rounds timed in
+    that dtype only (`MachineCost`).
 
     The methods take turns batch by batch, in an order rotated at each batch: on a shared
     machine the same forward can cost 40% more a few minutes later (LOG.md), and timing one
@@ -548,10 +549,11 @@ def measure_round_cost(cfg: DictConfig, methods: Methods, prompts: list[list[int
         if len(tried[tree.name]) > 1:
             print(f"[tree search] {tree.name}: {dtypes[tree.name]} (rounds in turn: "
                   + ", ".join(f"{d} {round_ms[f'{tree.name} {d}']:.1f} ms" for d in tried[tree.name]) + ")")
-    measured = [(tree, per_round[f"{tree.name} {dtypes[tree.name]}"].draft_ms_per_round,
-                 per_round[f"{tree.name} {dtypes[tree.name]}"].verify_ms_per_round) for tree in trees]
+    # every round timed, in each dtype: one fit per dtype (a bf16 tree is not priced by float32's curve)
+    measured = [(tree, d, per_round[f"{tree.name} {d}"].draft_ms_per_round, per_round[f"{tree.name} {d}"].verify_ms_per_round)
+                for tree in trees for d in tried[tree.name]]
     plain_ms = {d: round_ms[f"vanilla {d}"] for d in plain}
-    return RoundCost.fit(measured), plain_ms, dtypes
+    return MachineCost.fit(measured, dtypes), plain_ms, dtypes
 
 
 def rank_sampled(cfg: DictConfig, methods: Methods, prompts: list[list[int]], found: list, out: Path,

@@ -690,6 +690,34 @@ def test_the_tree_search_measures_each_tree_in_the_dtype_it_decodes_in(models, t
     assert ("eagle@best2", "bfloat16") not in built  # probed float32: never tried in bf16
 
 
+def test_the_cost_model_prices_each_tree_by_the_rounds_of_its_own_dtype(models, tmp_path, monkeypatch):
+    """Small trees keep float32 and wide ones bf16: each tree's predicted round comes from its
+    dtype's rounds only (one curve through both pooled a fast 5-token bf16 round with a slow
+    4-token float32 one), and machine.json records the model of each dtype."""
+    import decode as decode_module
+    from eagle import hardware
+    from eagle.bench.precision import DtypeChoice
+
+    monkeypatch.setattr(decode_module, "faster_dtype", lambda models_, width, **_: DtypeChoice(
+        "float32" if width <= 4 else "bfloat16", width, {"float32": 1.0, "bfloat16": 1.0}))
+    monkeypatch.setattr(hardware, "cpu_has_fast_bf16", lambda: True)
+    rounds = {"chain1 float32": 10.0, "best2 float32": 12.0, "chain3 float32": 20.0, "best4 float32": 30.0,
+              "chain6 float32": 40.0, "best4 bfloat16": 14.0, "chain6 bfloat16": 16.0}  # widths 2, 3, 4, 5, 7
+    _fake_rounds(monkeypatch, lambda label: rounds.get(label, 8.0))
+    probe = tmp_path / "tiny_probe.yaml"
+    probe.write_text("kind: budget\nmax_depth: 3\nmax_rank_sum: 1\n")
+    out = tmp_path / "search"
+    decode_module.decode(decode_cfg(models, tmp_path, "mode=tree_search", f"tree_search.probe={probe}",
+                                    "tree_search.sizes=[2,4]", f"tree_search.out_dir={out}", "tree_search.compare=false",
+                                    "tree_search.cost_prompts=1", f"benchmark.eval_sets=[{models / 'prompts.jsonl'}]"))
+    machine = json.loads((out / "machine.json").read_text())
+    assert {r["tree"]: r["dtype"] for r in machine["ranking"]} == {"best2": "float32", "best4": "bfloat16"}
+    predicted = {r["tree"]: r["predicted_round_ms"] for r in machine["ranking"]}
+    assert predicted == {"best2": pytest.approx(12.0), "best4": pytest.approx(14.0)}  # not 16.7: float32's pooled in
+    assert set(machine["cost_model"]["by_dtype"]) == {"float32"}  # bf16 timed on two trees: their own rounds
+    assert machine["cost_model"]["unfitted_dtypes"] == ["bfloat16"]
+
+
 def _fake_rounds(monkeypatch, ms_per_round) -> None:
     """The cost model's rounds cost ms_per_round(label) (its labels: "vanilla DTYPE", "TREE DTYPE")
     instead of what they measured, so that a test decides which dtype wins."""

@@ -7,6 +7,7 @@ import torch
 
 from eagle.bench.tree_search import (
     Candidate,
+    MachineCost,
     RoundCost,
     acceptance_by_position,
     best_subtree,
@@ -168,6 +169,38 @@ def test_round_cost_model_by_hand():
     assert ranked[0]["predicted_speedup"] == pytest.approx(5.0 * 10 / 31)
     with pytest.raises(ValueError, match="three trees"):
         RoundCost.fit([(t, 1.0, 1.0) for t in trees[:2]])
+
+
+def test_each_dtype_has_its_own_cost_model():
+    """Where small trees keep float32 and wide ones bf16, one curve through both rounds priced a
+    bf16 tree by float32's neighbours: a fast 5-token bf16 round after a slow 4-token float32 one
+    was pooled with it (isotonic) and ranked as dearer than it is. Each dtype now has its own fit
+    over every round timed in it; a dtype timed on fewer than three trees prices its trees by
+    their own measured rounds."""
+    c1, c3, b2 = TreeTemplate.chain(1, name="c1"), TreeTemplate.chain(3, name="c3"), TreeTemplate.chain(2, name="b2")
+    b4, c6 = TreeTemplate.chain(4, name="b4"), TreeTemplate.chain(6, name="c6")
+    fp32 = {"c1": 10.0, "b2": 12.0, "c3": 20.0, "b4": 30.0, "c6": 40.0}  # verify ms by tree (draft: 1 ms)
+    bf16 = {"b4": 14.0, "c6": 16.0}
+    measured = [(t, "float32", 1.0, fp32[t.name]) for t in (c1, c3, b2, b4, c6)]
+    measured += [(t, "bfloat16", 1.0, bf16[t.name]) for t in (b4, c6)]
+    dtypes = {"c1": "float32", "c3": "float32", "b2": "float32", "b4": "bfloat16", "c6": "bfloat16"}
+    cost = MachineCost.fit(measured, dtypes)
+    assert set(cost.by_dtype) == {"float32"}  # bf16: two trees, no fit
+    assert cost.round_ms(b4) == 15.0 and cost.round_ms(c6) == 17.0  # their own bf16 rounds
+    assert cost.round_ms(b2) == pytest.approx(13.0) and cost.round_ms(c3) == pytest.approx(21.0)  # float32's fit
+    mixed = RoundCost.fit([(t, 1.0, (bf16 if dtypes[t.name] == "bfloat16" else fp32)[t.name])
+                           for t in (c1, c3, b2, b4, c6)])  # the one curve it replaces
+    assert mixed.round_ms(b4) > 16.0  # 14 ms pooled with float32's 20 before it
+    ranked = choose_for_machine([Candidate(b2, 1.5), Candidate(b4, 2.0)], cost, vanilla_ms=10.0)
+    assert [(r["tree"], r["predicted_round_ms"]) for r in ranked] == [("b4", 15.0), ("b2", pytest.approx(13.0))]
+    # three trees in bf16: fitted there too, on bf16's rounds only
+    c5 = TreeTemplate.chain(5, name="c5")
+    cost = MachineCost.fit([*measured, (c5, "bfloat16", 1.0, 15.0)], {**dtypes, "c5": "bfloat16"})
+    assert set(cost.by_dtype) == {"float32", "bfloat16"}
+    assert cost.by_dtype["bfloat16"].verify_ms == ((5, 14.0), (6, 15.0), (7, 16.0))
+    assert cost.to_dict()["unfitted_dtypes"] == []
+    with pytest.raises(ValueError, match="without a round timed in their dtype"):
+        MachineCost.fit(measured, {**dtypes, "c1": "bfloat16"})
 
 
 def test_verification_costs_never_fall_with_more_tokens():

@@ -20,7 +20,8 @@ overestimated its tau by up to 1.3 tokens, LOG.md). From those paths:
 
 Which N is best depends on what a wider verification and a deeper draft cost on the
 machine: `RoundCost` models a round's time from rounds measured on a few trees (verification
-by tokens verified, drafting by passes and rows), `choose_for_machine` ranks the candidates
+by tokens verified, drafting by passes and rows; `MachineCost`, one model per dtype where trees
+decode in different ones), `choose_for_machine` ranks the candidates
 by predicted tau x vanilla step / round time, and `decode.py mode=tree_search` writes the
 winner as `machine.yaml` and benchmarks the candidates to check the prediction. At temperature > 0
 siblings interact through the residual distribution: the greedy-optimal shape is a good
@@ -238,7 +239,46 @@ def isotonic(values: Sequence[float], weights: Sequence[float]) -> list[float]:
     return [m for m, _, n in blocks for _ in range(n)]
 
 
-def choose_for_machine(found: Sequence[Candidate], cost: RoundCost, vanilla_ms: float) -> list[dict]:
+@dataclass(frozen=True)
+class MachineCost:
+    """A round's time for each tree in the dtype it decodes in.
+
+    On a CPU with fast bf16 a wide tree may keep bf16 while chains and small trees keep float32
+    (`decode.py`'s `measure_round_cost`), and a verification of n tokens costs differently in each:
+    one curve fitted through both would price a bf16 tree by float32's neighbours and the reverse.
+    So each dtype gets its own `RoundCost`, fitted on every round timed in it (a tree kept in one
+    dtype was timed in both, and counts in both fits); a dtype timed on fewer than the three trees
+    a fit needs prices its trees by their own measured rounds.
+    """
+
+    by_dtype: dict[str, RoundCost]  # dtype -> the fit of the rounds timed in it
+    dtypes: dict[str, str]  # tree name -> the dtype it decodes in
+    measured_ms: dict[str, float]  # tree name -> its measured round (draft + verify) in that dtype
+
+    @classmethod
+    def fit(cls, measured: Sequence[tuple[TreeTemplate, str, float, float]], dtypes: dict[str, str]) -> MachineCost:
+        """From (tree, dtype, draft ms per round, verify ms per round) of every tree in every dtype
+        timed, and the dtype each tree keeps (`dtypes`, by tree name)."""
+        by_dtype: dict[str, list[tuple[TreeTemplate, float, float]]] = {}
+        for tree, dtype, draft, verify in measured:
+            by_dtype.setdefault(dtype, []).append((tree, draft, verify))
+        own = {tree.name: draft + verify for tree, dtype, draft, verify in measured if dtype == dtypes[tree.name]}
+        missing = sorted(set(dtypes) - set(own))
+        if missing:
+            raise ValueError(f"trees without a round timed in their dtype: {missing}")
+        return cls({d: RoundCost.fit(rows) for d, rows in by_dtype.items() if len(rows) >= 3}, dict(dtypes), own)
+
+    def round_ms(self, tree: TreeTemplate) -> float:
+        cost = self.by_dtype.get(self.dtypes[tree.name])
+        return cost.round_ms(tree) if cost is not None else self.measured_ms[tree.name]
+
+    def to_dict(self) -> dict:
+        return {"by_dtype": {d: c.to_dict() for d, c in self.by_dtype.items()},
+                "measured_round_ms": self.measured_ms,
+                "unfitted_dtypes": sorted(set(self.dtypes.values()) - set(self.by_dtype))}
+
+
+def choose_for_machine(found: Sequence[Candidate], cost: RoundCost | MachineCost, vanilla_ms: float) -> list[dict]:
     """Every candidate with its predicted round time and speedup (tau x vanilla step / round),
     best first: the first is the tree for this machine."""
     rows = [{"tree": c.tree.name, "nodes": c.tree.num_nodes, "depth": c.tree.depth, "predicted_tau": c.predicted_tau,
