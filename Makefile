@@ -300,14 +300,15 @@ ablations-data: features selfdistill-data
 	$(call stage,three data ablation drafters (one Hydra multirun),$(call all_exported,$(RUNS)/ablations,$(DATA_ABLATIONS)),$(PY) train.py -m experiment=eagle_ablation ablation=$(DATA_ABLATIONS))
 	$(ABLATION_TABLE)
 
-# EAGLE-1's loss against two changes of it, at equal steps, the three drafters alone in one table
+# EAGLE-1's loss against three changes of it, at equal steps, the four drafters alone in one table
 # (runs/ablations_loss/report): the token loss over the whole vocabulary instead of the demo's 4,096
-# rows (~8x the CPU time per step on a 2-core EPYC), and the loss unrolled to depth 2 over the
-# drafter's own features (~2x; LOG.md)
-LOSS_ABLATIONS := eagle1 whole_vocab_loss unrolled
+# rows (~8x the CPU time per step on a 2-core EPYC), the token loss weighted 1.0 instead of 0.1
+# (the same time), and the loss unrolled to depth 2 over the drafter's own features (~2x; LOG.md)
+LOSS_ABLATIONS := eagle1 whole_vocab_loss token_weight unrolled
 ablations-loss: features
 	$(call stage,EAGLE-1's drafter as the ablations train it,test -e $(RUNS)/ablations/eagle1/drafter/config.json,$(PY) train.py experiment=eagle_ablation ablation=eagle1)
 	$(call stage,the same with the whole-vocabulary loss,test -e $(RUNS)/ablations/whole_vocab_loss/drafter/config.json,$(PY) train.py experiment=eagle_ablation ablation=whole_vocab_loss)
+	$(call stage,the same with the token loss weighted 1.0,test -e $(RUNS)/ablations/token_weight/drafter/config.json,$(PY) train.py experiment=eagle_ablation ablation=token_weight)
 	$(call stage,the same with the loss unrolled to depth 2,test -e $(RUNS)/ablations/unrolled/drafter/config.json,$(PY) train.py experiment=eagle_ablation ablation=unrolled)
 	mkdir -p $(RUNS)/ablations_loss && for v in $(LOSS_ABLATIONS); do ln -sfn ../ablations/$$v $(RUNS)/ablations_loss/$$v || exit 1; done
 	$(ABLATION_TABLE) ablations.dir=$(RUNS)/ablations_loss

@@ -63,17 +63,19 @@ def test_report_orders_variants_and_compares_the_input_ordering_with_the_paper(t
     # a loss option: EAGLE-1's inputs and data with another loss, left out of the input ordering too
     write_variant(tmp_path, "whole_vocab_loss", "shifted", 0.1, "corpus", [0.9, 0.8], loss_vocab=None)
     write_variant(tmp_path, "unrolled", "shifted", 0.1, "corpus", [0.9, 0.85], train_depth=2, depth_decay=0.8)
+    write_variant(tmp_path, "token_weight", "shifted", 0.1, "corpus", [0.9, 0.8], w_feat=1.0, w_tok=1.0)
     variants = abl.find_variants(tmp_path)
     assert [v.name for v in variants] == ["eagle1", "feature_only", "token_only", "no_noise", "whole_vocab_loss",
-                                          "unrolled", "sharegpt_replies"]
-    assert [v.loss for v in variants[3:6]] == ["4,096 rows", "whole vocabulary", "4,096 rows, depths 1-2 (decay 0.8)"]
+                                          "token_weight", "unrolled", "sharegpt_replies"]
+    assert [v.loss for v in variants[3:7]] == ["4,096 rows", "whole vocabulary", "4,096 rows, weights 1 feature / 1 token",
+                                               "4,096 rows, depths 1-2 (decay 0.8)"]
     assert variants[0].agreement == [0.8, 0.7] and variants[0].positions == 4000
     labels = {v.name: f"eagle[{v.name}]" for v in variants}
     # feature alone faster than feature + shifted token: not the paper's order
     report = abl.ablation_report(variants, bench({"eagle[eagle1]": [0.5, 0.5], "eagle[feature_only]": [0.4, 0.4],
                                                   "eagle[token_only]": [0.8, 0.8], "eagle[no_noise]": [0.5, 0.5],
                                                   "eagle[whole_vocab_loss]": [0.1, 0.1], "eagle[unrolled]": [0.1, 0.1],
-                                                  "eagle[sharegpt_replies]": [0.1, 0.1]}),
+                                                  "eagle[token_weight]": [0.1, 0.1], "eagle[sharegpt_replies]": [0.1, 0.1]}),
                                  labels)
     o = report["ordering"]["humaneval"]
     assert o["ours"] == ["feature", "shifted", "token"] and o["paper"] == ["shifted", "feature", "token"]
@@ -84,7 +86,7 @@ def test_report_orders_variants_and_compares_the_input_ordering_with_the_paper(t
     report = abl.ablation_report(variants, bench({"eagle[eagle1]": [0.3, 0.3], "eagle[feature_only]": [0.4, 0.4],
                                                   "eagle[token_only]": [0.8, 0.8], "eagle[no_noise]": [0.5, 0.5],
                                                   "eagle[whole_vocab_loss]": [0.9, 0.9], "eagle[unrolled]": [0.9, 0.9],
-                                                  "eagle[sharegpt_replies]": [0.9, 0.9]}),
+                                                  "eagle[token_weight]": [0.9, 0.9], "eagle[sharegpt_replies]": [0.9, 0.9]}),
                                  labels)
     assert report["ordering"]["humaneval"]["agrees"]
     out = abl.write(report, tmp_path / "report")
@@ -92,6 +94,7 @@ def test_report_orders_variants_and_compares_the_input_ordering_with_the_paper(t
     assert "| eagle1 | shifted | 0.1 | corpus | 4,096 rows | 3.00 [3.00, 3.00] | 3.33x [3.33, 3.33]" in text
     assert "| whole_vocab_loss | shifted | 0.1 | corpus | whole vocabulary |" in text
     assert "| unrolled | shifted | 0.1 | corpus | 4,096 rows, depths 1-2 (decay 0.8) |" in text
+    assert "| token_weight | shifted | 0.1 | corpus | 4,096 rows, weights 1 feature / 1 token |" in text
     assert "the same order" in text
     assert (out / "ablations.png").stat().st_size > 5000
 

@@ -83,9 +83,10 @@ ABLATION_FACTORS = {"eagle1": ("shifted", 0.1, None), "unshifted": ("unshifted",
                     "no_noise": ("shifted", 0.0, None), "self_distilled": ("shifted", 0.1, "self_distilled"),
                     "self_distilled_greedy": ("shifted", 0.1, "self_distilled_greedy"),
                     "sharegpt_replies": ("shifted", 0.1, "sharegpt_replies"),
-                    "whole_vocab_loss": ("shifted", 0.1, None), "unrolled": ("shifted", 0.1, None)}
+                    "whole_vocab_loss": ("shifted", 0.1, None), "token_weight": ("shifted", 0.1, None),
+                    "unrolled": ("shifted", 0.1, None)}
 # options that change the loss: the model key and its value (loss_vocab None: the whole vocabulary)
-LOSS_FACTORS = {"whole_vocab_loss": ("loss_vocab", None), "unrolled": ("train_depth", 2)}
+LOSS_FACTORS = {"whole_vocab_loss": ("loss_vocab", None), "token_weight": ("w_tok", 1.0), "unrolled": ("train_depth", 2)}
 # experiment -> (its base recipe, steps, run folder, data of the base, the data options' dumps)
 ABLATION_RUNS = {
     "eagle_ablation": ("drafter_smollm2", 300, "ablations", "smollm2-sharegpt",

@@ -16,10 +16,11 @@ table this module builds:
     sharegpt_replies  (the same)               U(-.1,.1) the fixed data's own replies to the prompts the
                                                          self-distilled options answer (their control)
 
-Two options change the loss rather than the drafter's inputs or data (the "loss" column):
+Three options change the loss rather than the drafter's inputs or data (the "loss" column):
 `whole_vocab_loss` scores EAGLE-1's token loss over the whole LM head where the recipe uses the
-data's most frequent tokens, and `unrolled` adds the loss of a second pass fed the drafter's own
-features (`model.train_depth=2`, EAGLE-3's training-time test in its simplest form).
+data's most frequent tokens, `token_weight` weights the token loss 1.0 against the feature loss
+(EAGLE-1: 0.1), and `unrolled` adds the loss of a second pass fed the drafter's own features
+(`model.train_depth=2`, EAGLE-3's training-time test in its simplest form).
 
 Error margins: tau and speedup get 95% bootstrap intervals over prompts (each resample keeps a
 prompt's vanilla and drafter runs together, so the speedup's interval includes the timing noise
@@ -42,7 +43,7 @@ import torch
 
 # EAGLE-1 (Li et al., 2024), ablation of the drafter's inputs on Vicuna-7B, MT-bench, T=0: speedup
 PAPER_SPEEDUP = {"shifted": 2.8, "feature": 1.9, "token": 1.5}
-ORDER = ("eagle1", "unshifted", "feature_only", "token_only", "no_noise", "whole_vocab_loss", "unrolled",
+ORDER = ("eagle1", "unshifted", "feature_only", "token_only", "no_noise", "whole_vocab_loss", "token_weight", "unrolled",
          "sharegpt_replies", "self_distilled", "self_distilled_greedy")
 
 
@@ -61,11 +62,17 @@ class Variant:
     loss_vocab: int | None = None  # the token loss's rows (model.loss_vocab); None: the whole vocabulary
     train_depth: int = 1  # depths the loss unrolls the drafter to (model.train_depth; 1 = EAGLE-1)
     depth_decay: float = 0.8  # their weights' base (model.depth_decay)
+    w_feat: float = 1.0  # the feature loss's weight (model.w_feat; EAGLE-1 1.0)
+    w_tok: float = 0.1  # the token loss's weight (model.w_tok; EAGLE-1 0.1)
 
     @property
     def loss(self) -> str:
-        rows = "whole vocabulary" if self.loss_vocab is None else f"{self.loss_vocab:,} rows"
-        return rows if self.train_depth == 1 else f"{rows}, depths 1-{self.train_depth} (decay {self.depth_decay:g})"
+        parts = ["whole vocabulary" if self.loss_vocab is None else f"{self.loss_vocab:,} rows"]
+        if (self.w_feat, self.w_tok) != (1.0, 0.1):
+            parts.append(f"weights {self.w_feat:g} feature / {self.w_tok:g} token")
+        if self.train_depth > 1:
+            parts.append(f"depths 1-{self.train_depth} (decay {self.depth_decay:g})")
+        return ", ".join(parts)
 
 
 def find_variants(root: str | Path) -> list[Variant]:
@@ -84,7 +91,8 @@ def find_variants(root: str | Path) -> list[Variant]:
             data=str(metrics.get("config", {}).get("data", {}).get("name", "?")), steps=int(metrics.get("steps", 0)),
             agreement=[metrics[f"val/top1_d{d}"] for d in depths], positions=int(metrics.get("val/tokens_d1", 0)),
             loss_vocab=model_cfg.get("loss_vocab"), train_depth=int(model_cfg.get("train_depth", 1)),
-            depth_decay=float(model_cfg.get("depth_decay", 0.8))))
+            depth_decay=float(model_cfg.get("depth_decay", 0.8)), w_feat=float(model_cfg.get("w_feat", 1.0)),
+            w_tok=float(model_cfg.get("w_tok", 0.1))))
     if not variants:
         raise FileNotFoundError(f"no trained ablation drafters under {root} (make ablations trains them)")
     rank = {name: i for i, name in enumerate(ORDER)}
