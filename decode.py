@@ -71,6 +71,7 @@ from eagle.bench.tree_search import (
 )
 from eagle.cli import run_cli
 from eagle.decoding.kernels import (
+    KERNELS,
     PACKED_DTYPES,
     available_kernels,
     check_kernels,
@@ -654,14 +655,15 @@ def floor(cfg: DictConfig) -> Path:
     from eagle.bench import floor as fl
 
     fcfg = cfg.floor
-    settings = {}  # name -> (runner, compiled, kernels): RUNNER[+compile][+onednn|+fused|+auto]
+    settings = {}  # name -> (runner, compiled, kernels): RUNNER[+compile][+KERNELS|+auto]
+    named = {*KERNELS, "auto"} - {"default"}
     for setting in fcfg.settings:  # every setting checked before anything is loaded or timed
         kind, *flags = setting.split("+")
-        kernels = [f for f in flags if f in ("onednn", "fused", "auto")]
-        if (kind not in ("dynamic", "static") or not set(flags) <= {"compile", "onednn", "fused", "auto"}
+        kernels = [f for f in flags if f in named]
+        if (kind not in ("dynamic", "static") or not set(flags) <= {"compile", *named}
                 or len(set(flags)) < len(flags) or len(kernels) > 1):
-            raise ValueError(f"floor.settings: {setting!r} is not RUNNER[+compile][+onednn|+fused|+auto] with "
-                             "RUNNER dynamic or static")
+            raise ValueError(f"floor.settings: {setting!r} is not RUNNER[+compile][+{'|+'.join(sorted(named))}] "
+                             "with RUNNER dynamic or static")
         if "compile" in flags and kind != "static":
             raise ValueError("floor.settings: compile needs the static runner (static+compile)")
         kernel = kernels[0] if kernels else "default"

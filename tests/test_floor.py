@@ -210,7 +210,8 @@ def test_floor_mode_writes_its_report(target_dir, tmp_path, monkeypatch):
         raise AssertionError("the target was loaded before the settings were checked")
 
     monkeypatch.setattr(entry, "load_target", no_load)
-    for bad in ("dynamic+compile", "static+fast", "static+onednn+onednn", "onednn"):  # refused before anything is loaded or timed
+    for bad in ("dynamic+compile", "static+fast", "static+onednn+onednn", "onednn",
+                "dynamic+fused+fused_prefetch", "dynamic+default"):  # refused before anything is loaded or timed
         with pytest.raises(ValueError, match="floor.settings"):
             decode(compose_config("decode", [f"target={target_dir}", "mode=floor", "floor.tokens=[1]",
                                              "floor.buffer_mb=8", f"floor.settings=[dynamic,{bad}]",

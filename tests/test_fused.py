@@ -57,7 +57,7 @@ def test_narrow_panels_share_a_weight_evenly_and_give_the_same_bits(rows):
         wide = ext.pack(weight)
         torch.set_num_threads(2)
         narrow = ext.pack(weight)
-        y_wide, y_narrow = ext.linear(x, wide, out, None), ext.linear(x, narrow, out, None)
+        y_wide, y_narrow = ext.linear(x, wide, out, None, False), ext.linear(x, narrow, out, None, True)
     finally:
         torch.set_num_threads(threads)
     assert wide.shape == (3, 96, ext.panel_width()) and narrow.shape == (6, 96, ext.panel_width() // 2)
@@ -373,6 +373,39 @@ def test_training_and_other_dtypes_take_the_layers_own_forward():
     assert calls, "bf16 runs the model's own layer"
 
 
+def test_software_prefetch_gives_the_same_bits_and_a_switch_reaches_every_part():
+    """kernels=fused_prefetch runs the same products, asking for the weights ahead in software: the
+    logits of fused, bitwise (a lone linear, the layers with a Hugging Face cache, the backbone's loop
+    over the engine's cache). A switch between the two keeps the packed weights and reaches each
+    linear, each layer and the backbone, whose loop is built again with the setting."""
+    model = make_tiny_model("llama")
+    ids = torch.randint(3, model.config.vocab_size, (2, 9))
+    linear = nn.Linear(96, 200)
+    x = torch.randn(7, 96)
+
+    def run(kernels):
+        use_kernels(model, kernels, release=False)
+        use_kernels(linear, kernels)
+        with torch.inference_mode():
+            cache = DynamicCache()
+            hf = [model(ids[:, :6], cache=cache).logits, model(ids[:, 6:], cache=cache).logits]
+            engine = SpeculativeDecoder(model).generate(ids[0].tolist(), 6).tokens
+            return hf, engine, linear(x)
+
+    plain = run("fused")
+    packed, loop = [layer.forward._packed for layer in model.model.layers], model.model.forward._loop
+    ahead = run("fused_prefetch")
+    assert kernels_of(model) == kernels_of(linear) == "fused_prefetch"
+    assert all(layer.forward.prefetch and layer.forward._packed is p for layer, p in zip(model.model.layers, packed))
+    assert model.model.forward.prefetch and loop is not None and model.model.forward._loop not in (None, loop)
+    assert all(m._prefetch for m in model.modules() if isinstance(m, fused.FusedLinear))
+    assert all(torch.equal(a, b) for a, b in zip(plain[0], ahead[0], strict=True))
+    assert plain[1] == ahead[1] and torch.equal(plain[2], ahead[2])
+    use_kernels(model, "fused")
+    assert kernels_of(model) == "fused" and not model.model.forward.prefetch
+    assert not any(layer.forward.prefetch for layer in model.model.layers)
+
+
 def test_switching_back_restores_the_layers_and_frees_the_packed_weights():
     model = make_tiny_model("llama", tie_word_embeddings=True)
     keys = list(model.state_dict())
@@ -509,7 +542,7 @@ def test_strided_biases_and_norm_weights_are_read_as_the_model_reads_them():
     with torch.inference_mode():
         torch.testing.assert_close(fast(ids).logits, plain(ids).logits, rtol=1e-4, atol=1e-4)
     with pytest.raises(RuntimeError, match="contiguous float32 vector of 8"):
-        fused.load().linear(torch.randn(2, 4), fused.load().pack(torch.randn(8, 4)), 8, torch.randn(16)[::2])
+        fused.load().linear(torch.randn(2, 4), fused.load().pack(torch.randn(8, 4)), 8, torch.randn(16)[::2], False)
 
 
 @pytest.mark.parametrize("flag", ["output_hidden_states", "output_attentions"])

@@ -9,7 +9,9 @@ module does the same inside the Hugging Face model:
 
   linears   every `nn.Linear` runs `csrc/fused.cpp`'s product on its weight packed once in panels of
             4 SIMD vectors of outputs, or 2 where that shares the panels more evenly between the
-            threads (the weight is read front to back, once per block of 6 rows with AVX-512, 2 with AVX2);
+            threads (the weight is read front to back, once per block of 6 rows with AVX-512, 2 with AVX2;
+            `kernels=fused_prefetch` also asks for it ahead in software, where the CPU's own
+            prefetchers leave a few rows' products paying for their arithmetic on top of the reads);
   layers    a supported decoder layer (`supported_layer`: Llama, Mistral, Qwen2 and Qwen3 without
             a sliding window, and the EAGLE drafter's Llama layer without its input norm) runs as
             two calls around the model's own cache: norm + q/k/v (+ Qwen3's per-head q/k norms) +
@@ -147,6 +149,7 @@ class FusedLinear(nn.Linear):
     """
 
     _fused: tuple | None  # (key, packed weight)
+    _prefetch: bool  # kernels=fused_prefetch: the product asks for its weights ahead in software
 
     def packed_weight(self) -> Tensor:
         key = _key([self.weight])
@@ -158,7 +161,7 @@ class FusedLinear(nn.Linear):
         if not _runs_fused(x, self.weight) or _wants_grad([self.bias]):
             return F.linear(x, self.weight, self.bias)
         bias = None if self.bias is None else self.bias.detach().contiguous()  # the kernel reads `out` floats
-        return load().linear(x, self.packed_weight(), self.out_features, bias)
+        return load().linear(x, self.packed_weight(), self.out_features, bias, self._prefetch)
 
 
 def _norm_weight(norm: nn.Module) -> Tensor | None:
@@ -232,6 +235,7 @@ class FusedLayer:
         self.qk_norms = _qk_norms(attn)
         self.owners += [(n, "weight") for n in self.qk_norms or ()]
         self._packed: tuple | None = None
+        self.prefetch = False  # kernels=fused_prefetch: its products ask for their weights ahead (`fuse_layers`)
 
     def _params(self) -> list[Tensor | None]:
         # read from each module's parameter dict, not through `nn.Module.__getattr__` (16 lookups a
@@ -304,13 +308,14 @@ class FusedLayer:
         cos, sin = cos_sin
         q, k, v = ext.attention_inputs(hidden_states, w["norm1"], w["eps1"], w["qkv"], w["qkv_bias"],
                                        cos.to(torch.float32), sin.to(torch.float32), *w["heads"],
-                                       w["q_norm"], w["k_norm"], w["eps_qk"])
+                                       w["q_norm"], w["k_norm"], w["eps_qk"], self.prefetch)
         if cache is not None:  # what the model's attention does
             k, v = cache.update(k, v, self.layer_idx, kwargs=kwargs or {})
         if mask is not None and mask.shape[-1] > k.shape[-2]:
             mask = mask[..., : k.shape[-2]]  # as the model's attention reads it
         return ext.attention_mlp(hidden_states, q, k, v, mask, w["scaling"], w["o"], w["o_bias"], w["norm2"],
-                                 w["eps2"], w["gate_up"], w["inter"], w["down"], w["gate_up_bias"], w["down_bias"])
+                                 w["eps2"], w["gate_up"], w["inter"], w["down"], w["gate_up_bias"], w["down_bias"],
+                                 self.prefetch)
 
 
 def _fused_mask(mask, n: int) -> bool:
@@ -332,8 +337,9 @@ class FusedBackbone:
 
     PASSED = {"cache_position", "return_dict", "output_attentions", "output_hidden_states"}  # read as HF does
 
-    def __init__(self, backbone: nn.Module, original):
+    def __init__(self, backbone: nn.Module, original, prefetch: bool = False):
         self.backbone, self.original = backbone, original
+        self.prefetch = prefetch  # kernels=fused_prefetch (its `Layers` loop is built with it)
         self._checked: tuple | None = None  # (layers, the `unchanged` arguments, their packed weights)
         self._loop: tuple | None = None  # (the packed weights, the extension's `Layers` over them, or None)
         self._fixed = 0  # the `weights_fixed` scopes this backbone is in
@@ -373,7 +379,7 @@ class FusedBackbone:
         loop = self._loop
         if loop is None or loop[0] is not packed:
             in_order = all(layer.layer_idx == i for i, layer in enumerate(layers))
-            self._loop = loop = (packed, load().Layers(packed) if in_order else None)
+            self._loop = loop = (packed, load().Layers(packed, self.prefetch) if in_order else None)
         return loop[1]
 
     def _fused_layers(self) -> list[FusedLayer] | None:
@@ -477,20 +483,30 @@ def weights_fixed(model: nn.Module) -> Iterator[None]:
             backbone._verified = False
 
 
-def fuse_layers(model: nn.Module) -> int:
-    """Install the fused forward on every supported decoder layer of `model` (`supported_layer`);
-    returns how many run it."""
+def setting(linear: FusedLinear) -> str:
+    """The kernel setting a fused linear runs: "fused", or "fused_prefetch"."""
+    return "fused_prefetch" if linear._prefetch else "fused"
+
+
+def fuse_layers(model: nn.Module, prefetch: bool = False) -> int:
+    """Install the fused forward on every supported decoder layer of `model` (`supported_layer`),
+    with software prefetch in its products or not (`kernels=fused_prefetch`; a layer or backbone
+    fused before takes the new setting); returns how many run it."""
     count = 0
     for module in model.modules():
         if supported_layer(module):
             if not isinstance(module.__dict__.get("forward"), FusedLayer):
                 kept = module.__dict__.pop("_eagle_fused", None)  # left by a switch that kept it
                 module.forward = kept or FusedLayer(module, module.forward)
+            module.forward.prefetch = prefetch
             count += 1
     for module in model.modules():  # then the backbones whose layers all run fused
+        installed = module.__dict__.get("forward")
+        if isinstance(installed, FusedBackbone) and installed.prefetch != prefetch:
+            installed.prefetch, installed._loop = prefetch, None  # its loop is built again with the setting
         if (type(module).__name__ in BACKBONES and all(hasattr(module, a) for a in BACKBONE_PARTS)
-                and not isinstance(module.__dict__.get("forward"), FusedBackbone)):
-            backbone = FusedBackbone(module, module.forward)
+                and not isinstance(installed, FusedBackbone)):
+            backbone = FusedBackbone(module, module.forward, prefetch)
             if backbone._fused_layers() is not None:
                 module.forward = backbone
                 norm = module.norm

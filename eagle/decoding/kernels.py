@@ -13,7 +13,11 @@ took 5.0-5.7 ms for 1 row and 4.7-4.9 ms for 4-8 rows (LOG.md, 2026-12-03). Kern
              (`torch.ops.mkldnn._reorder_linear_weight`, what Inductor's freezing does for
              bf16 linears), for float32 on a CPU. bf16 products already run on oneDNN
              through `F.linear`, and packing them was slower there (SmolLM2 in bf16: a step
-             of 43 ms packed against 38 ms), so bf16 keeps `F.linear`.
+             of 43 ms packed against 38 ms), so bf16 keeps `F.linear`;
+  "fused"    our C++ kernels (`eagle.decoding.fused`): packed products and whole decoder layers;
+  "fused_prefetch"  the same products and floats, each also asking for its weights 16 k-steps
+             ahead in software: a 5-token forward of SmolLM2 22% faster on a 2-core Intel Xeon,
+             every product slower on a 2-core AMD EPYC (LOG.md), so `kernels=auto` times both.
 
 Sibling linears (`SIBLINGS`: an attention's q/k/v projections, a gated MLP's gate/up) read the
 same input one after another; on "onednn" they share one packed product of their stacked weights
@@ -47,7 +51,10 @@ from torch import Tensor, nn
 
 from eagle.decoding import fused
 
-KERNELS = ("default", "onednn", "fused")
+KERNELS = ("default", "onednn", "fused", "fused_prefetch")
+# the fused kernels' two settings: the same products and floats, "fused_prefetch" also asking for each
+# weight 16 k-steps ahead in software (faster on an Intel Xeon, slower on an AMD EPYC: LOG.md)
+FUSED = ("fused", "fused_prefetch")
 PACKED_DTYPES = (torch.float32,)  # what `PackedLinear.forward` packs (its checks spell it out)
 # oneDNN packs a weight for a row count it is told: packed for 8 rows, the products of 1 to 64
 # rows all ran at or near their best (packed for 1 row, 4-64 rows ran up to 2x slower; LOG.md)
@@ -66,7 +73,7 @@ def available_kernels(device: str | torch.device = "cpu") -> tuple[str, ...]:
     fused kernels where they build here: the first call compiles them, once)."""
     if torch.device(device).type != "cpu":
         return ("default",)
-    return ("default", *(("onednn",) if onednn_available() else ()), *(("fused",) if fused.available() else ()))
+    return ("default", *(("onednn",) if onednn_available() else ()), *(FUSED if fused.available() else ()))
 
 
 def _pack(weight: Tensor) -> Tensor:
@@ -179,7 +186,7 @@ def check_kernels(kernels: str, device: str | torch.device = "cpu") -> str:
     if kernels not in KERNELS:
         raise ValueError(f"unknown kernels {kernels!r}; choose one of {KERNELS}")
     if kernels not in available_kernels(device):
-        if kernels == "fused" and torch.device(device).type == "cpu":
+        if kernels in FUSED and torch.device(device).type == "cpu":
             fused.load()  # raises FusedUnavailable, saying why
         raise ValueError(f"kernels={kernels} runs on a CPU only (onednn: with a PyTorch build that has oneDNN, "
                          f"torch.backends.mkldnn; fused: AVX2 and a C++ compiler), not on {device} here: "
@@ -189,26 +196,29 @@ def check_kernels(kernels: str, device: str | torch.device = "cpu") -> str:
 
 def use_kernels(model: nn.Module, kernels: str = "default", release: bool = True) -> nn.Module:
     """Switch every `nn.Linear` of `model` to `kernels` in place (see the module docstring), and
-    on "fused" every supported decoder layer too (`eagle.decoding.fused`); returns `model`.
-    Switching to another setting frees the packed weights, unless `release` is False (a switch
-    back then reuses them: timing the settings in turn)."""
+    on the fused settings every supported decoder layer too (`eagle.decoding.fused`); returns
+    `model`. Switching to another setting frees the packed weights, unless `release` is False (a
+    switch back then reuses them: timing the settings in turn); the two fused settings share theirs."""
     check_kernels(kernels, next(model.parameters()).device if kernels != "default" else "cpu")
-    if kernels != "fused":
+    if kernels not in FUSED:
         fused.unfuse_layers(model, release)
+    family = "fused" if kernels in FUSED else kernels  # the class, and the packed weights kept
     setting_of = {PackedLinear: "onednn", fused.FusedLinear: "fused"}
     for module in model.modules():
-        if setting_of.get(type(module), kernels) != kernels:
+        if setting_of.get(type(module), family) != family:
             module.__class__ = nn.Linear  # back to plain first; then on to the setting asked for
         if type(module) is nn.Linear and kernels == "onednn":
             module.__class__ = PackedLinear  # the same object: every reference to it sees the switch
             if not hasattr(module, "_packed"):
                 module._packed = module._packed_key = module._siblings = None
-        elif type(module) is nn.Linear and kernels == "fused":
+        elif type(module) is nn.Linear and family == "fused":
             module.__class__ = fused.FusedLinear
             if not hasattr(module, "_fused"):
                 module._fused = None
+        if isinstance(module, fused.FusedLinear):
+            module._prefetch = kernels == "fused_prefetch"
         if release and isinstance(module, nn.Linear):
-            _release(module, keep=kernels)
+            _release(module, keep=family)
     if kernels == "onednn":
         for module in model.modules():
             for names in SIBLINGS:
@@ -217,8 +227,8 @@ def use_kernels(model: nn.Module, kernels: str = "default", release: bool = True
                     shared = SiblingGroup(group)
                     for m in group:
                         m._siblings = shared
-    elif kernels == "fused":
-        fused.fuse_layers(model)
+    elif kernels in FUSED:
+        fused.fuse_layers(model, prefetch=kernels == "fused_prefetch")
     return model
 
 
@@ -242,12 +252,13 @@ def can_share(group: list) -> bool:
 
 
 def kernels_of(model: nn.Module) -> str:
-    """The kernels `model`'s linears run: "onednn" or "fused" when any runs them, else "default"."""
+    """The kernels `model`'s linears run: "onednn", "fused" or "fused_prefetch" when any runs them,
+    else "default"."""
     for m in model.modules():
         if isinstance(m, PackedLinear):
             return "onednn"
         if isinstance(m, fused.FusedLinear):
-            return "fused"
+            return fused.setting(m)
     return "default"
 
 
@@ -262,5 +273,5 @@ def restricted_linear(head: nn.Module, ids: Tensor) -> nn.Linear:
         if bias is not None:
             rows.bias.copy_(bias[ids])
     rows.requires_grad_(False)
-    kernels = "onednn" if isinstance(head, PackedLinear) else "fused" if isinstance(head, fused.FusedLinear) else None
+    kernels = "onednn" if isinstance(head, PackedLinear) else fused.setting(head) if isinstance(head, fused.FusedLinear) else None
     return use_kernels(rows, kernels) if kernels else rows

@@ -187,9 +187,18 @@ torch::Tensor pack(torch::Tensor w) {
   return packed;
 }
 
+// How far ahead (in k-steps of a panel) a product with software prefetch asks for its weights. On a
+// 2-core Intel Xeon (AMX) the hardware prefetchers alone left a product of a few rows paying for its
+// arithmetic on top of its reads (5 rows of SmolLM2's layers: 1.4 one-row steps); asking 16 k-steps
+// ahead (2-4 KB of the panel) took a 5-token forward from 33.4 to 26.6 ms. On a 2-core AMD EPYC the same
+// prefetch made every product slower (LOG.md), so it is a kernel setting chosen by timing
+// (`kernels=fused_prefetch`), not built in.
+constexpr int64_t PREFETCH_K = 16;
+
 // R rows of x (stride in) against one panel of C vectors of outputs:
-// y[r, 0..width) (+)= x[r] . W[j] (+ bias[j])
-template <int R, int C>
+// y[r, 0..width) (+)= x[r] . W[j] (+ bias[j]); PF: prefetch the weights PREFETCH_K k-steps ahead
+// (past the panel's end, into the next one's or nowhere: a prefetch never faults)
+template <int R, int C, bool PF>
 static inline void panel_rows(const float* __restrict P, const float* __restrict x, int64_t in,
                               float* __restrict y, int64_t ldy, int width, const float* bias, bool accumulate) {
   vec acc[R][4];
@@ -197,6 +206,8 @@ static inline void panel_rows(const float* __restrict P, const float* __restrict
     for (int c = 0; c < C; ++c) acc[r][c] = vzero();
   for (int64_t k = 0; k < in; ++k) {
     const float* p = P + k * C * VW;
+    if (PF)
+      for (int c = 0; c < C; ++c) _mm_prefetch(reinterpret_cast<const char*>(p + (PREFETCH_K * C + c) * VW), _MM_HINT_T0);
     vec w0 = vload(p), w1 = C > 1 ? vload(p + VW) : w0, w2 = C > 2 ? vload(p + 2 * VW) : w0;
     vec w3 = C > 3 ? vload(p + 3 * VW) : w0;
     KEEP_IN_REGISTERS(w0, w1, w2, w3);
@@ -221,24 +232,25 @@ static inline void panel_rows(const float* __restrict P, const float* __restrict
 
 // All n rows against C vectors of one panel, in blocks of RB rows (each row's sums are the same
 // whatever its block)
-template <int C>
+template <int C, bool PF>
 static void panel_all_rows(const float* P, const float* x, int64_t n, int64_t in, float* y, int64_t ldy, int width,
                            const float* bias, bool accumulate) {
   int64_t i = 0;
-  for (; i + RB <= n; i += RB) panel_rows<RB, C>(P, x + i * in, in, y + i * ldy, ldy, width, bias, accumulate);
+  for (; i + RB <= n; i += RB) panel_rows<RB, C, PF>(P, x + i * in, in, y + i * ldy, ldy, width, bias, accumulate);
   switch (n - i) {  // the last n % RB rows in one block too
-    case 5: panel_rows<tail(5), C>(P, x + i * in, in, y + i * ldy, ldy, width, bias, accumulate); break;
-    case 4: panel_rows<tail(4), C>(P, x + i * in, in, y + i * ldy, ldy, width, bias, accumulate); break;
-    case 3: panel_rows<tail(3), C>(P, x + i * in, in, y + i * ldy, ldy, width, bias, accumulate); break;
-    case 2: panel_rows<tail(2), C>(P, x + i * in, in, y + i * ldy, ldy, width, bias, accumulate); break;
-    case 1: panel_rows<1, C>(P, x + i * in, in, y + i * ldy, ldy, width, bias, accumulate); break;
+    case 5: panel_rows<tail(5), C, PF>(P, x + i * in, in, y + i * ldy, ldy, width, bias, accumulate); break;
+    case 4: panel_rows<tail(4), C, PF>(P, x + i * in, in, y + i * ldy, ldy, width, bias, accumulate); break;
+    case 3: panel_rows<tail(3), C, PF>(P, x + i * in, in, y + i * ldy, ldy, width, bias, accumulate); break;
+    case 2: panel_rows<tail(2), C, PF>(P, x + i * in, in, y + i * ldy, ldy, width, bias, accumulate); break;
+    case 1: panel_rows<1, C, PF>(P, x + i * in, in, y + i * ldy, ldy, width, bias, accumulate); break;
     default: break;
   }
 }
 
-// y (n, ldy) (+)= x (n, in) @ W^T (+ bias), W packed by `pack` (panels, in, C * VW) with `out` real outputs
+// y (n, ldy) (+)= x (n, in) @ W^T (+ bias), W packed by `pack` (panels, in, C * VW) with `out` real outputs;
+// prefetch: ask for the weights ahead in software too (`PREFETCH_K`); the same floats either way
 static void gemm(const torch::Tensor& packed, const float* x, int64_t n, int64_t in, int64_t out, float* y,
-                 int64_t ldy, const float* bias, bool accumulate) {
+                 int64_t ldy, const float* bias, bool accumulate, bool prefetch) {
   const float* P = packed.data_ptr<float>();
   const int64_t panels = packed.size(0), pw = packed.size(2), vectors = pw / VW;
   TORCH_CHECK(packed.size(1) == in && pw % VW == 0 && vectors <= 4 && panels * pw >= out,
@@ -251,9 +263,11 @@ static void gemm(const torch::Tensor& packed, const float* x, int64_t n, int64_t
       const int width = (int)std::min<int64_t>(pw, out - p * pw);
       const float* b = bias ? bias + p * pw : nullptr;
       float* yp = y + p * pw;
-      switch (vectors) {
-        case 4: panel_all_rows<4>(panel, x, n, in, yp, ldy, width, b, accumulate); break;
-        case 2: panel_all_rows<2>(panel, x, n, in, yp, ldy, width, b, accumulate); break;
+      switch (vectors * 2 + prefetch) {
+        case 8: panel_all_rows<4, false>(panel, x, n, in, yp, ldy, width, b, accumulate); break;
+        case 9: panel_all_rows<4, true>(panel, x, n, in, yp, ldy, width, b, accumulate); break;
+        case 4: panel_all_rows<2, false>(panel, x, n, in, yp, ldy, width, b, accumulate); break;
+        case 5: panel_all_rows<2, true>(panel, x, n, in, yp, ldy, width, b, accumulate); break;
         default: TORCH_CHECK(false, "gemm: panels of 2 or 4 vectors");
       }
     }
@@ -270,7 +284,8 @@ static const float* opt_ptr(const c10::optional<torch::Tensor>& t, int64_t n, co
 }
 
 // x (..., in) -> (..., out)
-torch::Tensor linear(torch::Tensor x, torch::Tensor packed, int64_t out, c10::optional<torch::Tensor> bias) {
+torch::Tensor linear(torch::Tensor x, torch::Tensor packed, int64_t out, c10::optional<torch::Tensor> bias,
+                     bool prefetch) {
   const int64_t in = x.size(-1);
   TORCH_CHECK(packed.size(1) == in, "linear: input width ", in, " != the weight's ", packed.size(1));
   auto xc = x.contiguous();
@@ -278,7 +293,7 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor packed, int64_t out, c10::op
   sizes.back() = out;
   auto y = torch::empty(sizes, x.options());
   gemm(packed, xc.data_ptr<float>(), xc.numel() / in, in, out, y.data_ptr<float>(), out,
-       opt_ptr(bias, out, "linear's bias"), false);
+       opt_ptr(bias, out, "linear's bias"), false, prefetch);
   return y;
 }
 
@@ -331,7 +346,7 @@ std::vector<torch::Tensor> attention_inputs(torch::Tensor x, c10::optional<torch
                                             torch::Tensor packed_qkv, c10::optional<torch::Tensor> bias_qkv,
                                             torch::Tensor cos, torch::Tensor sin, int64_t heads, int64_t kv_heads,
                                             int64_t hd, c10::optional<torch::Tensor> q_norm,
-                                            c10::optional<torch::Tensor> k_norm, double eps_qk) {
+                                            c10::optional<torch::Tensor> k_norm, double eps_qk, bool prefetch) {
   const int64_t B = x.size(0), n = x.size(1), d = x.size(2), rows = B * n;
   const int64_t qd = heads * hd, kd = kv_heads * hd, width = qd + 2 * kd;
   auto xc = x.contiguous();
@@ -341,7 +356,7 @@ std::vector<torch::Tensor> attention_inputs(torch::Tensor x, c10::optional<torch
   rmsnorm(xc.data_ptr<float>(), opt_ptr(norm_w, d, "attention_inputs' norm"), (float)eps, h.data_ptr<float>(), rows, d);
   auto qkv = torch::empty({rows, width}, x.options());
   gemm(packed_qkv, h.data_ptr<float>(), rows, d, width, qkv.data_ptr<float>(), width,
-       opt_ptr(bias_qkv, width, "attention_inputs' q/k/v bias"), false);
+       opt_ptr(bias_qkv, width, "attention_inputs' q/k/v bias"), false, prefetch);
   auto q = torch::empty({B, heads, n, hd}, x.options());
   auto k = torch::empty({B, kv_heads, n, hd}, x.options());
   auto v = torch::empty({B, kv_heads, n, hd}, x.options());
@@ -560,7 +575,8 @@ torch::Tensor attention_mlp(torch::Tensor x, torch::Tensor q, torch::Tensor keys
                             c10::optional<torch::Tensor> mask, double scaling, torch::Tensor packed_o,
                             c10::optional<torch::Tensor> bias_o, torch::Tensor norm_w, double eps,
                             torch::Tensor packed_gate_up, int64_t inter, torch::Tensor packed_down,
-                            c10::optional<torch::Tensor> bias_gate_up, c10::optional<torch::Tensor> bias_down) {
+                            c10::optional<torch::Tensor> bias_gate_up, c10::optional<torch::Tensor> bias_down,
+                            bool prefetch) {
   const int64_t B = x.size(0), n = x.size(1), d = x.size(2), rows = B * n, heads = q.size(1), hd = q.size(3);
   const int64_t kv_heads = keys.size(1), L = keys.size(2), group = heads / kv_heads;
   TORCH_CHECK(keys.size(0) == B && values.size(0) == B, "attention_mlp: keys and values for ", B, " sequences");
@@ -620,12 +636,12 @@ torch::Tensor attention_mlp(torch::Tensor x, torch::Tensor q, torch::Tensor keys
     }
   });
   float* X = out.data_ptr<float>();
-  gemm(packed_o, A, rows, heads * hd, d, X, d, opt_ptr(bias_o, d, "o_proj's bias"), true);
+  gemm(packed_o, A, rows, heads * hd, d, X, d, opt_ptr(bias_o, d, "o_proj's bias"), true, prefetch);
   auto h = torch::empty({rows, d}, x.options());
   rmsnorm(X, opt_ptr(norm_w, d, "attention_mlp's norm"), (float)eps, h.data_ptr<float>(), rows, d);
   auto gu = torch::empty({rows, 2 * inter}, x.options());
   gemm(packed_gate_up, h.data_ptr<float>(), rows, d, 2 * inter, gu.data_ptr<float>(), 2 * inter,
-       opt_ptr(bias_gate_up, 2 * inter, "gate/up bias"), false);
+       opt_ptr(bias_gate_up, 2 * inter, "gate/up bias"), false, prefetch);
   auto act = torch::empty({rows, inter}, x.options());
   float *GU = gu.data_ptr<float>(), *ACT = act.data_ptr<float>();
   // SiLU(gate) * up, a vector at a time (vexp: with the norms' sums of squares, also vectors now,
@@ -644,7 +660,7 @@ torch::Tensor attention_mlp(torch::Tensor x, torch::Tensor q, torch::Tensor keys
       for (; k < inter; ++k) act[k] = G[k] / (1.f + std::exp(-G[k])) * U[k];
     }
   });
-  gemm(packed_down, ACT, rows, inter, d, X, d, opt_ptr(bias_down, d, "down_proj's bias"), true);
+  gemm(packed_down, ACT, rows, inter, d, X, d, opt_ptr(bias_down, d, "down_proj's bias"), true, prefetch);
   return out.view({B, n, d});
 }
 
@@ -733,7 +749,8 @@ static void write_slots(torch::Tensor& buf, const torch::Tensor& k, const torch:
 // over 30 layers, with a call into the cache each, cost ~0.7 ms more of SmolLM2's ~21 ms step (LOG.md).
 class Layers {
  public:
-  explicit Layers(py::list packed) {
+  // prefetch: every product with software prefetch (kernels=fused_prefetch)
+  Layers(py::list packed, bool prefetch) : prefetch_(prefetch) {
     for (py::handle item : packed) {
       const py::dict d = py::reinterpret_borrow<py::dict>(item);
       const py::tuple heads = d["heads"];
@@ -763,18 +780,20 @@ class Layers {
     for (size_t i = 0; i < layers_.size(); ++i) {
       const LayerWeights& w = layers_[i];
       auto qkv = attention_inputs(x, w.norm1, w.eps1, w.qkv, w.qkv_bias, c, s, w.heads, w.kv_heads, w.hd,
-                                  w.q_norm, w.k_norm, w.eps_qk);
+                                  w.q_norm, w.k_norm, w.eps_qk, prefetch_);
       write_slots(keys[i], qkv[1], slots);
       write_slots(values[i], qkv[2], slots);
       TORCH_CHECK(visible > 0 && visible <= keys[i].size(2), "layers: ", visible, " visible slots of ", keys[i].size(2));
       x = attention_mlp(x, qkv[0], keys[i].narrow(2, 0, visible), values[i].narrow(2, 0, visible), mask, w.scaling,
-                        w.o, w.o_bias, w.norm2, w.eps2, w.gate_up, w.inter, w.down, w.gate_up_bias, w.down_bias);
+                        w.o, w.o_bias, w.norm2, w.eps2, w.gate_up, w.inter, w.down, w.gate_up_bias, w.down_bias,
+                        prefetch_);
     }
     return x;
   }
 
  private:
   std::vector<LayerWeights> layers_;
+  bool prefetch_;
 };
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -787,5 +806,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm);
   m.def("move_slots", &move_slots);
   m.def("unchanged", &unchanged);
-  py::class_<Layers>(m, "Layers").def(py::init<py::list>()).def("forward", &Layers::forward);
+  // module_local: two builds in one process (the source edited under a live session, whose next
+  // load builds it again under a new name) would otherwise both register "Layers" and the second fail
+  py::class_<Layers>(m, "Layers", py::module_local()).def(py::init<py::list, bool>()).def("forward", &Layers::forward);
 }
