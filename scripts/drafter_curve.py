@@ -94,7 +94,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--extra", nargs="*", default=[], help="more drafter folders (LABEL=DIR) on the same curve")
     parser.add_argument("--threads", default="auto", help="torch threads: auto (the idle cores) or a number")
     parser.add_argument("--kernels", default=None, help="the linears' kernels (eagle.decoding.kernels): default, "
-                        "onednn or fused; by default fused where it builds (a float32 step 2-3x faster on a CPU than "
+                        "onednn, fused or fused_prefetch; by default fused where it builds (a float32 step 2-3x faster on a CPU than "
                         "F.linear: the curve's many decodes take a fraction of the time)")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--goal-greedy", type=float, default=3.0, help="the tau at T=0 the fit extrapolates to")

@@ -280,6 +280,54 @@ def test_a_restricted_head_runs_the_heads_kernels():
     torch.testing.assert_close(rows(x), F.linear(x, head.weight, head.bias)[:, ids], rtol=1e-5, atol=1e-5)
 
 
+def test_a_drafters_reduced_head_follows_every_switch_of_the_targets_kernels():
+    """A drafter's reduced drafting head (`restrict_vocab`) is a copy of the target's head rows on the
+    head's kernels: a switch of the target's kernels, between the two fused settings or from fused
+    to F.linear, rebuilds it on the new ones (it kept the old ones unless oneDNN came or went)."""
+    target = make_tiny_model("llama")
+    drafter = EagleDrafter.random(target, seed=1)
+    hidden = torch.randn(3, target.config.hidden_size)
+    ids = torch.tensor([7, 2, 30, 11])
+    with torch.inference_mode():
+        full = drafter.logits(hidden)
+    drafter.restrict_vocab(ids)
+    for setting in ("fused", "fused_prefetch", "default", "onednn", "fused", "default"):
+        if setting not in available_kernels("cpu"):
+            continue
+        use_kernels(target, setting)
+        with torch.inference_mode():
+            got = drafter.logits(hidden)
+        assert kernels_of(drafter._draft_head[1]) == setting == kernels_of(drafter.lm_head), setting
+        torch.testing.assert_close(got, full[:, ids], rtol=1e-5, atol=1e-5)
+
+
+def test_faster_kernels_times_no_forward_right_after_a_switch(monkeypatch):
+    """Each switch of settings is followed by one untimed forward: a switch to the fused kernels from
+    another setting installs their backbone anew, whose first forward checks every layer's weights,
+    which a switch between the two fused settings does not pay."""
+    from eagle.bench import precision
+
+    model = make_tiny_model("llama")
+    events, now = [], [0.0]
+
+    def clock():
+        events.append("clock")
+        now[0] += 1e-3
+        return now[0]
+
+    real = precision.target_forward
+    monkeypatch.setattr(precision, "target_forward",
+                        lambda m, *a, **k: events.append(kernels_of(m)) or real(m, *a, **k))
+    faster_kernels(model, widths=(1, 4), prefix=8, reps=2, warmup=1, clock=clock)
+    settings = available_kernels("cpu")
+    turns = 3 * len(settings)  # (warmup + reps) turns of every setting
+    forwards = [e for e in events if e != "clock"][1:]  # after the prefix's
+    runs = [forwards[i:i + 3] for i in range(0, len(forwards), 3)]  # per turn: 1 untimed + 2 timed widths
+    assert len(forwards) == 3 * turns and [r[0] for r in runs] == list(settings) * 3
+    assert all(len(set(r)) == 1 for r in runs), "each turn's forwards on its own setting"
+    assert events.count("clock") == 2 * 2 * turns, "only the two widths' forwards of a turn are timed"
+
+
 def test_faster_kernels_leaves_the_model_on_the_faster():
     model = make_tiny_model("llama")
     for fast in ("onednn", "default"):

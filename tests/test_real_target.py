@@ -45,7 +45,7 @@ def test_the_converted_target_is_smollm2(smollm2):
 
 
 @SLOW
-@pytest.mark.parametrize("kernels", ["default", "fused"])
+@pytest.mark.parametrize("kernels", ["default", "fused", "fused_prefetch"])
 def test_greedy_text_on_the_real_target_is_generates(smollm2, kernels):
     model, tokenizer = smollm2
     if kernels not in available_kernels("cpu"):

@@ -134,9 +134,12 @@ def faster_kernels(model: nn.Module, widths: tuple[int, ...] = (1, 26), prefix: 
     """Time forwards of each of `widths` new tokens after `prefix` cached ones with each kernel
     setting on `model` (a 1-token step and a tree's verification, by default), and leave `model`
     on the setting whose medians sum to the least, unless one earlier in `kernels` (the plainer:
-    `default`, then `onednn`) is within `margin` of it: a near-tie in 5 repeats would flip from
-    run to run, and the settings round differently. The settings take turns by repeat, as the
-    dtypes do in `faster_dtype`."""
+    `default`, then `onednn`, then `fused`, then `fused_prefetch`) is within `margin` of it: a
+    near-tie in 5 repeats would flip from run to run, and the settings round differently. The
+    settings take turns by repeat, as the dtypes do in `faster_dtype`, each switch followed by one
+    untimed forward (a switch to the fused kernels from another setting installs their backbone
+    anew, whose first forward checks every layer's weights: ~1 ms that a switch between the two
+    fused settings does not pay)."""
     if not kernels or any(w < 1 for w in widths) or prefix < 1:
         raise ValueError(f"faster_kernels needs kernels, widths >= 1 and prefix >= 1, got {kernels}, {widths}, {prefix}")
     device = next(model.parameters()).device
@@ -148,6 +151,8 @@ def faster_kernels(model: nn.Module, widths: tuple[int, ...] = (1, 26), prefix: 
     for rep in range(warmup + reps):
         for name in kernels:
             use_kernels(model, name, release=False)  # packed weights stay between turns: packing is not timed
+            target_forward(model, ids[:, prefix:prefix + 1], cache)  # untimed: what a switch leaves to do
+            crop(cache, prefix)
             for width in widths:
                 ms = _forward_ms(model, ids[:, prefix:prefix + width], cache, prefix, clock)
                 if rep >= warmup:

@@ -149,7 +149,7 @@ class FusedLinear(nn.Linear):
     """
 
     _fused: tuple | None  # (key, packed weight)
-    _prefetch: bool  # kernels=fused_prefetch: the product asks for its weights ahead in software
+    _prefetch: bool = False  # kernels=fused_prefetch: the product asks for its weights ahead in software
 
     def packed_weight(self) -> Tensor:
         key = _key([self.weight])

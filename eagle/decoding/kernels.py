@@ -16,7 +16,7 @@ took 5.0-5.7 ms for 1 row and 4.7-4.9 ms for 4-8 rows (LOG.md, 2026-12-03). Kern
              of 43 ms packed against 38 ms), so bf16 keeps `F.linear`;
   "fused"    our C++ kernels (`eagle.decoding.fused`): packed products and whole decoder layers;
   "fused_prefetch"  the same products and floats, each also asking for its weights 16 k-steps
-             ahead in software: a 5-token forward of SmolLM2 22% faster on a 2-core Intel Xeon,
+             ahead in software: a 5-token forward of SmolLM2 from 33.4 to 26.6 ms on a 2-core Intel Xeon,
              every product slower on a 2-core AMD EPYC (LOG.md), so `kernels=auto` times both.
 
 Sibling linears (`SIBLINGS`: an attention's q/k/v projections, a gated MLP's gate/up) read the

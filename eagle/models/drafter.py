@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from eagle.decoding.kernels import PackedLinear, restricted_linear
+from eagle.decoding.kernels import kernels_of, restricted_linear
 from eagle.decoding.masks import causal_mask
 from eagle.target import LogitTransform, TargetIdentity, check_shape, embeddings, lm_head
 
@@ -360,7 +360,7 @@ class EagleDrafter(nn.Module):
             return self.logit_transform(self.lm_head(hidden))
         ids, rows = self._draft_head
         if (rows.weight.dtype != w.dtype or rows.weight.device != w.device
-                or isinstance(rows, PackedLinear) != isinstance(self.lm_head, PackedLinear)):
+                or kernels_of(rows) != kernels_of(self.lm_head)):
             self.restrict_vocab(ids)  # the target moved or switched kernels since: copy its rows anew
             ids, rows = self._draft_head
         return self.logit_transform(rows(hidden))  # (..., K)
