@@ -361,7 +361,11 @@ def tree_search(cfg: DictConfig) -> Path:
     out = Path(ts.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     methods = Methods(cfg)
-    dtype = methods.dtype("eagle", dtype_overrides(bcfg.dtypes))
+    overrides = dtype_overrides(bcfg.dtypes)
+    # the probe's texts in float32 on a CPU, unless a dtype is asked for: every tree decodes the same
+    # text there, so the predicted taus are exact, and a bf16 probe timed faster at EAGLE-1's width
+    # made the search follow the machine's load (two runs on an AMX Xeon chose different trees, LOG.md)
+    dtype = "float32" if methods.probed("eagle", overrides) else methods.dtype("eagle", overrides)
     probe = resolve_tree(ts.probe, [TREE_DIR])
     method = methods.build(f"eagle@{ts.probe}", dtype)
     _, tokenizer = methods.target(dtype)

@@ -688,6 +688,9 @@ def test_the_tree_search_measures_each_tree_in_the_dtype_it_decodes_in(models, t
         assert (f"eagle@{name}", dtype) in built
     assert built.count(("eagle@best4", "bfloat16")) == 2 and built.count(("eagle@best4", "float32")) == 1
     assert ("eagle@best2", "bfloat16") not in built  # probed float32: never tried in bf16
+    # the probe decodes in float32, though EAGLE-1's width would have been timed into bf16: its
+    # texts are every float32 tree's, whatever the machine's load
+    assert [d for spec, d in built if spec == f"eagle@{probe}"] == ["float32"]
 
 
 def test_the_cost_model_prices_each_tree_by_the_rounds_of_its_own_dtype(models, tmp_path, monkeypatch):
