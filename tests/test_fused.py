@@ -42,6 +42,29 @@ def test_fused_products_equal_f_linear_and_each_row_its_own_product(shape, bias)
     assert torch.equal(alone, got.reshape(-1, 200)), "a row's product must not depend on the rows beside it"
 
 
+@pytest.mark.parametrize("prefetch", [False, True])
+@pytest.mark.parametrize("threads", [1, 2])  # panels of 4 vectors, or of 2 (`panel_vectors`)
+@pytest.mark.parametrize("rows", [7, 13, 16])
+def test_products_of_several_blocks_run_in_chunks_and_give_each_row_its_own_bits(rows, threads, prefetch):
+    # more rows than a block go through a panel a chunk of k-steps at a time (1000 inputs: several
+    # chunks and a part one for either packing), each block's sums put aside between chunks: every
+    # row's outputs are still its own product's, bitwise
+    ext, before = fused.load(), torch.get_num_threads()
+    torch.manual_seed(0)
+    out = 3 * ext.panel_width()
+    weight, x, bias = torch.randn(out, 1000), torch.randn(rows, 1000), torch.randn(out)
+    try:
+        torch.set_num_threads(threads)
+        packed = ext.pack(weight)
+        got = ext.linear(x, packed, out, bias, prefetch)
+        alone = torch.cat([ext.linear(x[i:i + 1], packed, out, bias, prefetch) for i in range(rows)])
+    finally:
+        torch.set_num_threads(before)
+    assert packed.size(2) == ext.panel_width() // threads
+    torch.testing.assert_close(got, F.linear(x, weight, bias), rtol=1e-4, atol=1e-4)
+    assert torch.equal(got, alone), "a row's product must not depend on the rows beside it"
+
+
 
 
 @pytest.mark.parametrize("rows", [1, 7])

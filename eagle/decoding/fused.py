@@ -9,9 +9,12 @@ module does the same inside the Hugging Face model:
 
   linears   every `nn.Linear` runs `csrc/fused.cpp`'s product on its weight packed once in panels of
             4 SIMD vectors of outputs, or 2 where that shares the panels more evenly between the
-            threads (the weight is read front to back, once per block of 6 rows with AVX-512, 2 with AVX2;
+            threads (a block of rows, up to 6 with AVX-512 against 4-vector panels and 12 against
+            2-vector ones, 2 and 4 with AVX2, reads it front to back in one pass; more rows go through
+            it a 16 KB chunk at a time, every block in turn, so it is read from memory once);
             `kernels=fused_prefetch` also asks for it ahead in software, where the CPU's own
-            prefetchers leave a few rows' products paying for their arithmetic on top of the reads);
+            prefetchers leave a few rows' products paying for their arithmetic on top of the reads
+            (with more rows than a block, the blocks share the asking for the next chunk);
   layers    a supported decoder layer (`supported_layer`: Llama, Mistral, Qwen2 and Qwen3 without
             a sliding window, and the EAGLE drafter's Llama layer without its input norm) runs as
             two calls around the model's own cache: norm + q/k/v (+ Qwen3's per-head q/k norms) +

@@ -18,7 +18,10 @@
 #if defined(__AVX512F__)
 typedef __m512 vec;
 constexpr int VW = 16;  // floats per vector
-constexpr int RB = 6;   // rows per block: RB x 4 accumulators + 4 weight vectors fit the 32 registers
+// rows per block against a panel of C vectors: the block's R x C accumulators, C weight vectors and a
+// broadcast fit the 32 registers
+template <int C>
+constexpr int block_rows() { return C > 2 ? 6 : 12; }
 static inline vec vload(const float* p) { return _mm512_loadu_ps(p); }
 // the 4 weight vectors of a k stay in registers for every row (the compiler would load them again
 // from memory for each row, which makes the loads, not the FMAs, the bound)
@@ -62,7 +65,10 @@ static inline bool vall_above(vec v, float s) { return _mm512_cmp_ps_mask(v, vse
 #elif defined(__AVX2__) && defined(__FMA__)
 typedef __m256 vec;
 constexpr int VW = 8;
-constexpr int RB = 2;  // 16 registers: 2 x 4 accumulators + 4 weight vectors + 1 broadcast
+// rows per block against a panel of C vectors (16 registers: 2 x 4 accumulators + 4 weight vectors + 1
+// broadcast, or 4 x 2 + 2 + 1)
+template <int C>
+constexpr int block_rows() { return C > 2 ? 2 : 4; }
 #define KEEP_IN_REGISTERS(a, b, c, d)
 static inline vec vload(const float* p) { return _mm256_loadu_ps(p); }
 static inline void vstore(float* p, vec v) { _mm256_storeu_ps(p, v); }
@@ -126,7 +132,18 @@ static inline vec vexp(vec x) {
 }
 
 constexpr int PW = 4 * VW;  // a panel's widest: the outputs one block of 4 accumulators covers
-constexpr int tail(int rows) { return rows < RB ? rows : 1; }  // a block of the last rows (unused sizes: 1)
+
+// f(std::integral_constant<int, n>()) for a run-time n in [1, MAX]: a block's rows, n, as a template
+// argument (n outside [1, MAX]: nothing)
+template <int MAX, class F>
+static inline void with_rows(int64_t n, F&& f) {
+  if constexpr (MAX >= 1) {
+    if (n == MAX)
+      f(std::integral_constant<int, MAX>());
+    else
+      with_rows<MAX - 1>(n, f);
+  }
+}
 
 int64_t panel_width() { return PW; }
 
@@ -187,27 +204,42 @@ torch::Tensor pack(torch::Tensor w) {
   return packed;
 }
 
-// How far ahead (in k-steps of a panel) a product with software prefetch asks for its weights. On a
-// 2-core Intel Xeon (AMX) the hardware prefetchers alone left a product of a few rows paying for its
-// arithmetic on top of its reads (5 rows of SmolLM2's layers: 1.4 one-row steps); asking 16 k-steps
-// ahead (2-4 KB of the panel) took a 5-token forward from 33.4 to 26.6 ms. On a 2-core AMD EPYC the same
-// prefetch made every product slower (LOG.md), so it is a kernel setting chosen by timing
-// (`kernels=fused_prefetch`), not built in.
+// How far ahead (in k-steps of a panel) a product of one block of rows with software prefetch asks
+// for its weights. On a 2-core Intel Xeon (AMX) the hardware prefetchers alone left a product of a
+// few rows paying for its arithmetic on top of its reads (5 rows of SmolLM2's layers: 1.4 one-row
+// steps); asking 16 k-steps ahead (2-4 KB of the panel) took a 5-token forward from 33.4 to 26.6 ms.
+// On a 2-core AMD EPYC the same prefetch made every product slower (LOG.md), so it is a kernel
+// setting chosen by timing (`kernels=fused_prefetch`), not built in.
 constexpr int64_t PREFETCH_K = 16;
 
-// R rows of x (stride in) against one panel of C vectors of outputs:
-// y[r, 0..width) (+)= x[r] . W[j] (+ bias[j]); PF: prefetch the weights PREFETCH_K k-steps ahead
-// (past the panel's end, into the next one's or nowhere: a prefetch never faults)
-template <int R, int C, bool PF>
-static inline void panel_rows(const float* __restrict P, const float* __restrict x, int64_t in,
-                              float* __restrict y, int64_t ldy, int width, const float* bias, bool accumulate) {
-  vec acc[R][4];
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) acc[r][c] = vzero();
-  for (int64_t k = 0; k < in; ++k) {
+// The bytes of a panel that a product of more rows than one block reads at a time: every block of
+// rows goes through these k-steps (the first from L2 or memory, the others from L1) before the next
+// ones are read. A block at a time through the whole panel left the memory idle while the second
+// and later blocks re-read the panel from L2: 16 rows cost 1.77-1.85 one-row steps on the Xeon.
+constexpr int64_t CHUNK_BYTES = 16384;
+
+// R rows of x against k-steps [k0, k1) of one panel of C vectors of outputs:
+// acc[r][c] += x[r, k] * W[k, c] for each k in turn. PF: prefetch the panel's k-steps from `ahead`
+// on (ahead past the panel's end: into the next one's or nowhere, a prefetch never faults), one
+// k-step's C lines every `every` steps, into L1 or (TO_L2) into L2.
+template <int R, int C, bool PF, bool TO_L2 = false>
+static inline void panel_steps(const float* __restrict P, const float* __restrict x, int64_t in, int64_t k0,
+                               int64_t k1, vec (&acc)[R][4], int64_t ahead, int every = 1) {
+  const float* ask = P + ahead * C * VW;
+  int wait = every;
+  for (int64_t k = k0; k < k1; ++k) {
     const float* p = P + k * C * VW;
-    if (PF)
-      for (int c = 0; c < C; ++c) _mm_prefetch(reinterpret_cast<const char*>(p + (PREFETCH_K * C + c) * VW), _MM_HINT_T0);
+    if (PF && --wait == 0) {
+      for (int c = 0; c < C; ++c) {
+        const char* line = reinterpret_cast<const char*>(ask + c * VW);
+        if (TO_L2)
+          _mm_prefetch(line, _MM_HINT_T1);
+        else
+          _mm_prefetch(line, _MM_HINT_T0);
+      }
+      ask += C * VW;
+      wait = every;
+    }
     vec w0 = vload(p), w1 = C > 1 ? vload(p + VW) : w0, w2 = C > 2 ? vload(p + 2 * VW) : w0;
     vec w3 = C > 3 ? vload(p + 3 * VW) : w0;
     KEEP_IN_REGISTERS(w0, w1, w2, w3);
@@ -219,32 +251,69 @@ static inline void panel_rows(const float* __restrict P, const float* __restrict
       if (C > 3) acc[r][3] = vfma(w3, xv, acc[r][3]);
     }
   }
-  for (int r = 0; r < R; ++r) {
-    alignas(64) float buf[PW];
-    for (int c = 0; c < C; ++c) vstore(buf + c * VW, acc[r][c]);
-    float* yr = y + r * ldy;
-    for (int j = 0; j < width; ++j) {
-      float v = bias ? buf[j] + bias[j] : buf[j];
-      yr[j] = accumulate ? yr[j] + v : v;
-    }
+}
+
+// One row's sums (`width` floats) out: y[j] (+)= sums[j] (+ bias[j])
+static inline void store_row(const float* sums, float* y, int width, const float* bias, bool accumulate) {
+  for (int j = 0; j < width; ++j) {
+    float v = bias ? sums[j] + bias[j] : sums[j];
+    y[j] = accumulate ? y[j] + v : v;
   }
 }
 
-// All n rows against C vectors of one panel, in blocks of RB rows (each row's sums are the same
-// whatever its block)
+// R rows of x against one whole panel in one pass: y[r, 0..width) (+)= x[r] . W[j] (+ bias[j])
+template <int R, int C, bool PF>
+static inline void panel_rows(const float* __restrict P, const float* __restrict x, int64_t in,
+                              float* __restrict y, int64_t ldy, int width, const float* bias, bool accumulate) {
+  vec acc[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = vzero();
+  panel_steps<R, C, PF>(P, x, in, 0, in, acc, PREFETCH_K);
+  for (int r = 0; r < R; ++r) {
+    alignas(64) float buf[PW];
+    for (int c = 0; c < C; ++c) vstore(buf + c * VW, acc[r][c]);
+    store_row(buf, y + r * ldy, width, bias, accumulate);
+  }
+}
+
+// R rows of x against k-steps [k0, k1) of one panel, their accumulators kept between chunks in
+// `sums` (R x C vectors; spilled and reloaded, each output's FMA chain is the same)
+template <int R, int C, bool PF>
+static inline void panel_chunk(const float* P, const float* x, int64_t in, int64_t k0, int64_t k1, float* sums,
+                               int64_t ahead, int every) {
+  vec acc[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = k0 == 0 ? vzero() : vload(sums + (r * C + c) * VW);
+  panel_steps<R, C, PF, true>(P, x, in, k0, k1, acc, ahead, every);
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) vstore(sums + (r * C + c) * VW, acc[r][c]);
+}
+
+// All n rows against C vectors of one panel: up to one block (`block_rows`) in one pass; more in
+// blocks a chunk of CHUNK_BYTES at a time, their sums in `sums` (n x C vectors). Each row's sums are
+// the same whatever its block and however the steps are chunked.
 template <int C, bool PF>
 static void panel_all_rows(const float* P, const float* x, int64_t n, int64_t in, float* y, int64_t ldy, int width,
-                           const float* bias, bool accumulate) {
-  int64_t i = 0;
-  for (; i + RB <= n; i += RB) panel_rows<RB, C, PF>(P, x + i * in, in, y + i * ldy, ldy, width, bias, accumulate);
-  switch (n - i) {  // the last n % RB rows in one block too
-    case 5: panel_rows<tail(5), C, PF>(P, x + i * in, in, y + i * ldy, ldy, width, bias, accumulate); break;
-    case 4: panel_rows<tail(4), C, PF>(P, x + i * in, in, y + i * ldy, ldy, width, bias, accumulate); break;
-    case 3: panel_rows<tail(3), C, PF>(P, x + i * in, in, y + i * ldy, ldy, width, bias, accumulate); break;
-    case 2: panel_rows<tail(2), C, PF>(P, x + i * in, in, y + i * ldy, ldy, width, bias, accumulate); break;
-    case 1: panel_rows<1, C, PF>(P, x + i * in, in, y + i * ldy, ldy, width, bias, accumulate); break;
-    default: break;
+                           const float* bias, bool accumulate, float* sums) {
+  constexpr int RB = block_rows<C>();
+  if (n <= RB) {
+    with_rows<RB>(n, [&](auto rows) { panel_rows<decltype(rows)::value, C, PF>(P, x, in, y, ldy, width, bias, accumulate); });
+    return;
   }
+  const int64_t steps = std::max<int64_t>(1, CHUNK_BYTES / (C * VW * (int64_t)sizeof(float)));
+  // while the blocks go through one chunk, each asks for its share of the next one's k-steps, spread
+  // over its own steps and into L2: the memory streams the next chunk for as long as the arithmetic
+  // lasts. Chunks whose first block alone asked for the next one, into L1, were no faster than one
+  // block at a time (LOG.md).
+  const int blocks = (int)((n + RB - 1) / RB), share = (int)((steps + blocks - 1) / blocks);
+  for (int64_t k0 = 0; k0 < in; k0 += steps) {
+    const int64_t k1 = std::min(in, k0 + steps);
+    for (int64_t i = 0, b = 0; i < n; i += RB, ++b)
+      with_rows<RB>(std::min<int64_t>(RB, n - i), [&](auto rows) {
+        panel_chunk<decltype(rows)::value, C, PF>(P, x + i * in, in, k0, k1, sums + i * C * VW, k1 + b * share, blocks);
+      });
+  }
+  for (int64_t i = 0; i < n; ++i) store_row(sums + i * C * VW, y + i * ldy, width, bias, accumulate);
 }
 
 // y (n, ldy) (+)= x (n, in) @ W^T (+ bias), W packed by `pack` (panels, in, C * VW) with `out` real outputs;
@@ -258,16 +327,18 @@ static void gemm(const torch::Tensor& packed, const float* x, int64_t n, int64_t
   // every weight split over the threads, the smallest too: one thread reads a 2 MB weight at half
   // the memory's speed, and a parallel region costs a few microseconds
   at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
+    std::vector<vec> sums(n > block_rows<4>() ? n * vectors : 0);  // the sums of more rows than a block (the smaller)
+    float* s = reinterpret_cast<float*>(sums.data());
     for (int64_t p = begin; p < end; ++p) {
       const float* panel = P + p * in * pw;
       const int width = (int)std::min<int64_t>(pw, out - p * pw);
       const float* b = bias ? bias + p * pw : nullptr;
       float* yp = y + p * pw;
       switch (vectors * 2 + prefetch) {
-        case 8: panel_all_rows<4, false>(panel, x, n, in, yp, ldy, width, b, accumulate); break;
-        case 9: panel_all_rows<4, true>(panel, x, n, in, yp, ldy, width, b, accumulate); break;
-        case 4: panel_all_rows<2, false>(panel, x, n, in, yp, ldy, width, b, accumulate); break;
-        case 5: panel_all_rows<2, true>(panel, x, n, in, yp, ldy, width, b, accumulate); break;
+        case 8: panel_all_rows<4, false>(panel, x, n, in, yp, ldy, width, b, accumulate, s); break;
+        case 9: panel_all_rows<4, true>(panel, x, n, in, yp, ldy, width, b, accumulate, s); break;
+        case 4: panel_all_rows<2, false>(panel, x, n, in, yp, ldy, width, b, accumulate, s); break;
+        case 5: panel_all_rows<2, true>(panel, x, n, in, yp, ldy, width, b, accumulate, s); break;
         default: TORCH_CHECK(false, "gemm: panels of 2 or 4 vectors");
       }
     }
