@@ -183,6 +183,25 @@ def test_a_tokens_logits_do_not_depend_on_how_many_tokens_its_forward_carries(fa
     torch.testing.assert_close(whole, reference, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("kernels", ["fused", "fused_prefetch"])
+def test_residual_products_of_many_rows_in_chunks_give_each_tokens_logits(kernels):
+    # down_proj of 300 inputs goes through its panels in several chunks (and a part one), and 20 new
+    # tokens are more rows than a block: its sums go aside between chunks and are added to the
+    # residual stream at the end; each token's logits are still those of its one-token step
+    model = use_kernels(make_tiny_model("llama", intermediate_size=300), kernels)
+    ids = torch.randint(3, model.config.vocab_size, (1, 30))
+    with torch.inference_mode():
+        cache = DynamicCache()
+        model(ids[:, :10], cache=cache)
+        many = model(ids[:, 10:], cache=cache).logits[0]
+        cache = DynamicCache()
+        model(ids[:, :10], cache=cache)
+        steps = [model(ids[:, t:t + 1], cache=cache).logits[0] for t in range(10, 30)]
+        reference = use_kernels(make_tiny_model("llama", intermediate_size=300), "default")(ids).logits[0, 10:]
+    assert torch.equal(torch.cat(steps), many), "20 one-token steps must give the 20-token forward's logits, bitwise"
+    torch.testing.assert_close(many, reference, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("heads, kv_heads, head_dim", [
     (6, 2, 64),  # groups of 3, as SmolLM2: whole blocks of value vectors
     (6, 1, 40),  # one group of 6 in jobs of 4 + 2 heads; 40 = 2 x 16 + 8 (or 5 x 8) floats

@@ -9,7 +9,9 @@
 #include <immintrin.h>
 #include <cfloat>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
+#include <memory>
 #include <vector>
 #if defined(__linux__)
 #include <sys/mman.h>
@@ -219,17 +221,18 @@ constexpr int64_t PREFETCH_K = 16;
 constexpr int64_t CHUNK_BYTES = 16384;
 
 // R rows of x against k-steps [k0, k1) of one panel of C vectors of outputs:
-// acc[r][c] += x[r, k] * W[k, c] for each k in turn. PF: prefetch the panel's k-steps from `ahead`
-// on (ahead past the panel's end: into the next one's or nowhere, a prefetch never faults), one
-// k-step's C lines every `every` steps, into L1 or (TO_L2) into L2.
+// acc[r][c] += x[r, k] * W[k, c] for each k in turn. PF: prefetch `count` k-steps of the panel from
+// `ahead` on (past the panel's end: the next one's or nowhere, a prefetch never faults), one k-step's
+// C lines every `every` steps, into L1 or (TO_L2) into L2.
 template <int R, int C, bool PF, bool TO_L2 = false>
 static inline void panel_steps(const float* __restrict P, const float* __restrict x, int64_t in, int64_t k0,
-                               int64_t k1, vec (&acc)[R][4], int64_t ahead, int every = 1) {
+                               int64_t k1, vec (&acc)[R][4], int64_t ahead, int64_t every = 1,
+                               int64_t count = INT64_MAX) {
   const float* ask = P + ahead * C * VW;
-  int wait = every;
+  int64_t wait = every;
   for (int64_t k = k0; k < k1; ++k) {
     const float* p = P + k * C * VW;
-    if (PF && --wait == 0) {
+    if (PF && count > 0 && --wait == 0) {
       for (int c = 0; c < C; ++c) {
         const char* line = reinterpret_cast<const char*>(ask + c * VW);
         if (TO_L2)
@@ -239,6 +242,7 @@ static inline void panel_steps(const float* __restrict P, const float* __restric
       }
       ask += C * VW;
       wait = every;
+      --count;
     }
     vec w0 = vload(p), w1 = C > 1 ? vload(p + VW) : w0, w2 = C > 2 ? vload(p + 2 * VW) : w0;
     vec w3 = C > 3 ? vload(p + 3 * VW) : w0;
@@ -280,11 +284,11 @@ static inline void panel_rows(const float* __restrict P, const float* __restrict
 // `sums` (R x C vectors; spilled and reloaded, each output's FMA chain is the same)
 template <int R, int C, bool PF>
 static inline void panel_chunk(const float* P, const float* x, int64_t in, int64_t k0, int64_t k1, float* sums,
-                               int64_t ahead, int every) {
+                               int64_t ahead, int64_t every, int64_t count) {
   vec acc[R][4];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) acc[r][c] = k0 == 0 ? vzero() : vload(sums + (r * C + c) * VW);
-  panel_steps<R, C, PF, true>(P, x, in, k0, k1, acc, ahead, every);
+  panel_steps<R, C, PF, true>(P, x, in, k0, k1, acc, ahead, every, count);
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) vstore(sums + (r * C + c) * VW, acc[r][c]);
 }
@@ -305,13 +309,20 @@ static void panel_all_rows(const float* P, const float* x, int64_t n, int64_t in
   // over its own steps and into L2: the memory streams the next chunk for as long as the arithmetic
   // lasts. Chunks whose first block alone asked for the next one, into L1, were no faster than one
   // block at a time (LOG.md).
-  const int blocks = (int)((n + RB - 1) / RB), share = (int)((steps + blocks - 1) / blocks);
+  const int64_t blocks = (n + RB - 1) / RB;
   for (int64_t k0 = 0; k0 < in; k0 += steps) {
     const int64_t k1 = std::min(in, k0 + steps);
-    for (int64_t i = 0, b = 0; i < n; i += RB, ++b)
+    // the next chunk: this panel's, or after its last, the next panel's first (it follows in memory)
+    const int64_t next = k1 < in ? std::min(steps, in - k1) : std::min(steps, in);
+    const int64_t share = (next + blocks - 1) / blocks;
+    for (int64_t i = 0, b = 0; i < n; i += RB, ++b) {
+      const int64_t count = std::max<int64_t>(0, std::min(share, next - b * share));  // the steps block b asks for
+      const int64_t every = std::max<int64_t>(1, (k1 - k0) / std::max<int64_t>(1, count));
       with_rows<RB>(std::min<int64_t>(RB, n - i), [&](auto rows) {
-        panel_chunk<decltype(rows)::value, C, PF>(P, x + i * in, in, k0, k1, sums + i * C * VW, k1 + b * share, blocks);
+        panel_chunk<decltype(rows)::value, C, PF>(P, x + i * in, in, k0, k1, sums + i * C * VW, k1 + b * share,
+                                                   every, count);
       });
+    }
   }
   for (int64_t i = 0; i < n; ++i) store_row(sums + i * C * VW, y + i * ldy, width, bias, accumulate);
 }
@@ -327,8 +338,10 @@ static void gemm(const torch::Tensor& packed, const float* x, int64_t n, int64_t
   // every weight split over the threads, the smallest too: one thread reads a 2 MB weight at half
   // the memory's speed, and a parallel region costs a few microseconds
   at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
-    std::vector<vec> sums(n > block_rows<4>() ? n * vectors : 0);  // the sums of more rows than a block (the smaller)
-    float* s = reinterpret_cast<float*>(sums.data());
+    // the sums of more rows than a block (the smaller one), left uninitialized: a chunk from k = 0
+    // starts them at zero
+    std::unique_ptr<float[]> sums(n > block_rows<4>() ? new float[n * vectors * VW] : nullptr);
+    float* s = sums.get();
     for (int64_t p = begin; p < end; ++p) {
       const float* panel = P + p * in * pw;
       const int width = (int)std::min<int64_t>(pw, out - p * pw);
