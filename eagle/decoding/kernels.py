@@ -15,9 +15,10 @@ took 5.0-5.7 ms for 1 row and 4.7-4.9 ms for 4-8 rows (LOG.md, 2026-12-03). Kern
              through `F.linear`, and packing them was slower there (SmolLM2 in bf16: a step
              of 43 ms packed against 38 ms), so bf16 keeps `F.linear`;
   "fused"    our C++ kernels (`eagle.decoding.fused`): packed products and whole decoder layers;
-  "fused_prefetch"  the same products and floats, each also asking for its weights 16 k-steps
-             ahead in software: a 5-token forward of SmolLM2 from 33.4 to 26.6 ms on a 2-core Intel Xeon,
-             every product slower on a 2-core AMD EPYC (LOG.md), so `kernels=auto` times both.
+  "fused_prefetch"  the same products and floats, each also asking for its weights ahead in
+             software (one block of rows: 16 k-steps ahead; more: the blocks share the next chunk):
+             a 5-token forward of SmolLM2 from 33.4 to 26.6 ms on a 2-core Intel Xeon, every product
+             slower on a 2-core AMD EPYC (LOG.md), so `kernels=auto` times both.
 
 Sibling linears (`SIBLINGS`: an attention's q/k/v projections, a gated MLP's gate/up) read the
 same input one after another; on "onednn" they share one packed product of their stacked weights
@@ -53,7 +54,7 @@ from eagle.decoding import fused
 
 KERNELS = ("default", "onednn", "fused", "fused_prefetch")
 # the fused kernels' two settings: the same products and floats, "fused_prefetch" also asking for each
-# weight 16 k-steps ahead in software (faster on an Intel Xeon, slower on an AMD EPYC: LOG.md)
+# weight ahead in software (faster on an Intel Xeon, slower on an AMD EPYC: LOG.md)
 FUSED = ("fused", "fused_prefetch")
 PACKED_DTYPES = (torch.float32,)  # what `PackedLinear.forward` packs (its checks spell it out)
 # oneDNN packs a weight for a row count it is told: packed for 8 rows, the products of 1 to 64
