@@ -167,6 +167,17 @@ def test_the_drafters_layer_without_its_input_norm_is_fused_and_right():
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
+def _steps_and_reference(model, ids, start: int, family: str, **config) -> tuple[torch.Tensor, torch.Tensor]:
+    """The logits of ids[start:] from one-token steps of `model` after a cache of ids[:start], and
+    the logits of all of ids on PyTorch's kernels (a fresh tiny model of the same family and config)"""
+    with torch.inference_mode():
+        cache = DynamicCache()
+        model(ids[:, :start], cache=cache)
+        steps = torch.cat([model(ids[:, t:t + 1], cache=cache).logits[0] for t in range(start, ids.shape[1])])
+        reference = use_kernels(make_tiny_model(family, **config), "default")(ids).logits[0]
+    return steps, reference
+
+
 @pytest.mark.parametrize("family, length", [("llama", 12), ("qwen2", 12), ("qwen3", 12), ("llama", 60)])  # 60: vectors of keys
 def test_a_tokens_logits_do_not_depend_on_how_many_tokens_its_forward_carries(family, length):
     model = use_kernels(make_tiny_model(family), "fused")
@@ -175,11 +186,8 @@ def test_a_tokens_logits_do_not_depend_on_how_many_tokens_its_forward_carries(fa
     start = length - 5
     with torch.inference_mode():
         whole = model(ids).logits[0]
-        cache = DynamicCache()
-        model(ids[:, :start], cache=cache)
-        steps = [model(ids[:, t:t + 1], cache=cache).logits[0] for t in range(start, length)]
-        reference = use_kernels(make_tiny_model(family), "default")(ids).logits[0]
-    assert torch.equal(torch.cat(steps), whole[start:]), "5 one-token steps must give the 5-token forward's logits, bitwise"
+    steps, reference = _steps_and_reference(model, ids, start, family)
+    assert torch.equal(steps, whole[start:]), "5 one-token steps must give the 5-token forward's logits, bitwise"
     torch.testing.assert_close(whole, reference, rtol=1e-4, atol=1e-4)
 
 
@@ -194,12 +202,9 @@ def test_residual_products_of_many_rows_in_chunks_give_each_tokens_logits(kernel
         cache = DynamicCache()
         model(ids[:, :10], cache=cache)
         many = model(ids[:, 10:], cache=cache).logits[0]
-        cache = DynamicCache()
-        model(ids[:, :10], cache=cache)
-        steps = [model(ids[:, t:t + 1], cache=cache).logits[0] for t in range(10, 30)]
-        reference = use_kernels(make_tiny_model("llama", intermediate_size=300), "default")(ids).logits[0, 10:]
-    assert torch.equal(torch.cat(steps), many), "20 one-token steps must give the 20-token forward's logits, bitwise"
-    torch.testing.assert_close(many, reference, rtol=1e-4, atol=1e-4)
+    steps, reference = _steps_and_reference(model, ids, 10, "llama", intermediate_size=300)
+    assert torch.equal(steps, many), "20 one-token steps must give the 20-token forward's logits, bitwise"
+    torch.testing.assert_close(many, reference[10:], rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("heads, kv_heads, head_dim", [
