@@ -22,6 +22,11 @@ specinfer_merge | prompt_lookup | medusa | medusa_typical | hf_generate | hf_ass
 `eagle@chain5` runs a tree method with another tree, `eagle:static` on static caches. All are
 lossless except medusa_typical (Medusa's typical acceptance), which is labelled LOSSY wherever
 it reports. The benchmark, the tree search and the timing print their output folder last.
+
+Each mode here turns its config section into library calls: the methods a mode compares are
+eagle/bench/builder.py's `Methods` (`methods_of` builds them from the config), the tree search
+runs in eagle/bench/machine_tree.py, and each measurement in its own module of eagle/bench/
+(benchmark, floor, profile, ablations, batch, timing).
 """
 
 from __future__ import annotations
@@ -31,7 +36,6 @@ import functools
 import hashlib
 import json
 import platform
-import sys
 import time
 from pathlib import Path
 
@@ -41,48 +45,20 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from eagle.artifacts import files_stamp, keep_previous
-from eagle.bench.benchmark import (
-    BenchmarkConfig,
-    encode_prompt,
-    run_benchmark,
-    warm_up,
-    warmup_budget,
-)
-from eagle.bench.evalsets import Prompt, load_eval_set, select
+from eagle.bench.benchmark import BenchmarkConfig, encode_prompt, run_benchmark, warm_up
+from eagle.bench.builder import Methods, choose_kernels
+from eagle.bench.evalsets import Prompt, load_eval_set
 from eagle.bench.floor import weight_bytes
-from eagle.bench.methods import (
-    SECTIONS,
-    MethodContext,
-    MethodError,
-    MethodSpec,
-    build_method,
-    method_dtype,
-    method_settings,
-)
-from eagle.bench.precision import DtypeChoice, KernelChoice, faster_dtype, faster_kernels, preferred
+from eagle.bench.machine_tree import TreeSearchConfig, search_tree
+from eagle.bench.methods import SECTIONS, MethodError, MethodSpec, build_method
+from eagle.bench.precision import KernelChoice
 from eagle.bench.timing import project, random_target, time_methods, write_timing
-from eagle.bench.tree_search import (
-    Candidate,
-    MachineCost,
-    candidates,
-    choose_for_machine,
-    position_paths,
-    write_tree,
-)
 from eagle.cli import run_cli
-from eagle.decoding.kernels import (
-    KERNELS,
-    PACKED_DTYPES,
-    available_kernels,
-    check_kernels,
-    free_memory_bytes,
-    packed_bytes,
-    use_kernels,
-)
-from eagle.hardware import auto_dtype, gpu_bandwidth_gb_s, resolve_dtype_name, set_threads
+from eagle.decoding.kernels import KERNELS, check_kernels, use_kernels
+from eagle.hardware import gpu_bandwidth_gb_s, resolve_dtype_name, set_threads
 from eagle.sampling import SamplingPolicy, seeded_generator
 from eagle.target import load_target, resolve_dtype
-from eagle.tree import TreeError, TreeTemplate, resolve_tree
+from eagle.tree import TreeError, resolve_tree
 
 ROOT = Path(__file__).resolve().parent
 TREE_DIR = ROOT / "configs" / "tree"
@@ -96,126 +72,16 @@ def compile_mode(cfg: DictConfig) -> str | None:
     return "reduce-overhead" if str(cfg.device).startswith("cuda") else "default"
 
 
-def choose_kernels(model: torch.nn.Module, kernels: str, device, name: str) -> KernelChoice | str:
-    """The linear kernels for `model` (the target in one dtype, `name`): `kernels` as named, or
-    with auto the setting measured faster on it (eagle.bench.precision.faster_kernels), unless
-    there is nothing to choose or a packed copy may not fit. Decoding and the floor's `+auto` both
-    choose here, so the floor times what decoding runs."""
-    choices = available_kernels(device)
-    if kernels != "auto":
-        return check_kernels(kernels, device)
-    if len(choices) == 1 or resolve_dtype(name) not in PACKED_DTYPES:
-        return "default"  # nothing to choose: no packed products for this device or dtype
-    if (free := free_memory_bytes()) is not None and (extra := packed_bytes(model)) > free / 2:
-        print(f"[kernels] {name}: default (packing the linears would take {extra / 1e9:.1f} GB "  # a 7B float32
-              f"of the {free / 1e9:.1f} GB free; kernels=onednn forces it)", file=sys.stderr, flush=True)  # target
-        return "default"
-    choice = faster_kernels(model, kernels=choices)
-    print(f"[kernels] {name}: {choice.describe()}", file=sys.stderr, flush=True)  # not in the text
-    return choice
-
-
-class Methods:
-    """Builds methods from the decode config; targets and draft LMs are loaded once per dtype."""
-
-    def __init__(self, cfg: DictConfig):
-        self.cfg = cfg
-        self.sections = {name: OmegaConf.to_container(cfg[name], resolve=True) for name in SECTIONS}
-        self._targets: dict[torch.dtype, tuple] = {}
-        self._drafts: dict[tuple[str, torch.dtype], torch.nn.Module] = {}
-        self.measured: dict[int, DtypeChoice] = {}  # tree width -> the dtype measured faster
-        self.kernels: dict[str, KernelChoice | str] = {}  # dtype -> the linear kernels of its models (cfg.kernels)
-        if cfg.kernels != "auto":  # a typo fails before anything is loaded
-            check_kernels(cfg.kernels, cfg.device)
-
-    def probed(self, spec: str, overrides: dict[str, str] | None = None) -> bool:
-        """Whether `dtype` measures `spec`'s dtype rather than taking its override or the machine's
-        choice (`method_dtype`): where that choice is bf16 for a wide method on a CPU."""
-        spec, overrides = MethodSpec.parse(spec), overrides or {}
-        explicit = overrides.get(str(spec)) or overrides.get(spec.base)
-        return (method_dtype(spec, self.cfg.device, overrides) == "bfloat16"
-                and torch.device(self.cfg.device).type == "cpu" and explicit in (None, "auto"))
-
-    def dtype(self, spec: str, overrides: dict[str, str] | None = None, tree_dirs: tuple[str, ...] = ()) -> str:
-        """The dtype `spec` runs in: its override, else the machine's choice (`method_dtype`),
-        except that where that choice is bf16 for a wide method on a CPU (`probed`), the faster
-        dtype is measured on the target instead of assumed (eagle.bench.precision), once per tree width."""
-        if not self.probed(spec, overrides):
-            return method_dtype(MethodSpec.parse(spec), self.cfg.device, overrides or {})
-        spec = MethodSpec.parse(spec)
-        tree = getattr(method_settings(spec, self.sections), "tree", None) or self.cfg.eagle.tree
-        if searched := searched_dtype(tree):
-            print(f"[dtype] {spec}: {searched}, as the tree search that chose {tree} measured it")
-            return searched
-        width = resolve_tree(tree, (*tree_dirs, str(TREE_DIR))).num_nodes + 1  # the root and the tree
-        if width not in self.measured:
-            choice = faster_dtype({name: self.target(name)[0] for name in ("float32", "bfloat16")}, width)
-            if choice.dtype == "float32":  # the bf16 copy was loaded only to be timed
-                self._targets.pop(torch.bfloat16, None)
-            print(f"[dtype] {spec}: {choice.describe()}")
-            self.measured[width] = choice
-        return self.measured[width].dtype
-
-    def target(self, dtype: str):
-        key = resolve_dtype(dtype)
-        if key not in self._targets:
-            self._targets[key] = load_target(self.cfg.target, dtype=key, device=self.cfg.device)
-            self._use_kernels(self._targets[key][0], dtype)
-        return self._targets[key]
-
-    def _use_kernels(self, model: torch.nn.Module, dtype: str) -> None:
-        """`cfg.kernels` on a model of `dtype`: the setting named, or with auto the one measured
-        faster on the target in that dtype (eagle.bench.precision.faster_kernels); every model
-        of a dtype (target, draft LMs, drafters) then runs the same kernels."""
-        name = str(resolve_dtype(dtype)).removeprefix("torch.")
-        if name not in self.kernels:
-            self.kernels[name] = choose_kernels(model, self.cfg.kernels, self.cfg.device, name)
-        choice = self.kernels[name]
-        use_kernels(model, choice if isinstance(choice, str) else choice.kernels)
-
-    def _draft_lm(self, dtype: str):
-        def load(path: str) -> torch.nn.Module:
-            key = (str(path), resolve_dtype(dtype))
-            if key not in self._drafts:
-                self._drafts[key], _ = load_target(path, dtype=key[1], device=self.cfg.device, with_tokenizer=False)
-                self._use_kernels(self._drafts[key], dtype)
-            return self._drafts[key]
-        return load
-
-    def context(self, dtype: str, tree_dirs: tuple[str, ...] = (), target=None) -> MethodContext:
-        cfg = self.cfg
-        target, tokenizer = (target, None) if target is not None else self.target(dtype)
-        return MethodContext(target=target, tokenizer=tokenizer, target_path=str(cfg.target),
-                             tree_dirs=(*tree_dirs, str(TREE_DIR)), draft_lm=self._draft_lm(dtype),
-                             runner=cfg.runner, static_max_len=cfg.static_max_len, compile_mode=compile_mode(cfg))
-
-    def build(self, name: str, dtype: str, tree_dirs: tuple[str, ...] = ()):
-        return build_method(name, self.context(dtype, tree_dirs), self.sections)
-
-
-def searched_dtype(tree: str) -> str | None:
-    """The dtype the tree search timed `tree` in, where `tree` is the path of a file it wrote
-    (machine.yaml, or a candidate beside it, with their machine.json): the tree was chosen for
-    its round in that dtype, and timing the dtypes again minutes later on a shared machine can
-    decide otherwise (LOG.md). None for any other tree."""
-    path = Path(str(tree))
-    record = path.parent / "machine.json"
-    if path.suffix not in (".yaml", ".yml") or not path.is_file() or not record.is_file():
-        return None
-    try:
-        machine = json.loads(record.read_text())
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{record}, the tree search's record beside {path}, is not valid JSON ({err}): "
-                         "rerun the tree search, or delete it to time the dtypes here") from err
-    dtypes = machine.get("dtypes", {})
-    if path.stem == "machine" and "machine" not in dtypes:  # a record written before machine*.yaml had entries
-        return dtypes.get(machine.get("chosen"))
-    return dtypes.get(path.stem)
+def methods_of(cfg: DictConfig) -> Methods:
+    """The config's methods (eagle.bench.builder.Methods): its method sections and settings."""
+    return Methods({name: OmegaConf.to_container(cfg[name], resolve=True) for name in SECTIONS}, target=cfg.target,
+                   device=cfg.device, tree_dir=TREE_DIR, kernels=cfg.kernels, runner=cfg.runner,
+                   static_max_len=cfg.static_max_len, compile_mode=compile_mode(cfg))
 
 
 def generate(cfg: DictConfig) -> None:
     policy = SamplingPolicy(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)  # a typo fails before loading
-    methods = Methods(cfg)
+    methods = methods_of(cfg)
     dtype = methods.dtype(cfg.method, {} if cfg.dtype == "auto" else {cfg.method: cfg.dtype})
     method = methods.build(cfg.method, dtype)
     _, tokenizer = methods.target(dtype)
@@ -290,7 +156,7 @@ def benchmark(cfg: DictConfig, methods: Methods | None = None, names: list[str] 
     """Run the benchmark (arguments override `cfg.benchmark`; `dtypes`, label -> dtype, add to
     `benchmark.dtypes`); returns its output folder."""
     bcfg = cfg.benchmark
-    methods = methods or Methods(cfg)
+    methods = methods or methods_of(cfg)
     names = list(names or bcfg.methods)
     dtypes = dtype_overrides(bcfg.dtypes) | (dtypes or {})
     for name in names:
@@ -354,249 +220,19 @@ def resume_key(cfg: DictConfig, names: list[str], temperatures, dtypes: dict, tr
 
 
 def tree_search(cfg: DictConfig) -> Path:
-    """Run the probe tree from every position of each prompt's greedy text, keep the best
-    subtree of each size (eagle/bench/tree_search.py), then benchmark them against vanilla and
-    the default tree; the predicted and measured taus are written side by side."""
-    ts, bcfg = cfg.tree_search, cfg.benchmark
-    out = Path(ts.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    methods = Methods(cfg)
-    overrides = dtype_overrides(bcfg.dtypes)
-    # the probe's texts in float32 on a CPU, unless a dtype is asked for: every tree decodes the same
-    # text there, so the predicted taus are exact, and a bf16 probe timed faster at EAGLE-1's width
-    # made the search follow the machine's load (two runs on an AMX Xeon chose different trees, LOG.md)
-    dtype = "float32" if methods.probed("eagle", overrides) else methods.dtype("eagle", overrides)
-    probe = resolve_tree(ts.probe, [TREE_DIR])
-    method = methods.build(f"eagle@{ts.probe}", dtype)
-    _, tokenizer = methods.target(dtype)
-    sets = [load_eval_set(name) for name in bcfg.eval_sets]  # each read once (unseen_code scans packages)
-    # the search tunes on prompts the benchmark (and the comparison below) does not take, from the same categories
-    searched = [p for every in sets for p in select(every, ts.num_prompts, held_out_from=bcfg.num_prompts)]
-    prompts = [encode_prompt(tokenizer, p) for p in searched]
-    benchmarked = {p.id for every in sets for p in select(every, bcfg.num_prompts)}
-    if seen := [p.id for p in searched if p.id in benchmarked]:
-        print(f"[tree search] note: {len(seen)} of the searched prompts are among the benchmark's first "
-              f"{bcfg.num_prompts} of each set (a set too short for both): its figures there are not held out")
-    greedy = SamplingPolicy()
-
-    def first_round(ids: list[int], max_new: int) -> tuple[int, ...]:
-        rounds = method.generate(ids, max_new, greedy).stats.rounds
-        return rounds[0].path if rounds else (0,)
-
-    paths = []
-    for ids in tqdm(prompts, desc=f"probe {probe.num_nodes} nodes, every position", unit="prompt"):
-        text = method.generate(ids, cfg.max_new_tokens, greedy).tokens
-        paths.append(position_paths(first_round, probe, ids, text))
-    (out / "probe_paths.json").write_text(json.dumps({"probe": probe.name, "paths": paths}))
-    found = candidates(probe, paths, list(ts.sizes), cfg.max_new_tokens)
-    for c in found:
-        write_tree(c, out / f"{c.tree.name}.yaml", source=f"{probe.name} over {len(prompts)} prompts")
-        print(f"[tree search] {c.tree.summary()}: predicted tau {c.predicted_tau:.2f}")
-    cost, plain_ms, dtypes = measure_round_cost(cfg, methods, prompts, found, out)
-    vanilla_ms = min(plain_ms.values())  # the fastest plain decoding: the benchmark's "vs fastest"
-    print("[tree search] plain decoding: " + ", ".join(f"{d} {ms:.1f} ms" for d, ms in plain_ms.items()))
-    ranking = choose_for_machine(found, cost, vanilla_ms)
-    for r in ranking:
-        r["dtype"] = dtypes[r["tree"]]
-        print(f"[tree search] {r['tree']}: predicted round {r['predicted_round_ms']:.1f} ms in {r['dtype']}, "
-              f"speedup {r['predicted_speedup']:.2f}x (tau {r['predicted_tau']:.2f})")
-    chosen = next(c for c in found if c.tree.name == ranking[0]["tree"])
-    write_tree(chosen, out / "machine.yaml", source=f"{chosen.tree.name}, chosen by the cost model of this machine")
-    # the dtype of every tree the cost model measured, and of each machine*.yaml written (searched_dtype)
-    # what the search was asked, in one line that make's stage markers grep (a tree searched with
-    # another drafting vocabulary or among other sizes is not the one asked for)
-    sizes = ",".join(str(int(s)) for s in ts.sizes)
-    machine = {"searched_with": f"draft_vocab={cfg.eagle.draft_vocab} sizes=[{sizes}]", "drafter": str(cfg.eagle.drafter),
-               "chosen": chosen.tree.name, "searched_prompts": [p.id for p in searched],
-               "vanilla_ms": vanilla_ms, "vanilla_ms_by_dtype": plain_ms,
-               "cost_model": cost.to_dict(), "ranking": ranking, "dtypes": {**dtypes, "machine": dtypes[chosen.tree.name]}}
-    print(f"[tree search] the tree for this machine: {chosen.tree.summary()} -> {out / 'machine.yaml'}")
-    if ranking[0]["predicted_speedup"] < 1.0:  # said, not silent: the benchmark will show EAGLE behind plain decoding
-        print(f"[tree search] WARNING: no candidate is predicted faster than plain decoding on this machine "
-              f"(best: {chosen.tree.name}, {ranking[0]['predicted_speedup']:.2f}x at tau {ranking[0]['predicted_tau']:.2f}, "
-              f"a round {ranking[0]['predicted_round_ms']:.1f} ms against {vanilla_ms:.1f} ms a token): the drafter "
-              "accepts too little for what a round costs here; train it longer (make demo-long) or on data "
-              "closer to the target's (make selfdistill)")
-    if ts.batch_sizes:  # the tree per batch size: a busier target wants a smaller one
-        machine["batch"] = {}
-        for size in sorted({int(b) for b in ts.batch_sizes}):
-            cost_b, plain_b, dtypes_b = (cost, plain_ms, dtypes) if size == 1 else measure_round_cost(
-                cfg, methods, prompts, found, out, size=size)
-            vanilla_b = min(plain_b.values())
-            ranked = choose_for_machine(found, cost_b, vanilla_b)
-            pick = next(c for c in found if c.tree.name == ranked[0]["tree"])
-            write_tree(pick, out / f"machine_b{size}.yaml",
-                       source=f"{pick.tree.name}, chosen by the cost model of batches of {size} on this machine")
-            for r in ranked:
-                r["dtype"] = dtypes_b[r["tree"]]
-            machine["batch"][str(size)] = {"chosen": pick.tree.name, "vanilla_ms": vanilla_b,
-                                           "cost_model": cost_b.to_dict(), "ranking": ranked, "dtypes": dtypes_b}
-            machine["dtypes"][f"machine_b{size}"] = dtypes_b[pick.tree.name]
-            print(f"[tree search] batches of {size}: {pick.tree.summary()} (predicted {ranked[0]['predicted_speedup']:.2f}x "
-                  f"over vanilla batches of {size}) -> {out / f'machine_b{size}.yaml'}")
-    if ts.sampled_temperature:
-        sample_prompts = [encode_prompt(tokenizer, p) for every in sets
-                          for p in select(every, ts.sampled_prompts, held_out_from=bcfg.num_prompts)]
-        sampled = rank_sampled(cfg, methods, sample_prompts, found, out, float(ts.sampled_temperature), dtypes)
-        best = next(c for c in found if c.tree.name == sampled["ranking"][0]["tree"])
-        name = f"machine_t{sampled['temperature']:g}.yaml"
-        write_tree(best, out / name, source=f"{best.tree.name}, the fastest decoded at T={sampled['temperature']:g}")
-        machine["sampled"] = {**sampled, "chosen": best.tree.name}
-        machine["dtypes"][Path(name).stem] = dtypes[best.tree.name]
-        print(f"[tree search] at T={sampled['temperature']:g}: {best.tree.summary()} -> {out / name}")
-    (out / "machine.json").write_text(json.dumps(machine, indent=2))
-    if not ts.compare:
-        return out
-    names = ["vanilla", "eagle"] + [f"eagle@{c.tree.name}" for c in found]
-    # vanilla in the dtype the cost model timed fastest: the predictions are against it, so are the measurements
-    fastest = min(plain_ms, key=plain_ms.get)
-    compare = benchmark(cfg, methods, names=names, temperatures=list(ts.temperatures), out_dir=out / "compare",
-                        tree_dirs=(str(out),), dtypes={"vanilla": fastest, **{f"eagle@{c.tree.name}": dtypes[c.tree.name]
-                                                                              for c in found}})
-    summary = []
-
-    def per_token_ms(m: dict) -> float:  # the rounds only, as the prediction (prefill excluded)
-        return m["ms_per_round"] / m["tau"]
-
-    for run in json.loads((compare / "results.json").read_text())["runs"]:
-        ms = run["methods"]
-        rows = [{"eval_set": run["eval_set"], "temperature": run["temperature"], "tree": c.tree.name,
-                 "nodes": c.tree.num_nodes, "depth": c.tree.depth, "predicted_tau": c.predicted_tau,
-                 "tau": ms[f"eagle@{c.tree.name}"]["tau"],
-                 "speedup": ms[f"eagle@{c.tree.name}"]["speedup"],  # tokens/s, prefill included
-                 "rounds_speedup": per_token_ms(ms["vanilla"]) / per_token_ms(ms[f"eagle@{c.tree.name}"])}
-                for c in found]
-        summary += rows
-        default, best = run["methods"]["eagle"], max(rows, key=lambda r: r["speedup"])
-        print(f"[tree search] {run['eval_set']} T={run['temperature']:g}: default tree {default['speedup']:.2f}x "
-              f"(tau {default['tau']:.2f}); best candidate {best['tree']} {best['speedup']:.2f}x "
-              f"(tau {best['tau']:.2f}, predicted {best['predicted_tau']:.2f}): eagle.tree={out / best['tree']}.yaml")
-    predicted = {r["tree"]: r for r in ranking}
-    for row in summary:  # predicted_speedup compares with rounds_speedup: both leave the prefill out
-        row |= {k: predicted[row["tree"]][k] for k in ("predicted_round_ms", "predicted_speedup")}
-        row["machine_choice"] = row["tree"] == chosen.tree.name
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    return out
-
-
-def bench_dtype(cfg: DictConfig, methods: Methods, out: Path, label: str) -> str:
-    """The dtype `Methods.dtype` gives `label` (`vanilla`, or `eagle@<tree of out>`): on a CPU with
-    bf16, for a tree the faster one at its width in one timed forward (a small tree may verify
-    faster in float32 than EAGLE-1's 26 tokens do). The cost model starts from it and decides
-    between it and float32 by the trees' rounds (`measure_round_cost`)."""
-    return methods.dtype(label, dtype_overrides(cfg.benchmark.dtypes), tree_dirs=(str(out),))
-
-
-def rotated(names: list[str], i: int) -> list[str]:
-    """`names` starting at its i-th (mod its length): the order methods take turn i in, so that
-    none is always first after the others have warmed the caches or met a busier machine."""
-    return names[i % len(names):] + names[: i % len(names)]
-
-
-def plain_dtypes(cfg: DictConfig, methods: Methods, out: Path) -> list[str]:
-    """The dtypes plain decoding is timed in beside the trees: vanilla's own and, where bf16 is
-    fast, bf16 too; the fastest of them is the benchmark's "vs fastest" baseline."""
-    return list(dict.fromkeys([bench_dtype(cfg, methods, out, "vanilla"), auto_dtype(cfg.device, wide=True)]))
-
-
-def measure_round_cost(cfg: DictConfig, methods: Methods, prompts: list[list[int]],
-                       found: list, out: Path, size: int = 1) -> tuple[MachineCost, dict[str, float], dict[str, str]]:
-    """Rounds measured on chains and on the candidate trees (short greedy decodes of a few
-    batches of `size` prompts), fitted per dtype into a `MachineCost`; the round of plain decoding on the
-    same batches in each dtype a benchmark compares (vanilla's own and, where bf16 is fast, bf16:
-    the fastest is the "vs fastest" baseline); and the dtype of each tree. A batch round drafts
-    every sequence's tree and verifies them all in one forward.
-
-    On a CPU, a tree whose width the dtype probe (`bench_dtype`) timed faster in bf16 decodes here
-    in both dtypes (unless `benchmark.dtypes` names its dtype), and keeps float32 unless its bf16
-    rounds are faster by more than `tree_search.dtype_margin`: one verification forward timed
-    alone chose bf16 where the benchmark's 7-token bf16 rounds then cost more than float32's
-    (LOG.md). The cost model prices each tree in the dtype kept, from a fit of the rounds timed in
-    that dtype only (`MachineCost`).
-
-    The methods take turns batch by batch, in an order rotated at each batch: on a shared
-    machine the same forward can cost 40% more a few minutes later (LOG.md), and timing one
-    tree after another let that drift rank the trees."""
-    from eagle.bench.batch import summarise
-
-    ts, greedy = cfg.tree_search, SamplingPolicy()
-    trees = [TreeTemplate.chain(k, name=f"chain{k}") for k in ts.cost_chains] + [c.tree for c in found]
-    for tree in trees[: len(ts.cost_chains)]:
-        write_tree(Candidate(tree, 0.0), out / f"{tree.name}.yaml", source="cost model calibration")
-    groups = [[prompts[(i + j) % len(prompts)] for j in range(size)] for i in range(ts.cost_prompts)]
-    longest = sorted(prompts, key=len, reverse=True)[:size]
-    plain = plain_dtypes(cfg, methods, out)
-    overrides = dtype_overrides(cfg.benchmark.dtypes)
-
-    def tried_dtypes(tree: TreeTemplate) -> list[str]:
-        """The probe's dtype for the tree and, where the probe chose another than float32, float32
-        too: the rounds in turn below decide. A dtype asked for, or a GPU's, is kept as is."""
-        label = f"eagle@{tree.name}"
-        dtype = bench_dtype(cfg, methods, out, label)
-        return [dtype, "float32"] if dtype != "float32" and methods.probed(label, overrides) else [dtype]
-
-    tried = {tree.name: tried_dtypes(tree) for tree in trees}
-    runs = {f"vanilla {d}": methods.build("vanilla", d) for d in plain} | {
-        f"{tree.name} {d}": methods.build(f"eagle@{tree.name}", d, tree_dirs=(str(out),))
-        for tree in trees for d in tried[tree.name]}
-    for method in runs.values():  # untimed: kernels warm (and a static runner's buffers at their largest)
-        method.generate_batch(longest, warmup_budget(method, ts.cost_tokens, cfg.benchmark.warmup_tokens), greedy)
-    timed: dict[str, list] = {name: [] for name in runs}
-    names = list(runs)
-    for i, group in enumerate(tqdm(groups, desc=f"cost model: {len(names)} methods in turn", unit="batch")):
-        for name in rotated(names, i):
-            timed[name].append((runs[name].generate_batch(group, ts.cost_tokens, greedy), 0.0))
-    per_round = {name: summarise(name, size, rows) for name, rows in timed.items()}
-    round_ms = {name: r.draft_ms_per_round + r.verify_ms_per_round for name, r in per_round.items()}
-    dtypes = {tree.name: preferred({d: round_ms[f"{tree.name} {d}"] for d in tried[tree.name]},
-                                   "float32", float(ts.dtype_margin)) for tree in trees}  # float32 unless another wins clearly
-    for tree in trees:
-        if len(tried[tree.name]) > 1:
-            print(f"[tree search] {tree.name}: {dtypes[tree.name]} (rounds in turn: "
-                  + ", ".join(f"{d} {round_ms[f'{tree.name} {d}']:.1f} ms" for d in tried[tree.name]) + ")")
-    # every round timed, in each dtype: one fit per dtype (a bf16 tree is not priced by float32's curve)
-    measured = [(tree, d, per_round[f"{tree.name} {d}"].draft_ms_per_round, per_round[f"{tree.name} {d}"].verify_ms_per_round)
-                for tree in trees for d in tried[tree.name]]
-    plain_ms = {d: round_ms[f"vanilla {d}"] for d in plain}
-    return MachineCost.fit(measured, dtypes), plain_ms, dtypes
-
-
-def rank_sampled(cfg: DictConfig, methods: Methods, prompts: list[list[int]], found: list, out: Path,
-                 temperature: float, dtypes: dict[str, str]) -> dict:
-    """The candidates decoded at `temperature`, fastest first: the greedy search cannot see how
-    siblings share a sampled round's residual, so this ranking is measured, not predicted.
-    Each tree (in `dtypes`, the cost model's) and plain decoding (in each of `plain_dtypes`)
-    decode every prompt for `max_new_tokens`, interleaved prompt by prompt in an order rotated at
-    each prompt, so that the machine's drift reaches every tree alike; ms per token of the rounds
-    (prefill excluded), and speedups against the fastest plain decoding, as the benchmark reports
-    them. Sampled tau varies from prompt to prompt: more prompts, a steadier rank."""
-    policy = SamplingPolicy(temperature=temperature)
-    plain = {f"vanilla {d}": d for d in plain_dtypes(cfg, methods, out)}
-    runs = {name: methods.build("vanilla", d) for name, d in plain.items()} | {
-        c.tree.name: methods.build(f"eagle@{c.tree.name}", dtypes[c.tree.name], tree_dirs=(str(out),)) for c in found}
-    seconds, committed, rounds = dict.fromkeys(runs, 0.0), dict.fromkeys(runs, 0), dict.fromkeys(runs, 0)
-    for method in runs.values():
-        warm_up(method, prompts, cfg.max_new_tokens, policy, seeded_generator(cfg.seed, cfg.device))
-    names = list(runs)
-    for i, p in enumerate(tqdm(prompts, desc=f"candidates at T={temperature:g}", unit="prompt")):
-        for name in rotated(names, i):
-            stats = runs[name].generate(p, cfg.max_new_tokens, policy, seeded_generator(cfg.seed + i, cfg.device)).stats
-            seconds[name] += stats.draft_s + stats.verify_s
-            committed[name] += stats.committed
-            rounds[name] += stats.forwards
-    ms = {name: 1000 * seconds[name] / max(committed[name], 1) for name in runs}
-    fastest = min(plain, key=ms.get)
-    ranking = sorted(({"tree": c.tree.name, "nodes": c.tree.num_nodes, "tau": committed[c.tree.name] / max(rounds[c.tree.name], 1),
-                       "ms_per_token": ms[c.tree.name], "speedup": ms[fastest] / ms[c.tree.name]} for c in found),
-                     key=lambda r: r["ms_per_token"])
-    print(f"[tree search] T={temperature:g} plain decoding: "
-          + ", ".join(f"{d} {ms[name]:.2f} ms/token" for name, d in plain.items()))
-    for r in ranking:
-        print(f"[tree search] T={temperature:g} {r['tree']}: tau {r['tau']:.2f}, {r['ms_per_token']:.2f} ms/token, "
-              f"{r['speedup']:.2f}x the fastest plain decoding ({plain[fastest]})")
-    return {"temperature": temperature, "prompts": len(prompts), "tokens": int(cfg.max_new_tokens),
-            "vanilla_ms_per_token": ms[fastest], "vanilla_dtype": plain[fastest],
-            "vanilla_ms_per_token_by_dtype": {d: ms[name] for name, d in plain.items()}, "ranking": ranking}
+    """The tree for this machine (eagle.bench.machine_tree.search_tree), its candidates compared
+    in a benchmark of this config."""
+    bcfg = cfg.benchmark
+    section = OmegaConf.to_container(cfg.tree_search, resolve=True)
+    run = {"eval_sets": list(bcfg.eval_sets), "benchmark_prompts": bcfg.num_prompts, "dtypes": dtype_overrides(bcfg.dtypes),
+           "max_new_tokens": cfg.max_new_tokens, "warmup_tokens": bcfg.warmup_tokens, "seed": cfg.seed}
+    own = [f.name for f in dataclasses.fields(TreeSearchConfig) if f.name not in run]  # the section's settings
+    if unknown := sorted(set(section) - set(own)):
+        raise ValueError(f"tree_search: unknown setting(s) {', '.join(unknown)} (it has {', '.join(own)})")
+    if missing := [k for k in own if k not in section]:
+        raise ValueError(f"tree_search: {', '.join(missing)} missing (configs/decode.yaml's section sets each one)")
+    methods = methods_of(cfg)
+    return search_tree(methods, TreeSearchConfig(**section, **run), compare=functools.partial(benchmark, cfg, methods))
 
 
 def read_json(path: str, key: str) -> dict:
@@ -626,7 +262,7 @@ def timing(cfg: DictConfig) -> Path:
     dtype = resolve_dtype_name(tcfg.dtype, cfg.device)
     target = random_target(shape, dtype, cfg.device, seed=cfg.seed)
     cfg = OmegaConf.merge(cfg, {"static_max_len": tcfg.max_len, "eagle": {"random": True}})
-    methods = Methods(cfg)
+    methods = methods_of(cfg)
     gb = weight_bytes(target) / 1e9
     device_name = torch.cuda.get_device_name(cfg.device) if str(cfg.device).startswith("cuda") else str(cfg.device)
     bandwidth = tcfg.bandwidth_gb_s or gpu_bandwidth_gb_s(device_name)
@@ -788,7 +424,7 @@ def profile(cfg: DictConfig) -> Path:
     from eagle.proposers.template import TemplateProposer
 
     pcfg = cfg.profile
-    methods = Methods(cfg)
+    methods = methods_of(cfg)
     dtype = methods.dtype("eagle", {} if pcfg.dtype == "auto" else {"eagle": pcfg.dtype})
     _, tokenizer = methods.target(dtype)
     eagle = methods.build("eagle", dtype)
@@ -860,7 +496,7 @@ def ablations(cfg: DictConfig) -> Path:
     variants = abl.find_variants(acfg.dir)
     labels = {v.name: f"eagle[{v.name}]" for v in variants}
     drafters = {labels[v.name]: str(v.drafter) for v in variants}
-    methods = Methods(cfg)
+    methods = methods_of(cfg)
     dtype = methods.dtype("eagle", {"eagle": acfg.dtype} if acfg.dtype else {})
 
     def build(label: str):
@@ -898,7 +534,7 @@ def batch(cfg: DictConfig) -> Path:
                          top_p=cfg.top_p, seed=cfg.seed)  # a bad size or a missing vanilla fails before loading
     for name in config.methods:
         MethodSpec.parse(name.replace("{B}", "1"))
-    methods = Methods(cfg)
+    methods = methods_of(cfg)
     dtypes = dtype_overrides(bc.dtypes)
     _, tokenizer = methods.target(methods.dtype("vanilla", dtypes))
     eval_sets = {name: load_eval_set(name, bc.num_prompts) for name in bc.eval_sets}

@@ -66,7 +66,7 @@ def auto_dtype(device: str | torch.device = "cpu", wide: bool = True) -> str:
     `wide`: the forward scores many tokens at once (a tree verification, a training batch).
     On a CPU, a one-token decode step is memory- and overhead-bound, and fp32 decodes it at
     least as fast as bf16 even with AMX (LOG.md), so narrow work stays in fp32 there. A rule, not
-    a measurement: where it says bf16 on a CPU, decode.py measures both dtypes on the target
+    a measurement: where it says bf16 on a CPU, `eagle.bench.builder.Methods` measures both dtypes on the target
     (`eagle.bench.precision.faster_dtype`; a small model can verify faster in fp32).
     """
     device = torch.device(device)

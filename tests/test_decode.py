@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from eagle.bench import builder
 from eagle.bench.benchmark import tau_by_category
 from eagle.bench.evalsets import EvalSetError, load_eval_set, spread
 from eagle.bench.methods import METHODS, MethodError, MethodSpec
@@ -170,9 +171,9 @@ def test_acceptance_by_node_counts_full_tree_rounds():
 
 
 def test_greedy_methods_identical_to_hf_generate(models, tmp_path):
-    from decode import Methods
+    from decode import methods_of
 
-    methods = Methods(decode_cfg(models, tmp_path))
+    methods = methods_of(decode_cfg(models, tmp_path))
     reference = methods.build("hf_generate", "float32")
     prompts = [[1, 5, 9, 14], [1] + list(range(20, 60)), [1, 7]]
     for name in EVERY:
@@ -186,10 +187,52 @@ def test_greedy_methods_identical_to_hf_generate(models, tmp_path):
             assert got.stats.committed == len(got.tokens) - 1 and got.stats.forwards >= 1, name
 
 
+def test_methods_build_from_plain_settings_without_the_config(models, tmp_path):
+    """The library's `Methods` takes plain mappings (a notebook's, a script's): the same sections
+    as decode.py's config build methods that decode alike, and a missing section is named."""
+    from omegaconf import OmegaConf
+
+    from decode import TREE_DIR, methods_of
+    from eagle.bench.builder import Methods
+    from eagle.bench.methods import SECTIONS
+
+    cfg = decode_cfg(models, tmp_path)
+    plain = {name: OmegaConf.to_container(cfg[name], resolve=True) for name in SECTIONS}
+    methods = Methods(plain, target=models / "target", device="cpu", tree_dir=TREE_DIR, kernels="default")
+    configured = methods_of(decode_cfg(models, tmp_path, "kernels=default"))
+    for name in ("eagle@chain5", "prompt_lookup", "draft"):
+        got = methods.build(name, "float32").generate([1, 5, 9, 14], 16, SamplingPolicy())
+        want = configured.build(name, "float32").generate([1, 5, 9, 14], 16, SamplingPolicy())
+        assert (got.tokens, got.stats.committed) == (want.tokens, want.stats.committed), name
+    with pytest.raises(ValueError, match="no settings for eagle"):
+        Methods({k: v for k, v in plain.items() if k != "eagle"}, target=models / "target", device="cpu", tree_dir=TREE_DIR)
+    with pytest.raises(ValueError):  # a kernel setting that does not exist, before anything is loaded
+        Methods(plain, target=models / "target", device="cpu", tree_dir=TREE_DIR, kernels="fastest")
+
+
+def test_tree_search_refuses_settings_it_does_not_have(models, tmp_path):
+    """An unknown key under tree_search (a typo) or one taken out is named before anything is
+    loaded; the library's search refuses a comparison it was given no benchmark for."""
+    import dataclasses
+
+    from decode import decode
+    from eagle.bench.machine_tree import TreeSearchConfig, search_tree
+
+    with pytest.raises(ValueError, match="unknown setting.*cost_prompt"):
+        decode(decode_cfg(models, tmp_path, "mode=tree_search", "+tree_search.cost_prompt=3"))
+    with pytest.raises(ValueError, match="tree_search: sampled_prompts missing"):
+        decode(decode_cfg(models, tmp_path, "mode=tree_search", "~tree_search.sampled_prompts"))
+    fields = {f.name: None for f in dataclasses.fields(TreeSearchConfig)}
+    with pytest.raises(ValueError, match="no benchmark was given"):
+        search_tree(None, TreeSearchConfig(**{**fields, "compare": True, "out_dir": str(tmp_path / "never")}))
+    assert not (tmp_path / "never").exists()
+
+
 def test_tree_search_writes_best_subtrees_and_compares_them(models, tmp_path, capsys):
     """mode=tree_search on a small probe: best<N>.yaml files, and a comparison run in which
     they decode greedily exactly like vanilla, with the tau the search predicted (float32)."""
-    from decode import decode, searched_dtype
+    from decode import decode
+    from eagle.bench.builder import searched_dtype
 
     probe = tmp_path / "tiny_probe.yaml"
     probe.write_text("kind: budget\nmax_depth: 3\nmax_rank_sum: 1\n")
@@ -257,11 +300,11 @@ def test_generate_mode_streams(models, tmp_path, capsys):
 
 
 def test_bad_input_errors(models, tmp_path, monkeypatch):
-    from decode import Methods, decode
+    from decode import decode, methods_of
 
     target, tokenizer = load_target(models / "target")
     two_heads = save_medusa(MedusaHeads.random(target, 2, tokenizer), tmp_path / "two_heads")
-    methods = Methods(decode_cfg(models, tmp_path))
+    methods = methods_of(decode_cfg(models, tmp_path))
     with pytest.raises(MethodError, match="unknown method 'nope'"):
         methods.build("nope", "float32")
     with pytest.raises(MethodError, match="only eagle, eagle_lookup, draft, specinfer_merge, medusa, medusa_typical take a tree"):
@@ -284,14 +327,14 @@ def test_bad_input_errors(models, tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="empty"):
         decode(decode_cfg(models, tmp_path, "method=vanilla", "prompt=' '"))
     with pytest.raises(MethodError, match="eagle.random=true"):
-        Methods(decode_cfg(models, tmp_path, "eagle.random=false", "eagle.drafter=null")).build("eagle", "float32")
+        methods_of(decode_cfg(models, tmp_path, "eagle.random=false", "eagle.drafter=null")).build("eagle", "float32")
     with pytest.raises(MethodError, match="medusa.random=true"):
-        Methods(decode_cfg(models, tmp_path, "medusa.random=false", "medusa.heads=null")).build("medusa", "float32")
+        methods_of(decode_cfg(models, tmp_path, "medusa.random=false", "medusa.heads=null")).build("medusa", "float32")
     with pytest.raises(MedusaError, match="3 deep but there are only 2 Medusa heads"):
-        Methods(decode_cfg(models, tmp_path, "medusa.random=false", f"medusa.heads={two_heads}")).build(
+        methods_of(decode_cfg(models, tmp_path, "medusa.random=false", f"medusa.heads={two_heads}")).build(
             "medusa_typical", "float32")
     with pytest.raises(MethodError, match=r"eagle: unknown setting\(s\) \['drafter_path'\]"):
-        Methods(decode_cfg(models, tmp_path, "+eagle.drafter_path=x")).build("eagle", "float32")
+        methods_of(decode_cfg(models, tmp_path, "+eagle.drafter_path=x")).build("eagle", "float32")
     import importlib.util
 
     real = importlib.util.find_spec
@@ -533,14 +576,14 @@ def test_eagle_drafts_from_a_reduced_vocabulary(models, tmp_path, capsys):
     """`eagle%K` (or eagle.draft_vocab=K) drafts from the K most counted tokens of the drafter's
     training data: greedy output stays identical; no counts, or a K past the vocabulary, is a
     clear error."""
-    from decode import Methods
+    from decode import methods_of
     from eagle.data.vocab import save_counts
     from eagle.models.checkpoint import save_drafter
     from eagle.models.drafter import EagleDrafter
 
     target, tokenizer = load_target(models / "target")
     ckpt = save_drafter(EagleDrafter.random(target, tokenizer, str(models / "target")), tmp_path / "drafter")
-    methods = Methods(decode_cfg(models, tmp_path, "eagle.random=false", f"eagle.drafter={ckpt}"))
+    methods = methods_of(decode_cfg(models, tmp_path, "eagle.random=false", f"eagle.drafter={ckpt}"))
     with pytest.raises(MethodError, match="needs the token counts"):
         methods.build("eagle%16", "float32")
     vocab = target.config.vocab_size
@@ -627,9 +670,9 @@ def test_bf16_on_a_cpu_is_measured_not_assumed(models, tmp_path, monkeypatch, ca
         calls.append((sorted(models_), width))
         return DtypeChoice("float32", width, {"float32": 1.0, "bfloat16": 2.0})
 
-    monkeypatch.setattr(decode_module, "faster_dtype", fake)
+    monkeypatch.setattr(builder, "faster_dtype", fake)
     monkeypatch.setattr(hardware, "cpu_has_fast_bf16", lambda: True)
-    methods = decode_module.Methods(decode_cfg(models, tmp_path))
+    methods = decode_module.methods_of(decode_cfg(models, tmp_path))
     assert methods.dtype("vanilla") == "float32" and not calls  # narrow: fp32 on a CPU, no probe
     assert methods.dtype("eagle", {"eagle": "bfloat16"}) == "bfloat16" and not calls  # asked for
     assert methods.dtype("eagle") == "float32"
@@ -647,7 +690,7 @@ def test_bf16_on_a_cpu_is_measured_not_assumed(models, tmp_path, monkeypatch, ca
     assert report["runs"][0]["methods"]["eagle"]["dtype"] == "float32"
     before = len(calls)
     monkeypatch.setattr(hardware, "cpu_has_fast_bf16", lambda: False)
-    assert decode_module.Methods(decode_cfg(models, tmp_path)).dtype("eagle") == "float32" and len(calls) == before
+    assert decode_module.methods_of(decode_cfg(models, tmp_path)).dtype("eagle") == "float32" and len(calls) == before
 
 
 def test_the_tree_search_measures_each_tree_in_the_dtype_it_decodes_in(models, tmp_path, monkeypatch):
@@ -661,7 +704,7 @@ def test_the_tree_search_measures_each_tree_in_the_dtype_it_decodes_in(models, t
     def fake(models_, width, **_):  # float32 up to 4 tokens verified, bf16 beyond
         return DtypeChoice("float32" if width <= 4 else "bfloat16", width, {"float32": 1.0, "bfloat16": 1.0})
 
-    monkeypatch.setattr(decode_module, "faster_dtype", fake)
+    monkeypatch.setattr(builder, "faster_dtype", fake)
     _fake_rounds(monkeypatch, lambda label: 5.0 if label.endswith("bfloat16") else 10.0)  # bf16 rounds win clearly
     monkeypatch.setattr(hardware, "cpu_has_fast_bf16", lambda: True)
     built = []
@@ -701,7 +744,7 @@ def test_the_cost_model_prices_each_tree_by_the_rounds_of_its_own_dtype(models, 
     from eagle import hardware
     from eagle.bench.precision import DtypeChoice
 
-    monkeypatch.setattr(decode_module, "faster_dtype", lambda models_, width, **_: DtypeChoice(
+    monkeypatch.setattr(builder, "faster_dtype", lambda models_, width, **_: DtypeChoice(
         "float32" if width <= 4 else "bfloat16", width, {"float32": 1.0, "bfloat16": 1.0}))
     monkeypatch.setattr(hardware, "cpu_has_fast_bf16", lambda: True)
     rounds = {"chain1 float32": 10.0, "best2 float32": 12.0, "chain3 float32": 20.0, "best4 float32": 30.0,
@@ -726,10 +769,10 @@ def _fake_rounds(monkeypatch, ms_per_round) -> None:
     instead of what they measured, so that a test decides which dtype wins."""
     import dataclasses
 
-    from eagle.bench import batch as batch_module
+    from eagle.bench import machine_tree
 
-    real = batch_module.summarise
-    monkeypatch.setattr(batch_module, "summarise", lambda label, size, runs: dataclasses.replace(
+    real = machine_tree.summarise
+    monkeypatch.setattr(machine_tree, "summarise", lambda label, size, runs: dataclasses.replace(
         real(label, size, runs), draft_ms_per_round=1.0, verify_ms_per_round=ms_per_round(label) - 1.0))
 
 
@@ -771,7 +814,7 @@ def test_the_candidates_are_compared_with_the_plain_decoding_their_predictions_u
     from eagle import hardware
     from eagle.bench.precision import DtypeChoice
 
-    monkeypatch.setattr(decode_module, "faster_dtype",
+    monkeypatch.setattr(builder, "faster_dtype",
                         lambda models_, width, **_: DtypeChoice("float32", width, {"float32": 1.0}))
     _fake_rounds(monkeypatch, lambda label: 5.0 if label == "vanilla bfloat16" else 10.0)  # bf16 plain decoding wins
     monkeypatch.setattr(hardware, "cpu_has_fast_bf16", lambda: True)
@@ -805,7 +848,7 @@ def test_the_sampled_ranking_takes_turns_against_the_fastest_plain_decoding(mode
     from eagle.bench.precision import DtypeChoice
 
     monkeypatch.setattr(hardware, "cpu_has_fast_bf16", lambda: True)  # plain decoding in float32 and bf16
-    monkeypatch.setattr(decode_module, "faster_dtype",  # every tree in float32, without timing it
+    monkeypatch.setattr(builder, "faster_dtype",  # every tree in float32, without timing it
                         lambda models_, width, **_: DtypeChoice("float32", width, {"float32": 1.0}))
     calls = _record_decodes(monkeypatch, decode_module, "generate", lambda spec, dtype: f"{spec} {dtype}")
     out = _search_tiny(decode_module, models, tmp_path, "tree_search.cost_prompts=1",
@@ -843,7 +886,7 @@ def test_the_cost_model_keeps_float32_unless_bf16_rounds_win_clearly(models, tmp
     from eagle.bench.precision import DtypeChoice
 
     monkeypatch.setattr(hardware, "cpu_has_fast_bf16", lambda: True)
-    monkeypatch.setattr(decode_module, "faster_dtype",  # the probe: bf16 at every width
+    monkeypatch.setattr(builder, "faster_dtype",  # the probe: bf16 at every width
                         lambda models_, width, **_: DtypeChoice("bfloat16", width, {"bfloat16": 1.0, "float32": 2.0}))
     # ms a round; float32's: 10. 5.0 beats it by more than 10%; 9.2 by 8%; chain3 is asked for in bf16
     rounds = {"chain1 bfloat16": 5.0, "chain3 bfloat16": 9.9, "best2 bfloat16": 9.2}
@@ -860,8 +903,8 @@ def test_the_cost_model_keeps_float32_unless_bf16_rounds_win_clearly(models, tmp
     machine = json.loads((out / "machine.json").read_text())
     assert {k: machine["dtypes"][k] for k in ("chain1", "chain3", "best2")} == {
         "chain1": "bfloat16", "chain3": "bfloat16", "best2": "float32"}
-    assert decode_module.searched_dtype(str(out / "machine.yaml")) == "float32"  # best2, the only candidate
-    assert decode_module.searched_dtype(str(out / "machine_t1.yaml")) == "float32"
+    assert builder.searched_dtype(str(out / "machine.yaml")) == "float32"  # best2, the only candidate
+    assert builder.searched_dtype(str(out / "machine_t1.yaml")) == "float32"
     assert "eagle@best2 float32" in sampled_calls and "eagle@best2 bfloat16" not in sampled_calls
     (run,) = json.loads((out / "compare" / "results.json").read_text())["runs"]
     assert run["methods"]["eagle@best2"]["dtype"] == "float32"
@@ -875,7 +918,7 @@ def test_a_benchmark_decodes_the_searched_tree_in_the_dtype_it_was_chosen_in(mod
     from eagle.bench.precision import DtypeChoice
 
     calls = []
-    monkeypatch.setattr(decode_module, "faster_dtype",
+    monkeypatch.setattr(builder, "faster_dtype",
                         lambda models_, width, **_: calls.append(width) or DtypeChoice("float32", width, {"float32": 1.0}))
     monkeypatch.setattr(hardware, "cpu_has_fast_bf16", lambda: True)
     search = tmp_path / "search"
@@ -883,7 +926,7 @@ def test_a_benchmark_decodes_the_searched_tree_in_the_dtype_it_was_chosen_in(mod
     for name in ("best3", "best4", "machine", "other"):
         (search / f"{name}.yaml").write_text("kind: chain\ngamma: 3\n")
     (search / "machine.json").write_text(json.dumps({"chosen": "best3", "dtypes": {"best3": "bfloat16", "best4": "float32"}}))
-    methods = decode_module.Methods(decode_cfg(models, tmp_path))
+    methods = decode_module.methods_of(decode_cfg(models, tmp_path))
     assert methods.dtype(f"eagle@{search / 'machine.yaml'}") == "bfloat16"
     assert methods.dtype(f"eagle@{search / 'best4.yaml'}") == "float32" and not calls
     assert "as the tree search that chose" in capsys.readouterr().out

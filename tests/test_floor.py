@@ -8,6 +8,7 @@ import json
 import pytest
 import torch
 
+from eagle.bench import builder
 from eagle.bench import floor as fl
 from eagle.decoding.kernels import kernels_of, use_kernels
 from eagle.decoding.runners import DynamicRunner, StaticRunner
@@ -242,7 +243,7 @@ def test_auto_runs_on_the_kernels_decoding_would_choose(target_dir, tmp_path, mo
             forwards.append(kernels_of(target))
         return real(target, turns, *args, **kwargs)
 
-    monkeypatch.setattr(entry, "faster_kernels", chooser)
+    monkeypatch.setattr(builder, "faster_kernels", chooser)
     monkeypatch.setattr(fl, "settings_costs", costs)
     out = tmp_path / "floor"
     entry.decode(compose_config("decode", [f"target={target_dir}", "mode=floor", "floor.tokens=[1,2]",

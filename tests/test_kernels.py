@@ -250,11 +250,12 @@ def test_auto_keeps_default_where_a_packed_copy_would_not_fit(monkeypatch, tmp_p
     """kernels=auto on a CPU whose free memory could not hold a second copy of the linears (a 7B
     float32 target): default kernels, said, and nothing is packed or timed."""
     import decode as entry
+    from eagle.bench import builder
 
     model = make_tiny_model("llama")
-    monkeypatch.setattr(entry, "free_memory_bytes", lambda: packed_bytes(model))  # half of it is too little
-    monkeypatch.setattr(entry, "faster_kernels", lambda *a, **k: pytest.fail("nothing may be timed"))
-    methods = entry.Methods(compose_config("decode", [f"paths.runs_dir={tmp_path}"]))
+    monkeypatch.setattr(builder, "free_memory_bytes", lambda: packed_bytes(model))  # half of it is too little
+    monkeypatch.setattr(builder, "faster_kernels", lambda *a, **k: pytest.fail("nothing may be timed"))
+    methods = entry.methods_of(compose_config("decode", [f"paths.runs_dir={tmp_path}"]))
     methods._use_kernels(model, "float32")
     assert methods.kernels == {"float32": "default"} and kernels_of(model) == "default"
     assert "packing the linears would take" in capsys.readouterr().err

@@ -22,7 +22,7 @@ Which N is best depends on what a wider verification and a deeper draft cost on 
 machine: `RoundCost` models a round's time from rounds measured on a few trees (verification
 by tokens verified, drafting by passes and rows; `MachineCost`, one model per dtype where trees
 decode in different ones), `choose_for_machine` ranks the candidates
-by predicted tau x vanilla step / round time, and `decode.py mode=tree_search` writes the
+by predicted tau x vanilla step / round time, and `eagle.bench.machine_tree.search_tree` writes the
 winner as `machine.yaml` and benchmarks the candidates to check the prediction. At temperature > 0
 siblings interact through the residual distribution: the greedy-optimal shape is a good
 guess there, not a proof, and a wide greedy pick can lose; `tree_search.sampled_temperature`
@@ -244,9 +244,9 @@ class MachineCost:
     """A round's time for each tree in the dtype it decodes in.
 
     On a CPU with fast bf16 a wide tree may keep bf16 while chains and small trees keep float32
-    (`decode.py`'s `measure_round_cost`), and a verification of n tokens costs differently in each:
-    one curve fitted through both would price a bf16 tree by float32's neighbours and the reverse.
-    So each dtype gets its own `RoundCost`, fitted on every round timed in it (a tree kept in one
+    (`eagle.bench.machine_tree.measure_round_cost`), and a verification of n tokens costs
+    differently in each: one curve fitted through both would price a bf16 tree by float32's
+    neighbours and the reverse. So each dtype gets its own `RoundCost`, fitted on every round timed in it (a tree kept in one
     dtype was timed in both, and counts in both fits); a dtype timed on fewer than the three trees
     a fit needs prices its trees by their own measured rounds.
     """
