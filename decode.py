@@ -45,7 +45,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from eagle.artifacts import files_stamp, keep_previous
-from eagle.bench.benchmark import BenchmarkConfig, encode_prompt, run_benchmark, warm_up
+from eagle.bench.benchmark import BenchmarkConfig, encode_prompt, run_benchmark
 from eagle.bench.builder import Methods, choose_kernels
 from eagle.bench.evalsets import Prompt, load_eval_set
 from eagle.bench.floor import weight_bytes
@@ -54,7 +54,6 @@ from eagle.bench.methods import SECTIONS, MethodError, MethodSpec, build_method
 from eagle.bench.precision import KernelChoice
 from eagle.bench.timing import project, random_target, time_methods, write_timing
 from eagle.cli import run_cli
-from eagle.decoding.kernels import KERNELS, check_kernels, use_kernels
 from eagle.hardware import gpu_bandwidth_gb_s, resolve_dtype_name, set_threads
 from eagle.sampling import SamplingPolicy, seeded_generator
 from eagle.target import load_target, resolve_dtype
@@ -291,67 +290,22 @@ def timing(cfg: DictConfig) -> Path:
 
 def floor(cfg: DictConfig) -> Path:
     """The memory floor of `target`'s step on this machine and its forwards of n new tokens,
-    for each runner setting of `floor.settings` (eagle/bench/floor.py)."""
+    for each runner setting of `floor.settings` (eagle.bench.floor.measure_floor)."""
     from eagle.bench import floor as fl
 
     fcfg = cfg.floor
-    settings = {}  # name -> (runner, compiled, kernels): RUNNER[+compile][+KERNELS|+auto]
-    named = {*KERNELS, "auto"} - {"default"}
-    for setting in fcfg.settings:  # every setting checked before anything is loaded or timed
-        kind, *flags = setting.split("+")
-        kernels = [f for f in flags if f in named]
-        if (kind not in ("dynamic", "static") or not set(flags) <= {"compile", *named}
-                or len(set(flags)) < len(flags) or len(kernels) > 1):
-            raise ValueError(f"floor.settings: {setting!r} is not RUNNER[+compile][+{'|+'.join(sorted(named))}] "
-                             "with RUNNER dynamic or static")
-        if "compile" in flags and kind != "static":
-            raise ValueError("floor.settings: compile needs the static runner (static+compile)")
-        kernel = kernels[0] if kernels else "default"
-        settings[setting] = (kind, "compile" in flags, kernel if kernel == "auto" else check_kernels(kernel, cfg.device))
+    settings = fl.parse_settings(fcfg.settings, cfg.device)  # every setting checked before anything is loaded
     dtype = resolve_dtype_name(fcfg.dtype, cfg.device, wide=False)
     target, _ = load_target(cfg.target, dtype=resolve_dtype(dtype), device=cfg.device, with_tokenizer=False)
     auto = None  # +auto: the kernels decoding's kernels=auto would choose for this target here (timed once)
     if any(kernels == "auto" for _, _, kernels in settings.values()):
         chosen = choose_kernels(target, "auto", cfg.device, dtype)
         auto = chosen if isinstance(chosen, KernelChoice) else KernelChoice(kernels=chosen, ms={})
-        settings = {name: (kind, compiled, auto.kernels if kernels == "auto" else kernels)
-                    for name, (kind, compiled, kernels) in settings.items()}
-    probe = fl.BandwidthProbe(cfg.device, megabytes=fcfg.buffer_mb)
-    bandwidth = probe(5)
-    gflops = fl.peak_gflops(cfg.device, size=fcfg.peak_size, dtype=resolve_dtype(dtype))
-    report = {"kind": "floor", "target": str(cfg.target), "dtype": dtype, "device": str(cfg.device),
-              "threads": torch.get_num_threads(), "context": fcfg.context, "repeats": fcfg.repeats,
-              "tokens": list(fcfg.tokens), "bandwidth_gb_s": bandwidth, "weight_bytes": fl.weight_bytes(target),
-              "peak_gflops": gflops, "peak_size": fcfg.peak_size, "flops_per_token": fl.linear_flops(target),
-              "torch": torch.__version__, "settings": {}}
-    if auto is not None:
-        report["auto_kernels"] = {"kernels": auto.kernels, "ms": auto.ms}
-    if fcfg.product_rows:
-        report["products"] = fl.product_costs(target, [int(n) for n in fcfg.product_rows], repeats=fcfg.repeats)
-    # the settings take turns forward by forward (fl.settings_costs), on their own kernels: switching
-    # keeps every setting's packed weights (release=False), so a turn costs no packing
-    turns = {setting: fl.Setting(fl.runner_factory(target, kind, "default" if compiled else None, max_len=fcfg.max_len),
-                                 functools.partial(use_kernels, target, kernels, release=False))
-             for setting, (kind, compiled, kernels) in settings.items()}
-    steps, measured = {}, {}  # setting -> its 1-token step of one sequence; name -> (costs, batch, setting)
-    for batch in sorted({1, *(int(b) for b in fcfg.batch_sizes)}):  # a batch's forwards: B x n tokens
-        costs = fl.settings_costs(target, turns, fcfg.tokens, fcfg.context, fcfg.repeats, seed=cfg.seed, batch=batch,
-                                  probe=probe if fcfg.paired else None)
-        for setting, by_size in costs.items():
-            name = setting if batch == 1 else f"{setting} x{batch}"
-            steps.setdefault(setting, by_size[1].ms if 1 in by_size else None)
-            measured[name] = (by_size, batch, setting)
-            print(f"[floor] {name}: " + ", ".join(
-                f"{n} tokens {c.ms:.1f} ms" + (f" ({c.paired_floors:.2f} floors, paired)" if c.paired_floors else "")
-                for n, c in by_size.items()))
-    # the floor is the fastest read of the memory: the first probe, or a faster one paired with a
-    # forward (the memory changes phase: a first probe in a slow one put steps at 0.89 "floors")
-    reads = [gb for by_size, _, _ in measured.values() for c in by_size.values() for gb in c.bandwidth_gb_s]
-    report["first_probe_gb_s"], bandwidth = bandwidth, max([bandwidth, *reads])
-    report["bandwidth_gb_s"], report["floor_ms"] = bandwidth, report["weight_bytes"] / (bandwidth * 1e9) * 1e3
-    for name, (by_size, batch, setting) in measured.items():
-        report["settings"][name] = fl.floor_report(target, bandwidth, by_size, steps[setting], batch, gflops)
-    use_kernels(target, "default")  # frees what the settings packed
+    report = fl.measure_floor(target, settings, tokens=list(fcfg.tokens), context=fcfg.context, repeats=fcfg.repeats,
+                              device=cfg.device, batch_sizes=[int(b) for b in fcfg.batch_sizes], paired=fcfg.paired,
+                              max_len=fcfg.max_len, buffer_mb=fcfg.buffer_mb, peak_size=fcfg.peak_size,
+                              product_rows=[int(n) for n in fcfg.product_rows or []], seed=cfg.seed, auto=auto)
+    report = {"kind": "floor", "target": str(cfg.target), "dtype": dtype, **report}
     return write_report(fcfg.out_dir, "floor", report, fl.markdown(report))
 
 
@@ -415,13 +369,10 @@ def coverage(cfg: DictConfig) -> Path:
 
 
 def profile(cfg: DictConfig) -> Path:
-    """Where EAGLE's round goes (`eagle.bench.profile`): drafting and verification split into
-    their parts, per round and per drafter pass, next to a vanilla step of the same target.
-    Writes profile.json and profile.md."""
-    import eagle.decoding.engine as engine
-    from eagle.bench.profile import Timers, breakdown_markdown, round_breakdown, timed
-    from eagle.decoding.stats import DecodeStats
-    from eagle.proposers.template import TemplateProposer
+    """Where EAGLE's round goes (`eagle.bench.profile.profile_round`): drafting and verification
+    split into their parts, per round and per drafter pass, next to a vanilla step of the same
+    target. Writes profile.json and profile.md."""
+    from eagle.bench.profile import breakdown_markdown, profile_round
 
     pcfg = cfg.profile
     methods = methods_of(cfg)
@@ -433,57 +384,12 @@ def profile(cfg: DictConfig) -> Path:
     cpu = torch.device(cfg.device).type == "cpu"
     vanillas = {d: methods.build("vanilla", d) for d in dict.fromkeys((dtype, "float32") if cpu else (dtype,))}
     prompts = [encode_prompt(tokenizer, p) for p in load_eval_set(pcfg.eval_set, pcfg.num_prompts)]
-    policy = SamplingPolicy(temperature=pcfg.temperature)
-    model = eagle.proposer.model
-    if compile_mode(cfg):  # time whole compiled passes: a timer inside one would break its graph
-        inside = [(model, "_scores", "drafter: FC + decoder layer"), (model, "_scores_fixed", "drafter: FC + decoder layer")]
-    else:
-        inside = [(model.drafter, "forward", "drafter: FC + decoder layer"),
-                  (model.cache, "prepare", "drafter: mask + positions")]
-    patches = [
-        *inside, (model.drafter, "logits", "drafter: LM head"), (eagle.proposer, "_choose", "children: top-k / sampling"),
-        (model.cache, "keep", "drafter: cache ops"), (model.cache, "reserve", "drafter: cache ops"),
-        (eagle.runner, "verify", "target: tree forward"), (SamplingPolicy, "probs", "target: logits processing"),
-        (engine, "verify_tree_greedy", "acceptance"), (engine, "verify_tree_stochastic", "acceptance"),
-        (eagle.runner, "commit", "target: KV compaction")]
-    if not isinstance(eagle.proposer, TemplateProposer):
-        raise ValueError("profile: the eagle method must be a template proposer")
-
-    def decode_all(runs: dict) -> dict[str, DecodeStats]:
-        """Every prompt with each method, in turns prompt by prompt (a drift of the machine's
-        load reaches them alike)."""
-        out = {name: DecodeStats(prompt_len=0) for name in runs}
-        for ids in tqdm(prompts, desc=f"profile: {', '.join(runs)}", unit="prompt"):
-            for name, method in runs.items():
-                out[name].rounds += method.generate(ids, pcfg.new_tokens, policy,
-                                                    seeded_generator(cfg.seed, cfg.device)).stats.rounds
-        return out
-
-    for method in (*vanillas.values(), eagle):
-        warm_up(method, prompts, pcfg.new_tokens, policy, seeded_generator(cfg.seed, cfg.device))
-    # the speedups: EAGLE without timers (on a GPU each one synchronises) against vanilla
-    plain = decode_all({**{f"vanilla ({d})": v for d, v in vanillas.items()}, "eagle": eagle})
-    bare = plain.pop("eagle")
-    plain = {d: plain[f"vanilla ({d})"] for d in vanillas}
-    # the breakdown: the same decodes again, every part timed
-    timers = Timers(cuda=str(cfg.device).startswith("cuda"))
-    with timed(patches, timers):
-        spec = decode_all({"eagle (timed)": eagle})["eagle (timed)"]
-    passes = timers.calls.get("drafter: FC + decoder layer", 0)  # (compiled: mask building included)
-    breakdown = round_breakdown(timers, len(spec.rounds), spec.draft_s, spec.verify_s, passes)
-    breakdown["tau"] = spec.tau
-    steps = {d: 1000 * (p.draft_s + p.verify_s) / len(p.rounds) for d, p in plain.items()}  # ms per token
-    step_ms, fastest = steps[dtype], min(steps, key=steps.get)
-    untimed_round_ms = 1000 * (bare.draft_s + bare.verify_s) / len(bare.rounds)
-    breakdown["untimed_round_ms"] = untimed_round_ms  # the timers' own cost is round_ms - this
-    per_token = {"vanilla": step_ms, "eagle": untimed_round_ms / bare.tau}
+    figures = profile_round(eagle, dtype, vanillas, prompts, pcfg.new_tokens, SamplingPolicy(temperature=pcfg.temperature),
+                            seed=cfg.seed, device=cfg.device, compiled=bool(compile_mode(cfg)))
     report = {"method": "eagle", "dtype": dtype, "device": str(cfg.device), "threads": torch.get_num_threads(),
               "prompts": len(prompts), "new_tokens": pcfg.new_tokens, "temperature": pcfg.temperature,
               "tree": cfg.eagle.tree, "tree_nodes": eagle.proposer.max_nodes,
-              "target_layers": int(methods.target(dtype)[0].config.num_hidden_layers),
-              "vanilla": {"step_ms": step_ms}, "vanilla_by_dtype": {d: {"step_ms": ms} for d, ms in steps.items()},
-              "eagle": breakdown, "speedup": per_token["vanilla"] / per_token["eagle"],
-              "fastest_vanilla": fastest, "speedup_vs_fastest": steps[fastest] / per_token["eagle"]}
+              "target_layers": int(methods.target(dtype)[0].config.num_hidden_layers), **figures}
     return write_report(pcfg.out_dir, "profile", report, breakdown_markdown(report))
 
 

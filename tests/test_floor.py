@@ -263,3 +263,17 @@ def test_auto_runs_on_the_kernels_decoding_would_choose(target_dir, tmp_path, mo
                                            "floor.settings=[dynamic+auto]", f"floor.out_dir={out}"]))
     assert not timed and json.loads((out / "floor.json").read_text())["auto_kernels"]["kernels"] == "default"
     assert "nothing to time" in (out / "floor.md").read_text()
+
+
+def test_the_floor_runs_from_the_library_without_the_config(tmp_path):
+    """`parse_settings` and `measure_floor` are the floor mode's work on plain arguments: a
+    setting of kernels auto needs the kernels chosen for it, and the report holds each setting."""
+    target = make_tiny_model("llama")
+    settings = fl.parse_settings(["dynamic", "dynamic+auto"])
+    assert settings == {"dynamic": ("dynamic", False, "default"), "dynamic+auto": ("dynamic", False, "auto")}
+    with pytest.raises(ValueError, match="no choice of kernels"):
+        fl.measure_floor(target, settings, tokens=[1], context=4, repeats=1, buffer_mb=8, peak_size=64)
+    report = fl.measure_floor(target, {"dynamic": settings["dynamic"]}, tokens=[1, 2], context=4, repeats=1,
+                              buffer_mb=8, peak_size=64)
+    assert set(report["settings"]) == {"dynamic"} and report["floor_ms"] > 0 and "products" not in report
+    assert [r["tokens"] for r in report["settings"]["dynamic"]["forwards"]] == [1, 2]

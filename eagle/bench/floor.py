@@ -38,6 +38,7 @@ linear-kernel setting it is asked to compare: `eagle.decoding.kernels`).
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -46,8 +47,16 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from eagle.bench.precision import KernelChoice
 from eagle.decoding import fused
-from eagle.decoding.kernels import PackedLinear, available_kernels, kernels_of, use_kernels
+from eagle.decoding.kernels import (
+    KERNELS,
+    PackedLinear,
+    available_kernels,
+    check_kernels,
+    kernels_of,
+    use_kernels,
+)
 from eagle.decoding.runners import TargetRunner, make_runner
 
 FORWARD_TOKENS = (1, 2, 4, 8, 16, 26, 64)  # 26: EAGLE-1's default tree with its root
@@ -325,6 +334,80 @@ def products_markdown(costs: list[dict]) -> str:
                      + " | ".join(f"{by[k]['ms']:.3f} ({by[k]['gb_s']:.1f})" if k in by else "-" for k in settings)
                      + " |")
     return "\n".join(lines) + "\n"
+
+
+def parse_settings(settings: Sequence[str], device: str | torch.device = "cpu") -> dict[str, tuple[str, bool, str]]:
+    """`floor.settings` as {setting: (runner, compiled, kernels)}: each is RUNNER[+compile][+KERNELS|+auto]
+    with RUNNER dynamic or static, compile for the static runner only, at most one kernel setting
+    (checked for `device`; auto is left for the caller to choose: `measure_floor`'s `auto`). Every
+    setting is checked before anything is loaded or timed."""
+    out = {}
+    named = {*KERNELS, "auto"} - {"default"}
+    for setting in settings:
+        kind, *flags = setting.split("+")
+        kernels = [f for f in flags if f in named]
+        if (kind not in ("dynamic", "static") or not set(flags) <= {"compile", *named}
+                or len(set(flags)) < len(flags) or len(kernels) > 1):
+            raise ValueError(f"floor.settings: {setting!r} is not RUNNER[+compile][+{'|+'.join(sorted(named))}] "
+                             "with RUNNER dynamic or static")
+        if "compile" in flags and kind != "static":
+            raise ValueError("floor.settings: compile needs the static runner (static+compile)")
+        kernel = kernels[0] if kernels else "default"
+        out[setting] = (kind, "compile" in flags, kernel if kernel == "auto" else check_kernels(kernel, device))
+    return out
+
+
+def measure_floor(target: nn.Module, settings: Mapping[str, tuple[str, bool, str]], tokens: Sequence[int],
+                  context: int, repeats: int, *, device: str | torch.device = "cpu", batch_sizes: Sequence[int] = (),
+                  paired: bool = True, max_len: int = 512, buffer_mb: int = 1024, peak_size: int = 1024,
+                  product_rows: Sequence[int] = (), seed: int = 0, auto: KernelChoice | None = None) -> dict:
+    """The floor report of `target` (see the module's docstring) for every setting of
+    `parse_settings`, a setting of kernels auto running on `auto`'s choice (the kernels
+    decoding's kernels=auto chose here, recorded in the report): the machine's bandwidth and peak,
+    each linear shape's products of `product_rows` rows, and each setting's forwards of every
+    `tokens` count after `context` committed tokens, for one sequence and each of `batch_sizes`,
+    the settings taking turns forward by forward; `paired`: a streaming read beside each timed
+    forward. Leaves the target on the default kernels."""
+    if any(kernels == "auto" for _, _, kernels in settings.values()) and auto is None:
+        raise ValueError("measure_floor: a setting of kernels auto, but no choice of kernels (auto) was given")
+    settings = {name: (kind, compiled, auto.kernels if kernels == "auto" else kernels)
+                for name, (kind, compiled, kernels) in settings.items()}
+    probe = BandwidthProbe(device, megabytes=buffer_mb)
+    bandwidth = probe(5)
+    gflops = peak_gflops(device, size=peak_size, dtype=next(target.parameters()).dtype)
+    report = {"device": str(device), "threads": torch.get_num_threads(), "context": context, "repeats": repeats,
+              "tokens": list(tokens), "bandwidth_gb_s": bandwidth, "weight_bytes": weight_bytes(target),
+              "peak_gflops": gflops, "peak_size": peak_size, "flops_per_token": linear_flops(target),
+              "torch": torch.__version__, "settings": {}}
+    if auto is not None:
+        report["auto_kernels"] = {"kernels": auto.kernels, "ms": auto.ms}
+    if product_rows:
+        report["products"] = product_costs(target, list(product_rows), repeats=repeats)
+    # the settings take turns forward by forward (settings_costs), on their own kernels: switching
+    # keeps every setting's packed weights (release=False), so a turn costs no packing
+    turns = {setting: Setting(runner_factory(target, kind, "default" if compiled else None, max_len=max_len),
+                              functools.partial(use_kernels, target, kernels, release=False))
+             for setting, (kind, compiled, kernels) in settings.items()}
+    steps, measured = {}, {}  # setting -> its 1-token step of one sequence; name -> (costs, batch, setting)
+    for batch in sorted({1, *batch_sizes}):  # a batch's forwards: B x n tokens
+        costs = settings_costs(target, turns, tokens, context, repeats, seed=seed, batch=batch,
+                               probe=probe if paired else None)
+        for setting, by_size in costs.items():
+            name = setting if batch == 1 else f"{setting} x{batch}"
+            steps.setdefault(setting, by_size[1].ms if 1 in by_size else None)
+            measured[name] = (by_size, batch, setting)
+            print(f"[floor] {name}: " + ", ".join(
+                f"{n} tokens {c.ms:.1f} ms" + (f" ({c.paired_floors:.2f} floors, paired)" if c.paired_floors else "")
+                for n, c in by_size.items()))
+    # the floor is the fastest read of the memory: the first probe, or a faster one paired with a
+    # forward (the memory changes phase: a first probe in a slow one put steps at 0.89 "floors")
+    reads = [gb for by_size, _, _ in measured.values() for c in by_size.values() for gb in c.bandwidth_gb_s]
+    report["first_probe_gb_s"], bandwidth = bandwidth, max([bandwidth, *reads])
+    report["bandwidth_gb_s"], report["floor_ms"] = bandwidth, report["weight_bytes"] / (bandwidth * 1e9) * 1e3
+    for name, (by_size, batch, setting) in measured.items():
+        report["settings"][name] = floor_report(target, bandwidth, by_size, steps[setting], batch, gflops)
+    use_kernels(target, "default")  # frees what the settings packed
+    return report
 
 
 def markdown(report: dict) -> str:

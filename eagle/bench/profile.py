@@ -22,11 +22,16 @@ from __future__ import annotations
 import functools
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
+from tqdm.auto import tqdm
+
+from eagle.bench.benchmark import warm_up
+from eagle.decoding.stats import DecodeStats
+from eagle.sampling import SamplingPolicy, seeded_generator
 
 # (owner, attribute, part): the functions timed; owner is a class or an instance
 Patch = tuple[object, str, str]
@@ -96,6 +101,75 @@ def round_breakdown(timers: Timers, rounds: int, draft_s: float, verify_s: float
             "drafter_passes_per_round": passes / rounds, "parts_ms": ms,
             "drafter_pass_ms": sum(per_pass.values()), "drafter_pass_parts_ms": per_pass,
             "calls": dict(timers.calls)}
+
+
+def round_patches(eagle, compiled: bool = False) -> list[Patch]:
+    """What `profile_round` times in an EAGLE method (a template proposer over a drafter): its
+    drafter's passes, head, children's choice, mask building and cache bookkeeping, and the
+    target's tree forward, logits processing, acceptance and KV compaction. Compiled, the
+    drafter's whole passes are timed (a timer inside one would break its graph)."""
+    import eagle.decoding.engine as engine
+    from eagle.proposers.template import TemplateProposer
+
+    if not isinstance(eagle.proposer, TemplateProposer):
+        raise ValueError("profile: the eagle method must be a template proposer")
+    model = eagle.proposer.model
+    if compiled:
+        inside = [(model, "_scores", "drafter: FC + decoder layer"), (model, "_scores_fixed", "drafter: FC + decoder layer")]
+    else:
+        inside = [(model.drafter, "forward", "drafter: FC + decoder layer"),
+                  (model.cache, "prepare", "drafter: mask + positions")]
+    return [
+        *inside, (model.drafter, "logits", "drafter: LM head"), (eagle.proposer, "_choose", "children: top-k / sampling"),
+        (model.cache, "keep", "drafter: cache ops"), (model.cache, "reserve", "drafter: cache ops"),
+        (eagle.runner, "verify", "target: tree forward"), (SamplingPolicy, "probs", "target: logits processing"),
+        (engine, "verify_tree_greedy", "acceptance"), (engine, "verify_tree_stochastic", "acceptance"),
+        (eagle.runner, "commit", "target: KV compaction")]
+
+
+def profile_round(eagle, dtype: str, vanillas: Mapping[str, object], prompts: Sequence[list[int]], new_tokens: int,
+                  policy: SamplingPolicy, seed: int = 0, device: str | torch.device = "cpu",
+                  compiled: bool = False) -> dict:
+    """EAGLE's round split into its parts, beside vanilla decoding's step. `eagle` runs in
+    `dtype`; `vanillas` holds vanilla decoding in that dtype (the parts' yardstick) and in any
+    other to compare with (dtype -> method). Every method warms up, then decodes every prompt
+    in turns, prompt by prompt, without timers (the speedups: on a GPU each timer
+    synchronises); then EAGLE decodes them again with every part timed (`round_patches`).
+    Returns the profile's figures: EAGLE's breakdown (`round_breakdown`, with its tau and the
+    round without timers), each vanilla's step, and EAGLE's speedup over its dtype's vanilla
+    and over the fastest."""
+    if dtype not in vanillas:
+        raise ValueError(f"profile_round: no vanilla decoding in eagle's dtype {dtype}")
+    patches = round_patches(eagle, compiled)
+
+    def decode_all(runs: dict) -> dict[str, DecodeStats]:
+        """Every prompt with each method, in turns prompt by prompt (a drift of the machine's
+        load reaches them alike)."""
+        out = {name: DecodeStats(prompt_len=0) for name in runs}
+        for ids in tqdm(prompts, desc=f"profile: {', '.join(runs)}", unit="prompt"):
+            for name, method in runs.items():
+                out[name].rounds += method.generate(ids, new_tokens, policy, seeded_generator(seed, device)).stats.rounds
+        return out
+
+    for method in (*vanillas.values(), eagle):
+        warm_up(method, prompts, new_tokens, policy, seeded_generator(seed, device))
+    plain = decode_all({**{f"vanilla ({d})": v for d, v in vanillas.items()}, "eagle": eagle})
+    bare = plain.pop("eagle")
+    plain = {d: plain[f"vanilla ({d})"] for d in vanillas}
+    timers = Timers(cuda=str(device).startswith("cuda"))
+    with timed(patches, timers):  # the breakdown: the same decodes again, every part timed
+        spec = decode_all({"eagle (timed)": eagle})["eagle (timed)"]
+    passes = timers.calls.get("drafter: FC + decoder layer", 0)  # (compiled: mask building included)
+    breakdown = round_breakdown(timers, len(spec.rounds), spec.draft_s, spec.verify_s, passes)
+    breakdown["tau"] = spec.tau
+    steps = {d: 1000 * (p.draft_s + p.verify_s) / len(p.rounds) for d, p in plain.items()}  # ms per token
+    step_ms, fastest = steps[dtype], min(steps, key=steps.get)
+    untimed_round_ms = 1000 * (bare.draft_s + bare.verify_s) / len(bare.rounds)
+    breakdown["untimed_round_ms"] = untimed_round_ms  # the timers' own cost is round_ms - this
+    eagle_ms = untimed_round_ms / bare.tau  # per token
+    return {"vanilla": {"step_ms": step_ms}, "vanilla_by_dtype": {d: {"step_ms": ms} for d, ms in steps.items()},
+            "eagle": breakdown, "speedup": step_ms / eagle_ms, "fastest_vanilla": fastest,
+            "speedup_vs_fastest": steps[fastest] / eagle_ms}
 
 
 def breakdown_markdown(report: dict) -> str:
