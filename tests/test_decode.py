@@ -189,7 +189,8 @@ def test_greedy_methods_identical_to_hf_generate(models, tmp_path):
 
 def test_methods_build_from_plain_settings_without_the_config(models, tmp_path):
     """The library's `Methods` takes plain mappings (a notebook's, a script's): the same sections
-    as decode.py's config build methods that decode alike, and a missing section is named."""
+    as decode.py's config build methods that decode alike, sections left out take their defaults,
+    and an unknown section is named."""
     from omegaconf import OmegaConf
 
     from decode import TREE_DIR, methods_of
@@ -203,9 +204,15 @@ def test_methods_build_from_plain_settings_without_the_config(models, tmp_path):
     for name in ("eagle@chain5", "prompt_lookup", "draft"):
         got = methods.build(name, "float32").generate([1, 5, 9, 14], 16, SamplingPolicy())
         want = configured.build(name, "float32").generate([1, 5, 9, 14], 16, SamplingPolicy())
-        assert (got.tokens, got.stats.committed) == (want.tokens, want.stats.committed), name
-    with pytest.raises(ValueError, match="no settings for eagle"):
-        Methods({k: v for k, v in plain.items() if k != "eagle"}, target=models / "target", device="cpu", tree_dir=TREE_DIR)
+        assert (got.tokens, got.stats.forwards) == (want.tokens, want.stats.forwards), name  # rounds: the drafts
+    few = Methods({"eagle": {"random": True}, "draft": {"model": str(models / "draft")}}, target=models / "target",
+                  device="cpu", tree_dir=TREE_DIR, kernels="default")  # every other setting its default
+    for name in ("eagle@chain5", "prompt_lookup", "draft"):
+        got = few.build(name, "float32").generate([1, 5, 9, 14], 16, SamplingPolicy())
+        want = configured.build(name, "float32").generate([1, 5, 9, 14], 16, SamplingPolicy())
+        assert (got.tokens, got.stats.forwards) == (want.tokens, want.stats.forwards), name
+    with pytest.raises(ValueError, match="unknown section.*egale"):
+        Methods({"egale": {}}, target=models / "target", device="cpu", tree_dir=TREE_DIR)
     with pytest.raises(ValueError):  # a kernel setting that does not exist, before anything is loaded
         Methods(plain, target=models / "target", device="cpu", tree_dir=TREE_DIR, kernels="fastest")
 

@@ -46,3 +46,26 @@ def test_each_readme_command_composes(name, overrides):
     overrides = [re.sub(r"^([\w.@/]+)=([^\[{'\"][^,]*),.*$", r"\1=\2", o) if "," in o and "[" not in o else o
                  for o in overrides]
     compose_config(name, overrides)
+
+
+def test_the_readme_python_block_runs(tmp_path, capsys):
+    """The README's "From Python" block, on a tiny random target and drafter in place of the
+    demo's: the library builds the methods from plain settings and EAGLE's greedy text is vanilla's."""
+    from eagle.models.checkpoint import save_drafter
+    from eagle.models.drafter import EagleDrafter
+    from eagle.target import load_target
+    from helpers.models import save_tiny_target, small_tokenizer
+
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("### From Python"):]
+    block = re.search(r"```python\n(.*?)```", section, flags=re.S).group(1)
+    target_dir = save_tiny_target(tmp_path / "target", small_tokenizer(), num_hidden_layers=2)
+    target, tokenizer = load_target(target_dir)
+    drafter = save_drafter(EagleDrafter.random(target, tokenizer, str(target_dir)), tmp_path / "drafter")
+    paths = {'"runs/drafter_smollm2/drafter"': repr(str(drafter)), '"runs/smollm2/model"': repr(str(target_dir)),
+             '"configs/tree"': repr(str(ROOT / "configs" / "tree"))}
+    for path, tiny in paths.items():
+        assert path in block, path
+        block = block.replace(path, tiny)
+    exec(compile(block, "README.md (From Python)", "exec"), {})
+    assert "tau " in capsys.readouterr().out

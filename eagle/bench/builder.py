@@ -61,9 +61,9 @@ def choose_kernels(model: torch.nn.Module, kernels: str, device, name: str) -> K
 
 
 class Methods:
-    """Builds methods from their sections' settings (`sections`: every name of
-    `eagle.bench.methods.SECTIONS`, each a plain mapping); targets and draft LMs are loaded once
-    per dtype. `target` is the target's folder; `kernels` the linears' setting (a name of
+    """Builds methods from their sections' settings (`sections`: names of
+    `eagle.bench.methods.SECTIONS`, each a plain mapping of its settings; a section or setting left
+    out takes its settings class's default); targets and draft LMs are loaded once per dtype. `target` is the target's folder; `kernels` the linears' setting (a name of
     `eagle.decoding.kernels.KERNELS`, or auto: timed); `runner`, `static_max_len` and
     `compile_mode` the engine methods' runner without a `:RUNNER` suffix, its cache slots and its
     torch.compile mode (None: eager). `tree_dir` holds the named trees (the repository's
@@ -73,9 +73,9 @@ class Methods:
     def __init__(self, sections: Mapping[str, Mapping], *, target: str | Path, device: str, tree_dir: str | Path,
                  kernels: str = "auto", runner: str = "dynamic", static_max_len: int | None = None,
                  compile_mode: str | None = None):
-        if missing := [name for name in SECTIONS if name not in sections]:
-            raise ValueError(f"Methods: no settings for {', '.join(missing)}")
-        self.sections = {name: dict(sections[name]) for name in SECTIONS}
+        if unknown := sorted(set(sections) - set(SECTIONS)):
+            raise ValueError(f"Methods: unknown section(s) {', '.join(unknown)}; known: {', '.join(SECTIONS)}")
+        self.sections = {name: dict(sections.get(name) or {}) for name in SECTIONS}
         self.target_path, self.device, self.tree_dir = str(target), str(device), str(tree_dir)
         self.kernel_setting, self.runner, self.static_max_len = kernels, runner, static_max_len
         self.compile_mode = compile_mode
@@ -105,7 +105,8 @@ class Methods:
         if not self.probed(spec, overrides):
             return method_dtype(MethodSpec.parse(spec), self.device, overrides or {})
         spec = MethodSpec.parse(spec)
-        tree = getattr(method_settings(spec, self.sections), "tree", None) or self.sections["eagle"]["tree"]
+        tree = (getattr(method_settings(spec, self.sections), "tree", None)
+                or method_settings(MethodSpec.parse("eagle"), self.sections).tree)
         if searched := searched_dtype(tree):
             print(f"[dtype] {spec}: {searched}, as the tree search that chose {tree} measured it")
             return searched
