@@ -61,14 +61,14 @@ def choose_kernels(model: torch.nn.Module, kernels: str, device, name: str) -> K
 
 
 class Methods:
-    """Builds methods from their sections' settings (`sections`: names of
-    `eagle.bench.methods.SECTIONS`, each a plain mapping of its settings; a section or setting left
-    out takes its settings class's default); targets and draft LMs are loaded once per dtype. `target` is the target's folder; `kernels` the linears' setting (a name of
-    `eagle.decoding.kernels.KERNELS`, or auto: timed); `runner`, `static_max_len` and
-    `compile_mode` the engine methods' runner without a `:RUNNER` suffix, its cache slots and its
-    torch.compile mode (None: eager). `tree_dir` holds the named trees (the repository's
-    configs/tree): a tree name is looked up in the folders a caller adds (a tree search's
-    output), then there."""
+    """Builds methods from their sections' settings; targets and draft LMs are loaded once per
+    dtype. `sections`: names of `eagle.bench.methods.SECTIONS`, each a plain mapping of its
+    settings (a section or setting left out takes its settings class's default). `target` is the
+    target's folder; `kernels` the linears' setting (a name of `eagle.decoding.kernels.KERNELS`,
+    or auto: timed); `runner`, `static_max_len` and `compile_mode` the engine methods' runner
+    without a `:RUNNER` suffix, its cache slots and its torch.compile mode (None: eager).
+    `tree_dir` holds the named trees (the repository's configs/tree): a tree name is looked up
+    in the folders a caller adds (a tree search's output), then there."""
 
     def __init__(self, sections: Mapping[str, Mapping], *, target: str | Path, device: str, tree_dir: str | Path,
                  kernels: str = "auto", runner: str = "dynamic", static_max_len: int | None = None,
