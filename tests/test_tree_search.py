@@ -12,10 +12,13 @@ from eagle.bench.tree_search import (
     acceptance_by_position,
     best_subtree,
     candidates,
+    chain_hits,
     choose_for_machine,
+    choose_merged,
     drafter_passes,
     isotonic,
     position_paths,
+    replay,
     simulate,
     write_tree,
 )
@@ -149,6 +152,91 @@ def test_simulated_tau_is_the_decoded_tau():
     assert taus[-1] > taus[0] > 1.0  # the probe saw real acceptances
 
 
+def test_replay_merges_a_chain_by_hand():
+    """A chain merged into the tree each round (eagle_lookup): the round accepts the longer of
+    the two accepted prefixes, and verifies the tree's tokens plus the chain's past what they
+    share on the accepted path."""
+    paths = [[((0,), (0, 0)), ((0,),), ((1,), (1, 0)), (), ((0,), (0, 1), (0, 1, 0)), ()]]
+    chain = TreeTemplate.chain(3)  # keeps [0], [0,0], [0,0,0]
+    none = [[(0, 0)] * 6]
+    assert replay(paths, chain, 100, none) == replay(paths, chain, 100) == [(3, 4), (1, 4), (2, 4)]
+    # root 0: tree 2, chain (4 long) 1: +3, 4 + 4 - 1 verified; root 3: tree 0, chain 3 of 3: +4
+    # (cut at the text's end: +3 reaches the last token, 6), 4 + 3 - 0 verified
+    chains = [[(4, 1), (0, 0), (2, 2), (3, 3), (0, 0), (0, 0)]]
+    assert replay(paths, chain, 100, chains) == [(3, 7), (3, 7)]
+    assert simulate(paths, chain, 100, chains) == pytest.approx(6 / 2)
+    # priced per round at the tokens it verifies: drafting 1 ms, verifying nearly flat up to 11
+    # tokens (a memory-bound forward), then steep
+    cost = RoundCost(verify_ms=((1, 10.0), (4, 11.0), (11, 12.0), (13, 30.0)), draft_coef=(1.0, 0.0, 0.0))
+    [row] = choose_merged([Candidate(chain, 0.0)], paths, chains, cost, vanilla_ms=10.0, max_new_tokens=100)
+    assert row["predicted_tau"] == pytest.approx(3.0) and row["predicted_verified"] == pytest.approx(7.0)
+    assert row["predicted_round_ms"] == pytest.approx(1.0 + 11.0 + 3 / 7)
+    assert row["predicted_speedup"] == pytest.approx(6 * 10.0 / (2 * (12.0 + 3 / 7)))
+    # a chain that drafts every round but is never right pushes the wider tree's rounds up the
+    # steep part: the smaller tree wins with it, the wider one without
+    wrong = [[(9, 0)] * 6]
+    small = Candidate(TreeTemplate.chain(1, name="small"), 0.0)
+    ranked = choose_merged([Candidate(chain, 0.0), small], paths, wrong, cost, vanilla_ms=10.0, max_new_tokens=100)
+    alone = choose_merged([Candidate(chain, 0.0), small], paths, none, cost, vanilla_ms=10.0, max_new_tokens=100)
+    assert ranked[0]["tree"] == "small" and alone[0]["tree"] == chain.name
+
+
+def test_chain_hits_are_prompt_lookups_rounds():
+    """`chain_hits` reads what prompt lookup proposes from every position of a text, from the
+    tokens before the round's root and the root itself."""
+    from eagle.proposers import PromptLookupProposer
+
+    lookup = PromptLookupProposer(num_tokens=3, max_ngram=2, min_ngram=2).lookup
+    prompt, text = [5, 6, 7, 8], [5, 6, 7, 9, 5, 6, 7, 8]
+    # root text[1] = 6: tokens ...8 5 6, suffix (5, 6) matched at 0: chain 7 8 5, the text goes 7 9: 1
+    # root text[2] = 7: (6, 7) at 1: chain 8 5 6, the text goes 9: 0; roots 9 and 5: no match
+    # root text[5] = 6: chain 7 8 5 again, the text goes 7 8 and ends: 2; root text[6] = 7: 8 5 6 / 8: 1
+    assert chain_hits(lookup, prompt, text) == [(0, 0), (3, 1), (3, 0), (0, 0), (0, 0), (3, 2), (3, 1)]
+
+
+def test_simulated_merged_tau_is_the_decoded_tau():
+    """float32 greedy: EAGLE-style tree + prompt lookup merged (`MergeProposer`, as eagle_lookup
+    builds it) decodes exactly the tau that `replay` predicts from the probe's paths and
+    `chain_hits`, round by round, and verifies at most the tokens it counts."""
+    from eagle.proposers import DraftLM, PromptLookupProposer, TemplateProposer
+    from eagle.proposers.merge import MergeProposer
+
+    target, draft = target_and_perturbed_copy()
+    probe = TreeTemplate.rank_budget(5, 2)
+
+    def lookup():
+        return PromptLookupProposer(num_tokens=4, max_ngram=2, min_ngram=1)
+
+    def method(tree, merged=False):
+        proposer = TemplateProposer(DraftLM(draft), tree)
+        return SpeculativeDecoder(target, MergeProposer([proposer, lookup()]) if merged else proposer,
+                                  eos_token_id=[])
+
+    max_new = 24
+    g = torch.Generator().manual_seed(0)
+    prompts = []
+    for i in range(4):  # prompts that repeat themselves, so that the lookup drafts
+        part = torch.randint(3, 90, (3 + i,), generator=g).tolist()
+        prompts.append([1] + part * 3)
+    probe_method = method(probe)
+    texts = [probe_method.generate(p, max_new).tokens for p in prompts]
+    paths = [position_paths(lambda ids, n: probe_method.generate(ids, n).stats.rounds[0].path, probe, p, t)
+             for p, t in zip(prompts, texts)]
+    chains = [chain_hits(lookup().lookup, p, t) for p, t in zip(prompts, texts)]
+    assert sum(acc > 0 for text in chains for _, acc in text) >= 5  # the chains were accepted somewhere
+    merged_gain = 0
+    for c in candidates(probe, paths, [1, 3, 8], max_new):
+        predicted = replay(paths, c.tree, max_new, chains)
+        outs = [method(c.tree, merged=True).generate(p, max_new) for p in prompts]
+        assert [o.tokens for o in outs] == texts  # lossless
+        rounds = [r for o in outs for r in o.stats.rounds]
+        assert [r.committed for r in rounds] == [step for step, _ in predicted], c.tree.name
+        assert all(r.tree_size + 1 <= verified for r, (_, verified) in zip(rounds, predicted))
+        assert sum(r.tree_size + 1 for r in rounds) >= 0.9 * sum(v for _, v in predicted)  # a tight bound
+        merged_gain += simulate(paths, c.tree, max_new, chains) - simulate(paths, c.tree, max_new)
+    assert merged_gain > 0  # the chain added accepted tokens
+
+
 def test_round_cost_model_by_hand():
     """Drafting a + b * passes + c * rows is recovered exactly from rounds that follow it, and
     verification is interpolated between the measured sizes (extended beyond them)."""
@@ -199,6 +287,12 @@ def test_each_dtype_has_its_own_cost_model():
     assert set(cost.by_dtype) == {"float32", "bfloat16"}
     assert cost.by_dtype["bfloat16"].verify_ms == ((5, 14.0), (6, 15.0), (7, 16.0))
     assert cost.to_dict()["unfitted_dtypes"] == []
+    # more tokens verified than the tree's (a merged chain): priced in the tree's own fit, or, for a
+    # dtype without one, its measured round plus what the tokens add in float32's
+    two = MachineCost.fit(measured, dtypes)
+    assert two.round_ms(b2, 4) == pytest.approx(1.0 + two.by_dtype["float32"].verify(4))
+    assert two.round_ms(b4, 7) == pytest.approx(15.0 + fp32["c6"] - fp32["b4"])  # 6 -> 7 tokens: +10 ms in fp32
+    assert two.round_ms(b4, 5) == two.round_ms(b4) == 15.0
     with pytest.raises(ValueError, match="without a round timed in their dtype"):
         MachineCost.fit(measured, {**dtypes, "c1": "bfloat16"})
 

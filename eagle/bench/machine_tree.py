@@ -4,7 +4,8 @@ The search itself is `eagle.bench.tree_search` (the probe tree's paths from ever
 best subtree of each size, the cost model). `search_tree` runs it: it decodes the probe on
 prompts the benchmark holds out, writes the candidates, times rounds of chains and candidates in
 turns for the cost model (`measure_round_cost`), ranks the candidates for the machine (per batch
-size too, and by decoding at a temperature: `rank_sampled`), writes machine.yaml and
+size too, by decoding at a temperature: `rank_sampled`, and for `eagle_lookup` with prompt lookup's
+chain merged in: `choose_for_lookup`), writes machine.yaml (machine_lookup.yaml, ...) and
 machine.json, and benchmarks the candidates against vanilla and the default tree.
 `decode.py mode=tree_search` runs it on its config.
 """
@@ -22,12 +23,15 @@ from eagle.bench.batch import summarise
 from eagle.bench.benchmark import encode_prompt, warm_up, warmup_budget
 from eagle.bench.builder import Methods
 from eagle.bench.evalsets import load_eval_set, select
+from eagle.bench.methods import MethodSpec, method_settings
 from eagle.bench.precision import preferred
 from eagle.bench.tree_search import (
     Candidate,
     MachineCost,
     candidates,
+    chain_hits,
     choose_for_machine,
+    choose_merged,
     position_paths,
     write_tree,
 )
@@ -94,10 +98,10 @@ def search_tree(methods: Methods, ts: TreeSearchConfig, compare: Callable[..., P
         rounds = method.generate(ids, max_new, greedy).stats.rounds
         return rounds[0].path if rounds else (0,)
 
-    paths = []
+    paths, texts = [], []
     for ids in tqdm(prompts, desc=f"probe {probe.num_nodes} nodes, every position", unit="prompt"):
-        text = method.generate(ids, ts.max_new_tokens, greedy).tokens
-        paths.append(position_paths(first_round, probe, ids, text))
+        texts.append(method.generate(ids, ts.max_new_tokens, greedy).tokens)
+        paths.append(position_paths(first_round, probe, ids, texts[-1]))
     (out / "probe_paths.json").write_text(json.dumps({"probe": probe.name, "paths": paths}))
     found = candidates(probe, paths, list(ts.sizes), ts.max_new_tokens)
     for c in found:
@@ -123,6 +127,8 @@ def search_tree(methods: Methods, ts: TreeSearchConfig, compare: Callable[..., P
                "vanilla_ms": vanilla_ms, "vanilla_ms_by_dtype": plain_ms,
                "cost_model": cost.to_dict(), "ranking": ranking, "dtypes": {**dtypes, "machine": dtypes[chosen.tree.name]}}
     print(f"[tree search] the tree for this machine: {chosen.tree.summary()} -> {out / 'machine.yaml'}")
+    machine["lookup"] = choose_for_lookup(methods, found, paths, prompts, texts, cost, vanilla_ms, dtypes, ts, out)
+    machine["dtypes"]["machine_lookup"] = dtypes[machine["lookup"]["chosen"]]
     if ranking[0]["predicted_speedup"] < 1.0:  # said, not silent: the benchmark will show EAGLE behind plain decoding
         print(f"[tree search] WARNING: no candidate is predicted faster than plain decoding on this machine "
               f"(best: {chosen.tree.name}, {ranking[0]['predicted_speedup']:.2f}x at tau {ranking[0]['predicted_tau']:.2f}, "
@@ -188,6 +194,35 @@ def search_tree(methods: Methods, ts: TreeSearchConfig, compare: Callable[..., P
         row["machine_choice"] = row["tree"] == chosen.tree.name
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return out
+
+
+def choose_for_lookup(methods: Methods, found: list[Candidate], paths: list, prompts: list[list[int]],
+                      texts: list[list[int]], cost: MachineCost, vanilla_ms: float, dtypes: dict[str, str],
+                      ts: TreeSearchConfig, out: Path) -> dict:
+    """The tree for `eagle_lookup` (EAGLE's tree merged with prompt lookup's chain each round):
+    the candidates ranked again with the chain that the method's settings draft at every probed
+    position (`chain_hits`, `choose_merged`), written as machine_lookup.yaml. Where the text
+    repeats itself the chain adds accepted tokens and verified ones alike, so the merge may want
+    a smaller tree than EAGLE alone."""
+    from eagle.proposers import PromptLookupProposer
+
+    settings = method_settings(MethodSpec.parse("eagle_lookup"), methods.sections)
+    lookup = PromptLookupProposer(settings.num_tokens, settings.max_ngram, settings.min_ngram).lookup
+    chains = [chain_hits(lookup, ids, text) for ids, text in zip(prompts, texts, strict=True)]
+    ranking = choose_merged(found, paths, chains, cost, vanilla_ms, ts.max_new_tokens)
+    for r in ranking:
+        r["dtype"] = dtypes[r["tree"]]
+        print(f"[tree search] eagle_lookup on {r['tree']}: predicted round {r['predicted_round_ms']:.1f} ms "
+              f"({r['predicted_verified']:.1f} tokens verified), speedup {r['predicted_speedup']:.2f}x "
+              f"(tau {r['predicted_tau']:.2f})")
+    best = next(c for c in found if c.tree.name == ranking[0]["tree"])
+    write_tree(Candidate(best.tree, ranking[0]["predicted_tau"]), out / "machine_lookup.yaml",
+               source=f"{best.tree.name}, chosen by the cost model of this machine for eagle_lookup "
+                      "(merged with prompt lookup's chain)")
+    print(f"[tree search] the tree for eagle_lookup: {best.tree.summary()} -> {out / 'machine_lookup.yaml'}")
+    return {"chosen": best.tree.name, "ranking": ranking,
+            "settings": {"num_tokens": settings.num_tokens, "max_ngram": settings.max_ngram,
+                         "min_ngram": settings.min_ngram}}
 
 
 def bench_dtype(methods: Methods, ts: TreeSearchConfig, out: Path, label: str) -> str:

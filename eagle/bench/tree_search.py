@@ -16,7 +16,10 @@ overestimated its tau by up to 1.3 tokens, LOG.md). From those paths:
 * `simulate` replays a decode with any subtree over the same text: rounds start where the
   previous one ended, exactly as in the engine, so the tau it returns is the tau that
   decoding with that subtree measures (identical in float32, where every tree produces
-  the same text; a bf16 verification of another shape may round a near-tie differently).
+  the same text; a bf16 verification of another shape may round a near-tie differently);
+* `replay` with `chain_hits` does the same with a chain merged into each round's tree
+  (`eagle_lookup`: prompt lookup's chain, which reads only the tokens), and `choose_merged`
+  ranks the candidates for that merge.
 
 Which N is best depends on what a wider verification and a deeper draft cost on the
 machine: `RoundCost` models a round's time from rounds measured on a few trees (verification
@@ -40,6 +43,7 @@ import yaml
 from eagle.tree import TreeError, TreeTemplate
 
 RankPathT = tuple[tuple[int, ...], ...]  # an accepted path as child-rank paths, root excluded
+ChainHitT = tuple[int, int]  # a chain drafted at one position: (its length, its tokens accepted)
 
 
 @dataclass
@@ -83,14 +87,22 @@ def acceptance_by_position(probe: TreeTemplate, paths: Sequence[Sequence[RankPat
     return [h / max(n, 1) for h in hits]
 
 
-def simulate(paths: Sequence[Sequence[RankPathT]], tree: TreeTemplate, max_new_tokens: int) -> float:
-    """tau (tokens committed per round after the prefill) of greedy decoding with `tree` over
-    the probed texts, replayed: each round accepts the longest prefix of the probe's path at
-    its root that `tree` holds, plus one token, cut at max_new_tokens (and at the text's
-    end, where EOS stopped it), and the next round's root is the token after that."""
+def replay(paths: Sequence[Sequence[RankPathT]], tree: TreeTemplate, max_new_tokens: int,
+           chains: Sequence[Sequence[ChainHitT]] | None = None) -> list[tuple[int, int]]:
+    """The rounds of greedy decoding with `tree` over the probed texts, replayed, as (tokens
+    committed, tokens verified) per round: each round accepts the longest prefix of the probe's
+    path at its root that `tree` holds, plus one token, cut at max_new_tokens (and at the text's
+    end, where EOS stopped it), and the next round's root is the token after that.
+
+    `chains` (`chain_hits`, per text): a chain merged into the tree each round by shared prefix
+    (`eagle_lookup`: prompt lookup's chain beside EAGLE's tree). Every path of the merged tree is
+    a prefix of a tree path or of the chain, so the round accepts the longer of the two accepted
+    prefixes, exactly. Its size is counted with the chain's tokens past the shared accepted
+    prefix as new nodes: a chain token that equals a rejected tree node shares it in the engine,
+    so the count is an upper bound (`tests/test_tree_search.py` checks both)."""
     kept = set(tree.paths)
-    committed = rounds = 0
-    for text_paths in paths:
+    rounds = []
+    for i, text_paths in enumerate(paths):
         length = min(len(text_paths) + 1, max_new_tokens)  # tokens of this text
         t = 0  # index of the current root in the text (the prefill committed token 0)
         while t + 1 < length:
@@ -99,11 +111,40 @@ def simulate(paths: Sequence[Sequence[RankPathT]], tree: TreeTemplate, max_new_t
                 if p not in kept:
                     break
                 accepted += 1
+            verified = 1 + tree.num_nodes  # the root and the tree
+            if chains is not None:
+                chain_len, chain_accepted = chains[i][t]
+                verified += chain_len - min(accepted, chain_accepted)
+                accepted = max(accepted, chain_accepted)
             step = min(accepted + 1, length - 1 - t)
-            committed += step
-            rounds += 1
+            rounds.append((step, verified))
             t += step
-    return committed / max(rounds, 1)
+    return rounds
+
+
+def simulate(paths: Sequence[Sequence[RankPathT]], tree: TreeTemplate, max_new_tokens: int,
+             chains: Sequence[Sequence[ChainHitT]] | None = None) -> float:
+    """tau (tokens committed per round after the prefill) of greedy decoding with `tree` (and
+    `chains` merged into it) over the probed texts: `replay`'s rounds."""
+    rounds = replay(paths, tree, max_new_tokens, chains)
+    return sum(step for step, _ in rounds) / max(len(rounds), 1)
+
+
+def chain_hits(lookup: Callable[[list[int]], list[int]], prompt: list[int], text: list[int]) -> list[ChainHitT]:
+    """What a drafter that reads only the tokens (prompt lookup's `lookup`) proposes from every
+    position of a greedy text: entry t, (the chain's length, how many of its tokens the text goes
+    on with) in a round whose root is text[t], i.e. from the tokens prompt + text[:t + 1]; the
+    entries line up with `position_paths`'."""
+    out = []
+    for t in range(len(text) - 1):
+        chain = lookup(prompt + text[:t + 1])
+        accepted = 0
+        for token, following in zip(chain, text[t + 1:]):
+            if token != following:
+                break
+            accepted += 1
+        out.append((len(chain), accepted))
+    return out
 
 
 def best_subtree(probe: TreeTemplate, by_node: Sequence[float], size: int, name: str | None = None) -> Candidate:
@@ -219,8 +260,10 @@ class RoundCost:
         passes, rows = drafter_passes(tree)
         return a + b * passes + c * rows
 
-    def round_ms(self, tree: TreeTemplate) -> float:
-        return self.draft(tree) + self.verify(tree.num_nodes + 1)
+    def round_ms(self, tree: TreeTemplate, tokens: int | None = None) -> float:
+        """A round of `tree`, verifying `tokens` (default: the root and the tree; more where a
+        chain is merged into it)."""
+        return self.draft(tree) + self.verify(tree.num_nodes + 1 if tokens is None else tokens)
 
     def to_dict(self) -> dict:
         return {"verify_ms": [list(p) for p in self.verify_ms], "draft_ms": dict(zip("abc", self.draft_coef)),
@@ -268,9 +311,20 @@ class MachineCost:
             raise ValueError(f"trees without a round timed in their dtype: {missing}")
         return cls({d: RoundCost.fit(rows) for d, rows in by_dtype.items() if len(rows) >= 3}, dict(dtypes), own)
 
-    def round_ms(self, tree: TreeTemplate) -> float:
+    def round_ms(self, tree: TreeTemplate, tokens: int | None = None) -> float:
+        """As `RoundCost.round_ms`, in the tree's dtype. A dtype without a fit prices the tree by
+        its measured round, and tokens past the tree's by what they add in a fitted dtype
+        (float32's where it has one; in proportion, where no dtype has one)."""
         cost = self.by_dtype.get(self.dtypes[tree.name])
-        return cost.round_ms(tree) if cost is not None else self.measured_ms[tree.name]
+        if cost is not None:
+            return cost.round_ms(tree, tokens)
+        measured, own = self.measured_ms[tree.name], tree.num_nodes + 1
+        if tokens is None or tokens == own:
+            return measured
+        ref = self.by_dtype.get("float32") or next(iter(self.by_dtype.values()), None)
+        if ref is None:
+            return measured * tokens / own
+        return measured + ref.verify(tokens) - ref.verify(own)
 
     def to_dict(self) -> dict:
         return {"by_dtype": {d: c.to_dict() for d, c in self.by_dtype.items()},
@@ -284,6 +338,24 @@ def choose_for_machine(found: Sequence[Candidate], cost: RoundCost | MachineCost
     rows = [{"tree": c.tree.name, "nodes": c.tree.num_nodes, "depth": c.tree.depth, "predicted_tau": c.predicted_tau,
              "predicted_round_ms": cost.round_ms(c.tree),
              "predicted_speedup": c.predicted_tau * vanilla_ms / cost.round_ms(c.tree)} for c in found]
+    return sorted(rows, key=lambda r: -r["predicted_speedup"])
+
+
+def choose_merged(found: Sequence[Candidate], paths: Sequence[Sequence[RankPathT]],
+                  chains: Sequence[Sequence[ChainHitT]], cost: RoundCost | MachineCost, vanilla_ms: float,
+                  max_new_tokens: int) -> list[dict]:
+    """Every candidate with a chain merged into it each round (`chains`: prompt lookup's, for
+    `eagle_lookup`), best first: its rounds replayed over the probed texts (`replay`), each priced
+    by the cost model at the tokens it verifies, so a chain that drafts often makes a wide tree
+    dearer. The chain itself is priced at nothing: prompt lookup is a search of the tokens."""
+    rows = []
+    for c in found:
+        rounds = replay(paths, c.tree, max_new_tokens, chains)
+        n, committed = max(len(rounds), 1), sum(step for step, _ in rounds)
+        ms = sum(cost.round_ms(c.tree, verified) for _, verified in rounds)
+        rows.append({"tree": c.tree.name, "nodes": c.tree.num_nodes, "depth": c.tree.depth,
+                     "predicted_tau": committed / n, "predicted_verified": sum(v for _, v in rounds) / n,
+                     "predicted_round_ms": ms / n, "predicted_speedup": committed * vanilla_ms / ms if ms else 0.0})
     return sorted(rows, key=lambda r: -r["predicted_speedup"])
 
 
