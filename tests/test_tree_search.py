@@ -311,3 +311,36 @@ def test_verification_costs_never_fall_with_more_tokens():
     cost = RoundCost.fit([(t, 1.0, v) for t, v in zip(trees, verify)])
     assert cost.verify_ms == ((2, 10.0), (4, pytest.approx(14.0)), (6, pytest.approx(14.0)))
     assert all(cost.verify(n) <= cost.verify(n + 1) for n in range(1, 12))
+    # past the widest round timed, no flatter than the mean slope: the pooled (flat) last segment
+    # would price a chain's tokens merged into the widest tree at nothing
+    assert cost.verify(10) == pytest.approx(14.0 + (14.0 - 10.0) / (6 - 2) * 4)
+
+
+def test_the_lookup_tree_is_written_with_its_record(tmp_path, capsys):
+    """`choose_for_lookup` ranks the candidates with eagle_lookup's chain, writes the winner as
+    machine_lookup.yaml with the merged tau, and records the chain's settings; a drafter or
+    drafting vocabulary of eagle_lookup other than eagle's (whose probe the paths come from) is
+    said, not ranked silently."""
+    from types import SimpleNamespace
+
+    from eagle.bench.machine_tree import choose_for_lookup
+
+    prompt, text = [5, 6, 7, 8, 9], [5, 6, 7, 8, 9, 5, 6]  # the text repeats the prompt: the chain drafts
+    paths = [[()] * (len(text) - 1)]  # the tree is never right: the chain's copies are the merge's tau
+    trees = [Candidate(TreeTemplate.chain(1, name="small"), 1.0), Candidate(TreeTemplate.chain(3, name="wide"), 1.0)]
+    cost = RoundCost(verify_ms=((1, 10.0), (4, 11.0), (11, 12.0), (13, 30.0)), draft_coef=(1.0, 0.0, 0.0))
+    sections = {"eagle": {"drafter": "d", "draft_vocab": 4096}, "eagle_lookup": {"drafter": "d", "draft_vocab": 4096,
+                                                                                  "num_tokens": 10, "min_ngram": 2}}
+    record = choose_for_lookup(SimpleNamespace(sections=sections), trees, paths, [prompt], [text], cost, 10.0,
+                               {"small": "float32", "wide": "float32"}, SimpleNamespace(max_new_tokens=100), tmp_path)
+    assert record["chosen"] == "small" and record["settings"] == {"num_tokens": 10, "max_ngram": 3, "min_ngram": 2}
+    assert [r["dtype"] for r in record["ranking"]] == ["float32", "float32"]
+    best = record["ranking"][0]
+    assert best["predicted_tau"] > 1.5  # the chain's copies
+    assert TreeTemplate.from_file(tmp_path / "machine_lookup.yaml").paths == trees[0].tree.paths
+    assert f"predicted tau {best['predicted_tau']:.3f}" in (tmp_path / "machine_lookup.yaml").read_text()
+    assert "WARNING" not in capsys.readouterr().out
+    sections["eagle_lookup"]["draft_vocab"] = 1024
+    choose_for_lookup(SimpleNamespace(sections=sections), trees, paths, [prompt], [text], cost, 10.0,
+                      {"small": "float32", "wide": "float32"}, SimpleNamespace(max_new_tokens=100), tmp_path)
+    assert "WARNING: eagle_lookup's drafter or drafting vocabulary differs from eagle's" in capsys.readouterr().out

@@ -207,6 +207,10 @@ def choose_for_lookup(methods: Methods, found: list[Candidate], paths: list, pro
     from eagle.proposers import PromptLookupProposer
 
     settings = method_settings(MethodSpec.parse("eagle_lookup"), methods.sections)
+    eagle = method_settings(MethodSpec.parse("eagle"), methods.sections)
+    if (settings.drafter, settings.random, settings.draft_vocab) != (eagle.drafter, eagle.random, eagle.draft_vocab):
+        print("[tree search] WARNING: eagle_lookup's drafter or drafting vocabulary differs from eagle's: its tree is "
+              "ranked with eagle's probe, i.e. for eagle's drafter (eagle.drafter / eagle.draft_vocab)")
     lookup = PromptLookupProposer(settings.num_tokens, settings.max_ngram, settings.min_ngram).lookup
     chains = [chain_hits(lookup, ids, text) for ids, text in zip(prompts, texts, strict=True)]
     ranking = choose_merged(found, paths, chains, cost, vanilla_ms, ts.max_new_tokens)

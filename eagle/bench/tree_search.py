@@ -245,14 +245,17 @@ class RoundCost:
         return cls(verify_ms, tuple(float(c) for c in coef))
 
     def verify(self, tokens: int) -> float:
-        """Interpolated between the measured sizes; beyond them, the nearest segment extended."""
+        """Interpolated between the measured sizes; below them, the first segment extended; above
+        them, the last one at no less than the mean slope of all: a last segment that pooling
+        made flat would price every token past the widest timed round (a chain merged into a
+        wide tree) at nothing."""
         ns, ms = [n for n, _ in self.verify_ms], [m for _, m in self.verify_ms]
         if len(ns) == 1:
             return ms[0] * tokens / ns[0]
-        if ns[0] <= tokens <= ns[-1]:
-            i = max(j for j in range(len(ns) - 1) if ns[j] <= tokens)
-        else:
-            i = 0 if tokens < ns[0] else len(ns) - 2
+        if tokens > ns[-1]:
+            slope = max((ms[-1] - ms[-2]) / (ns[-1] - ns[-2]), (ms[-1] - ms[0]) / (ns[-1] - ns[0]))
+            return ms[-1] + slope * (tokens - ns[-1])
+        i = max(j for j in range(len(ns) - 1) if ns[j] <= tokens) if tokens >= ns[0] else 0
         return ms[i] + (ms[i + 1] - ms[i]) * (tokens - ns[i]) / (ns[i + 1] - ns[i])
 
     def draft(self, tree: TreeTemplate) -> float:
