@@ -65,6 +65,15 @@ def test_the_makefiles_stages_say_how_long_they_took():
     assert "[probe] a failing command" in lines and not timed("[probe] a failing command")
 
 
+def make_check(check: str, **variables: str) -> bool:
+    """Whether a stage check of the Makefile (a shell condition built from its macros) holds."""
+    recipe = f"probe:\n\t@{check} && echo yes || echo no"
+    out = subprocess.run(["make", "-s", "-C", str(ROOT), "--eval", recipe, "probe",
+                          *(f"{k}={v}" for k, v in variables.items())], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip() == "yes"
+
+
 def test_a_tree_is_reused_only_for_its_drafter_vocabulary_and_sizes(tmp_path):
     """The Makefile's tree_done: a tree chosen after its drafter's export, by a search with the
     drafting vocabulary (and candidate sizes) asked for, as machine.json records them."""
@@ -76,11 +85,7 @@ def test_a_tree_is_reused_only_for_its_drafter_vocabulary_and_sizes(tmp_path):
     (search / "machine.json").write_text('{\n  "searched_with": "draft_vocab=4096 sizes=[3,4,6]",\n  "chosen": "best3"\n}')
 
     def done(vocab: str, sizes: str = "") -> bool:  # passed as variables, as the Makefile passes its lists
-        recipe = f"probe:\n\t@$(call tree_done,{search / 'machine.yaml'},{drafter},$(V),$(S)) && echo yes || echo no"
-        out = subprocess.run(["make", "-s", "-C", str(ROOT), "--eval", recipe, "probe", f"V={vocab}", f"S={sizes}"],
-                             capture_output=True, text=True, timeout=60)
-        assert out.returncode == 0, out.stderr
-        return out.stdout.strip() == "yes"
+        return make_check(f"$(call tree_done,{search / 'machine.yaml'},{drafter},$(V),$(S))", V=vocab, S=sizes)
 
     assert done("4096", "[3,4,6]") and done("4096")
     assert not done("4096", "[3,4,6,10]") and not done("1024", "[3,4,6]") and not done("409")
@@ -100,11 +105,7 @@ def test_the_lookup_tree_is_reused_only_with_its_record(tmp_path):
     (search / "machine.json").write_text('{"dtypes": {"machine": "float32"}}')  # a record from before
 
     def done() -> bool:
-        recipe = f"probe:\n\t@$(call lookup_done,{search / 'machine.yaml'},{drafter}) && echo yes || echo no"
-        out = subprocess.run(["make", "-s", "-C", str(ROOT), "--eval", recipe, "probe"],
-                             capture_output=True, text=True, timeout=60)
-        assert out.returncode == 0, out.stderr
-        return out.stdout.strip() == "yes"
+        return make_check(f"$(call lookup_done,{search / 'machine.yaml'},{drafter})")
 
     assert not done()
     (search / "machine.json").write_text('{"dtypes": {"machine": "float32", "machine_lookup": "float32"}}')

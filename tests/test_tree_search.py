@@ -38,6 +38,14 @@ def target_and_perturbed_copy():
     return target, draft
 
 
+def probed(probe_method, probe: TreeTemplate, prompts, max_new: int):
+    """Each prompt's greedy text with the probe, and the probe's accepted paths from every position."""
+    texts = [probe_method.generate(p, max_new).tokens for p in prompts]
+    paths = [position_paths(lambda ids, n: probe_method.generate(ids, n).stats.rounds[0].path, probe, p, t)
+             for p, t in zip(prompts, texts)]
+    return texts, paths
+
+
 def test_rank_budget_probe():
     t = TreeTemplate.rank_budget(3, 1)
     assert t.paths == ((0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1), (0, 1, 0), (1, 0, 0))
@@ -136,10 +144,7 @@ def test_simulated_tau_is_the_decoded_tau():
     max_new = 24
     g = torch.Generator().manual_seed(0)
     prompts = [[1] + torch.randint(3, 90, (4 + 3 * i,), generator=g).tolist() for i in range(4)]
-    probe_method = method(probe)
-    texts = [probe_method.generate(p, max_new).tokens for p in prompts]
-    paths = [position_paths(lambda ids, n: probe_method.generate(ids, n).stats.rounds[0].path, probe, p, t)
-             for p, t in zip(prompts, texts)]
+    texts, paths = probed(method(probe), probe, prompts, max_new)
     found = candidates(probe, paths, [1, 3, 8, 20], max_new)
     assert [c.tree.num_nodes for c in found] == [1, 3, 8, 20]
     taus = []
@@ -218,10 +223,7 @@ def test_simulated_merged_tau_is_the_decoded_tau():
     for i in range(4):  # prompts that repeat themselves, so that the lookup drafts
         part = torch.randint(3, 90, (3 + i,), generator=g).tolist()
         prompts.append([1] + part * 3)
-    probe_method = method(probe)
-    texts = [probe_method.generate(p, max_new).tokens for p in prompts]
-    paths = [position_paths(lambda ids, n: probe_method.generate(ids, n).stats.rounds[0].path, probe, p, t)
-             for p, t in zip(prompts, texts)]
+    texts, paths = probed(method(probe), probe, prompts, max_new)
     chains = [chain_hits(lookup().lookup, p, t) for p, t in zip(prompts, texts)]
     assert sum(acc > 0 for text in chains for _, acc in text) >= 5  # the chains were accepted somewhere
     merged_gain = 0
