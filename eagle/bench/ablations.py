@@ -22,9 +22,9 @@ data's most frequent tokens, `token_weight` weights the token loss 1.0 against t
 (EAGLE-1: 0.1), and `unrolled` adds the loss of a second pass fed the drafter's own features
 (`model.train_depth=2`, EAGLE-3's training-time test in its simplest form).
 
-Error margins: tau and speedup get 95% bootstrap intervals over prompts (each resample keeps a
-prompt's vanilla and drafter runs together, so the speedup's interval includes the timing noise
-of both); agreement by depth gets a binomial 95% interval over the validation positions, which
+Error margins: tau and speedup get 95% bootstrap intervals over prompts (`eagle.bench.intervals`:
+each resample keeps a prompt's vanilla and drafter runs together, so the speedup's interval includes
+the timing noise of both); agreement by depth gets a binomial 95% interval over the validation positions, which
 is optimistic (positions of one sequence are correlated) and says only how precisely the number
 was measured, not how much another seed would move it. Each drafter's agreement is on its own
 validation split (corpus or self-distilled features): it compares inputs and noise, not data.
@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
+from eagle.bench.intervals import bootstrap_interval
 
 # EAGLE-1 (Li et al., 2024), ablation of the drafter's inputs on Vicuna-7B, MT-bench, T=0: speedup
 PAPER_SPEEDUP = {"shifted": 2.8, "feature": 1.9, "token": 1.5}
@@ -97,29 +97,6 @@ def find_variants(root: str | Path) -> list[Variant]:
         raise FileNotFoundError(f"no trained ablation drafters under {root} (make ablations trains them)")
     rank = {name: i for i, name in enumerate(ORDER)}
     return sorted(variants, key=lambda v: (rank.get(v.name, len(ORDER)), v.name))
-
-
-def bootstrap_interval(method: Mapping[str, Sequence[float]], vanilla: Mapping[str, Sequence[float]],
-                       resamples: int = 2000, seed: int = 0) -> dict[str, tuple[float, float]]:
-    """95% percentile intervals of tau and speedup, resampling prompts (paired with vanilla's).
-
-    Args:
-        method, vanilla: per-prompt lists `tokens`, `committed`, `forwards`, `seconds`
-            (`MethodResult.per_prompt`), over the same prompts in the same order.
-    """
-    m = {k: torch.tensor(v, dtype=torch.float64) for k, v in method.items()}
-    b = {k: torch.tensor(v, dtype=torch.float64) for k, v in vanilla.items()}
-    n = len(m["tokens"])
-    g = torch.Generator().manual_seed(seed)
-    idx = torch.randint(0, n, (resamples, n), generator=g)  # (R, n) prompts of each resample
-    tau = m["committed"][idx].sum(1) / m["forwards"][idx].sum(1).clamp_min(1)
-    speed = (m["tokens"][idx].sum(1) / m["seconds"][idx].sum(1)) / (b["tokens"][idx].sum(1) / b["seconds"][idx].sum(1))
-
-    def interval(x: torch.Tensor) -> tuple[float, float]:
-        lo, hi = torch.quantile(x, torch.tensor([0.025, 0.975], dtype=torch.float64)).tolist()
-        return lo, hi
-
-    return {"tau": interval(tau), "speedup": interval(speed)}
 
 
 def binomial_margin(p: float, n: int) -> float:

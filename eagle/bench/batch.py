@@ -21,7 +21,6 @@ Output (in `out_dir`): batch.json, batch.md, batch.png.
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -33,7 +32,7 @@ from tqdm.auto import tqdm
 
 from eagle.artifacts import keep_previous, stopped_report, write_json
 from eagle.bench.benchmark import is_plain_decoding
-from eagle.bench.methods import Method, MethodError
+from eagle.bench.methods import Method, MethodError, short
 from eagle.decoding.stats import DecodeResult, tau
 from eagle.sampling import SamplingPolicy, seeded_generator
 
@@ -210,12 +209,6 @@ def _report(runs: list[dict], cfg: BatchConfig, key: Any, complete: bool) -> dic
                                      "temperatures": list(cfg.temperatures)},
             "eagle1_table7": {k: {str(b): v for b, v in row.items()} for k, row in TABLE7.items()},
             "threads": torch.get_num_threads(), "date": time.strftime("%Y-%m-%d %H:%M:%S")}
-
-
-def short(label: str) -> str:
-    """A method label with a tree file's path cut to its name (`eagle@runs/x/machine_b{B}.yaml%4096`
-    -> `eagle@machine_b{B}%4096`), for tables and plots; the report keeps the whole label."""
-    return re.sub(r"@(?:[^@%:]*/)?([^/@%:]+?)(?:\.ya?ml)?(?=$|[%:])", r"@\1", label)
 
 
 def markdown(report: dict) -> str:

@@ -34,7 +34,8 @@ from tqdm.auto import tqdm
 
 from eagle.artifacts import keep_previous, stopped_report, write_json
 from eagle.bench.evalsets import Prompt
-from eagle.bench.methods import Method, MethodError
+from eagle.bench.intervals import PER_PROMPT, RESAMPLES, bootstrap_interval, lead_share
+from eagle.bench.methods import Method, MethodError, short
 from eagle.decoding.stats import DecodeResult, accepted_histogram, tau
 from eagle.sampling import SamplingPolicy, seeded_generator
 from eagle.target import TargetError
@@ -67,6 +68,9 @@ class MethodResult:
     speedup_vs_static: float = float("nan")  # over vanilla:static, when the run has it
     speedup_vs_static_median: float = float("nan")
     speedup_vs_fastest: float = float("nan")  # over the fastest plain decoding of the run (`fastest_vanilla`)
+    # 95% bootstrap intervals over the run's prompts (eagle.bench.intervals; None with one prompt)
+    tau_ci: tuple[float, float] | None = None
+    speedup_vs_fastest_ci: tuple[float, float] | None = None
     new_tokens: int = 0
     seconds: float = 0.0
     draft_frac: float = 0.0
@@ -337,6 +341,9 @@ def _speedups(results: dict[str, MethodResult]) -> None:
     if fastest is not None:
         for r in results.values():
             r.speedup_vs_fastest = r.tokens_per_s / results[fastest].tokens_per_s
+            if PER_PROMPT <= set(r.per_prompt) and len(r.per_prompt["tokens"]) > 1:  # the same draws for all: paired
+                ci = bootstrap_interval(r.per_prompt, results[fastest].per_prompt)
+                r.tau_ci, r.speedup_vs_fastest_ci = ci["tau"], ci["speedup"]
 
 
 def is_plain_decoding(name: str) -> bool:
@@ -414,13 +421,47 @@ def markdown_table(report: dict) -> str:
                          if m["draft_frac"] or m["verify_frac"] else "-")
             ident = same_text(m)
             speeds = (["speedup_vs_static"] if static else []) + ["speedup", "speedup_median", "speedup_vs_fastest"]
-            speed = " | ".join("-" if math.isnan(m.get(k, math.nan)) else f"{m[k]:.2f}x" for k in speeds)
-            lines.append(f"| {m['method']} | {m['dtype']} | {m['tau']:.2f} | {m['tokens_per_s']:.1f} | "
-                         f"{m['ms_per_token']:.2f} | {speed} | {split} | {per_round} | "
+            speed = " | ".join("-" if math.isnan(m.get(k, math.nan)) else f"{m[k]:.2f}x" + with_interval(m, k)
+                               for k in speeds)
+            lines.append(f"| {m['method']} | {m['dtype']} | {m['tau']:.2f}{with_interval(m, 'tau')} | "
+                         f"{m['tokens_per_s']:.1f} | {m['ms_per_token']:.2f} | {speed} | {split} | {per_round} | "
                          f"{'yes' if m['lossless'] else 'NO (lossy)'} | {ident} |")
         lines.append("")
+        lines += lead_lines(run)
         lines += tau_by_category(run)
     return "\n".join(lines)
+
+
+def with_interval(m: dict, key: str) -> str:
+    """" [lo, hi]": the 95% interval over prompts of `tau` or `speedup_vs_fastest`, where the run
+    has one (eagle.bench.intervals); "" for other columns and for runs of one prompt."""
+    ci = m.get(f"{key}_ci")  # a point (plain decoding's tau, the baseline against itself) is no interval
+    return f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci and ci[1] > ci[0] else ""
+
+
+def lead_lines(run: dict) -> list[str]:
+    """Markdown lines: the fastest lossless method that drafts, and in how many resamples of the
+    prompts (eagle.bench.intervals) it stays ahead of the next lossless methods by speed and of the
+    fastest plain decoding: whether the prompts decoded, rather than the method, could have made
+    the ranking. Nothing for a run of one prompt or without a drafting method."""
+    methods = run["methods"]
+    ranked = sorted((m for m in methods.values() if m["lossless"] and len(m["per_prompt"].get("tokens", [])) > 1),
+                    key=lambda m: -m["tokens_per_s"])
+    drafting = [m for m in ranked if not is_plain_decoding(m["method"])]
+    if not drafting:
+        return []
+    leader = drafting[0]
+    rivals = [m for m in ranked if m is not leader][:2]
+    fastest = methods.get(run.get("fastest_vanilla") or "")
+    if fastest is not None and fastest is not leader and all(m is not fastest for m in rivals):
+        rivals.append(fastest)
+    if not rivals:
+        return []
+    shares = ", ".join(f"`{m['method']}` in {lead_share(leader['per_prompt'], m['per_prompt']):.0%}" for m in rivals)
+    speed = "" if math.isnan(leader["speedup_vs_fastest"]) else f" ({leader['speedup_vs_fastest']:.2f}x the fastest plain decoding)"
+    return [f"Fastest lossless method that drafts: `{leader['method']}`{speed}; it decodes faster than {shares} of "
+            f"{RESAMPLES:,} resamples of the "
+            f"{run['num_prompts']} prompts (95% intervals in brackets: the same resamples).", ""]
 
 
 def tau_by_category(run: dict) -> list[str]:
@@ -470,7 +511,8 @@ def plot_report(report: dict, out_dir: Path) -> None:
     import matplotlib.pyplot as plt
 
     runs = report["runs"]
-    plots = [("speedup", "speedup.png", "speedup over vanilla (x)"),
+    baselines = sorted({str(r.get("fastest_vanilla")) for r in runs})
+    plots = [("speedup_vs_fastest", "speedup.png", f"speedup over {', '.join(baselines)} (x)"),
              ("tau", "tau.png", "tau (tokens per target forward)")]
     if any("vanilla:static" in r["methods"] for r in runs):
         plots.append(("speedup_vs_static", "speedup_vs_static.png", "speedup over vanilla:static (x)"))
@@ -480,10 +522,17 @@ def plot_report(report: dict, out_dir: Path) -> None:
         width = 0.8 / max(len(runs), 1)
         for i, run in enumerate(runs):
             values = [run["methods"].get(n, {}).get(key, float("nan")) for n in names]
-            ax.bar([j + i * width for j in range(len(names))], values, width,
-                   label=f"{run['eval_set']} T={run['temperature']:g}")
-        ax.set_xticks([j + width * (len(runs) - 1) / 2 for j in range(len(names))], names, rotation=20)
+            # 95% intervals over prompts where the run has them (eagle.bench.intervals)
+            cis = [run["methods"].get(n, {}).get(f"{key}_ci") for n in names]
+            err = [[v - ci[0] if ci else 0.0 for v, ci in zip(values, cis)],
+                   [ci[1] - v if ci else 0.0 for v, ci in zip(values, cis)]]
+            ax.bar([j + i * width for j in range(len(names))], values, width, yerr=err if any(cis) else None,
+                   capsize=2, label=f"{run['eval_set']} T={run['temperature']:g}")
+        ax.set_xticks([j + width * (len(runs) - 1) / 2 for j in range(len(names))], [short(n) for n in names],
+                      rotation=25, ha="right")
         ax.set_ylabel(label)
+        if any(m.get(f"{key}_ci") for r in runs for m in r["methods"].values()):
+            ax.set_title("error bars: 95% intervals over the prompts (bootstrap)", fontsize=9)
         if key.startswith("speedup"):
             ax.axhline(1.0, color="gray", lw=0.8, ls="--")
         ax.legend(fontsize=8)

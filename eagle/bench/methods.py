@@ -20,6 +20,7 @@ included: their rounds are rebuilt from forward hooks on the target.
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -525,6 +526,12 @@ class MethodSpec:
     def __str__(self) -> str:
         return (self.base + (f"@{self.tree}" if self.tree else "") + (f"%{self.draft_vocab}" if self.draft_vocab else "")
                 + (f":{self.runner}" if self.runner else ""))
+
+
+def short(label: str) -> str:
+    """A method label with a tree file's path cut to its name (`eagle@runs/x/machine_b{B}.yaml%4096`
+    -> `eagle@machine_b{B}%4096`), for tables and plots; the report keeps the whole label."""
+    return re.sub(r"@(?:[^@%:]*/)?([^/@%:]+?)(?:\.ya?ml)?(?=$|[%:])", r"@\1", label)
 
 
 def method_settings(spec: MethodSpec, sections: Mapping[str, Mapping[str, Any]]):

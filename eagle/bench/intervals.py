@@ -1,0 +1,69 @@
+"""Error margins over prompts: 95% bootstrap intervals of tau and speedup, and how often one
+method stays ahead of another.
+
+A benchmark decodes few prompts (the demo: 4 per set and temperature), and which prompts they
+are decides much of a ranking: one MT-bench extraction question whose answer copies its text
+lifted prompt lookup's mean speedup over 16 prompts past EAGLE's (LOG.md). So a speedup is
+reported with an interval that resamples the prompts, and a lead with the share of resamples
+that keep it.
+
+Every resample draws n of the run's n prompts with replacement and pools them as the benchmark
+does (total tokens / total time; tau = committed tokens / forwards). All methods of a run are
+resampled with the same draws (the same seed), each prompt's runs of every method kept together:
+a prompt that is fast for everyone moves them together, and the ratio's interval carries the
+timing noise of both sides. With few prompts an interval is coarse (4 prompts allow 35 distinct
+resamples), and it says how much *these* prompts spread, not how another draw of prompts would
+land: read it as a lower bound on the uncertainty.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+
+RESAMPLES = 2000
+
+PerPrompt = Mapping[str, Sequence[float]]  # `MethodResult.per_prompt`: tokens, committed, forwards, seconds
+PER_PROMPT = {"tokens", "committed", "forwards", "seconds"}
+
+
+def resamples(n: int, count: int = RESAMPLES, seed: int = 0) -> torch.Tensor:
+    """(count, n) prompt indices, each row n draws with replacement: the same for every method of
+    a run with the same seed (the pairing)."""
+    return torch.randint(0, n, (count, n), generator=torch.Generator().manual_seed(seed))
+
+
+def _pooled(per_prompt: PerPrompt, idx: torch.Tensor, num: str, den: str) -> torch.Tensor:
+    """(R,) sum of `num` over each resample's prompts / sum of `den` over them."""
+    a = torch.tensor(per_prompt[num], dtype=torch.float64)[idx].sum(1)
+    b = torch.tensor(per_prompt[den], dtype=torch.float64)[idx].sum(1)
+    return a / b.clamp_min(1e-12)
+
+
+def _interval(x: torch.Tensor) -> tuple[float, float]:
+    lo, hi = torch.quantile(x, torch.tensor([0.025, 0.975], dtype=torch.float64)).tolist()
+    return lo, hi
+
+
+def bootstrap_interval(method: PerPrompt, baseline: PerPrompt, count: int = RESAMPLES,
+                       seed: int = 0) -> dict[str, tuple[float, float]]:
+    """95% percentile intervals of `method`'s tau and of its speedup over `baseline` (tokens/s
+    over tokens/s), resampling prompts, paired.
+
+    Args:
+        method, baseline: per-prompt lists `tokens`, `committed`, `forwards`, `seconds`
+            (`MethodResult.per_prompt`), over the same prompts in the same order.
+    """
+    idx = resamples(len(method["tokens"]), count, seed)
+    tau = _pooled(method, idx, "committed", "forwards")
+    speed = _pooled(method, idx, "tokens", "seconds") / _pooled(baseline, idx, "tokens", "seconds")
+    return {"tau": _interval(tau), "speedup": _interval(speed)}
+
+
+def lead_share(leader: PerPrompt, other: PerPrompt, count: int = RESAMPLES, seed: int = 0) -> float:
+    """The share of resamples of the prompts (paired) in which `leader` decodes more tokens/s
+    than `other`."""
+    idx = resamples(len(leader["tokens"]), count, seed)
+    return float((_pooled(leader, idx, "tokens", "seconds") > _pooled(other, idx, "tokens", "seconds"))
+                 .double().mean())
