@@ -395,13 +395,29 @@ def profile(cfg: DictConfig) -> Path:
 
 def ablations(cfg: DictConfig) -> Path:
     """Benchmark every ablation drafter under `ablations.dir` against vanilla in one run, then
-    write the ablation table (eagle/bench/ablations.py) beside the benchmark's own report."""
+    write the ablation table (eagle/bench/ablations.py) beside the benchmark's own report
+    (`ablations.rebuild`: the table again from that finished benchmark, decoding nothing)."""
     from eagle.bench import ablations as abl
 
     acfg = cfg.ablations
     variants = abl.find_variants(acfg.dir)
     labels = {v.name: f"eagle[{v.name}]" for v in variants}
-    drafters = {labels[v.name]: str(v.drafter) for v in variants}
+    out_dir = Path(acfg.out_dir)
+    bench = None
+    if acfg.rebuild:
+        bench, variants = abl.finished_bench(out_dir / "bench" / "results.json", variants, labels)
+    keep_previous(out_dir, ("ablations.json", "ablations.md", "ablations.png"))  # the table of a run before
+    if bench is None:
+        bench = benchmark_ablations(cfg, {labels[v.name]: str(v.drafter) for v in variants}, out_dir / "bench")
+    report = abl.ablation_report(variants, bench, labels)
+    abl.write(report, out_dir)
+    print((out_dir / "ablations.md").read_text())
+    return out_dir
+
+
+def benchmark_ablations(cfg: DictConfig, drafters: dict[str, str], out_dir: Path) -> dict:
+    """Vanilla and EAGLE with each drafter of `drafters` (label -> path), in one benchmark run."""
+    acfg = cfg.ablations
     methods = methods_of(cfg)
     dtype = methods.dtype("eagle", {"eagle": acfg.dtype} if acfg.dtype else {})
 
@@ -419,14 +435,8 @@ def ablations(cfg: DictConfig) -> Path:
                              max_new_tokens=cfg.max_new_tokens, warmup=cfg.benchmark.warmup,
                              warmup_tokens=cfg.benchmark.warmup_tokens, top_k=cfg.top_k, top_p=cfg.top_p,
                              seed=cfg.seed)
-    out_dir = Path(acfg.out_dir)
-    keep_previous(out_dir, ("ablations.json", "ablations.md", "ablations.png"))  # the table of a run before
-    bench = run_benchmark(eval_sets, tokenizer, build, config, target_name=str(cfg.target), out_dir=out_dir / "bench",
-                          device=cfg.device, reference=lambda d: methods.build("vanilla", d))
-    report = abl.ablation_report(variants, bench, labels)
-    abl.write(report, out_dir)
-    print((out_dir / "ablations.md").read_text())
-    return out_dir
+    return run_benchmark(eval_sets, tokenizer, build, config, target_name=str(cfg.target), out_dir=out_dir,
+                         device=cfg.device, reference=lambda d: methods.build("vanilla", d))
 
 
 def batch(cfg: DictConfig) -> Path:

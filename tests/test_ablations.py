@@ -108,3 +108,77 @@ def test_the_report_lands_beside_the_drafters_it_compares(tmp_path):
     cfg = compose_config("decode", [f"paths.runs_dir={tmp_path}", f"ablations.dir={tmp_path / 'capacity'}"])
     assert cfg.ablations.out_dir == str(tmp_path / "capacity" / "report")
     assert compose_config("decode", [f"paths.runs_dir={tmp_path}"]).ablations.out_dir == str(tmp_path / "ablations" / "report")
+
+
+def tau_bench(committed: dict[str, list[int]], complete: bool = True) -> dict:
+    """A finished benchmark at T=0 where method m commits `committed[m]` tokens in 10 forwards on
+    each of its prompts (in 1 s each)."""
+    n = len(next(iter(committed.values())))
+    methods = {"vanilla": {"tau": 1.0, "speedup": 1.0, "per_prompt": per_prompt([10] * n, [10] * n, [10] * n, [1.0] * n)}}
+    for m, c in committed.items():
+        methods[m] = {"tau": sum(c) / (10 * n), "speedup": 1.0, "per_prompt": per_prompt([10] * n, c, [10] * n, [1.0] * n)}
+    return {"status": "complete" if complete else "incomplete",
+            "runs": [{"eval_set": "mtbench", "temperature": 0.0, "num_prompts": n, "methods": methods}]}
+
+
+def test_each_variant_is_measured_against_its_control_on_the_same_prompts(tmp_path):
+    """The paired difference: prompts of very different difficulty (tau 1.2 to 3.0) on which a
+    variant is 0.1 below EAGLE-1 on every one: its own interval overlaps EAGLE-1's, the paired
+    difference is -0.1 exactly. The self-distilled data are measured against ShareGPT's own
+    replies to the same prompts, the other variants against EAGLE-1."""
+    write_variant(tmp_path, "eagle1", "shifted", 0.1, "corpus", [0.8, 0.7])
+    write_variant(tmp_path, "feature_only", "feature", 0.1, "corpus", [0.7, 0.5])
+    write_variant(tmp_path, "sharegpt_replies", "shifted", 0.1, "same-prompts", [0.6, 0.5])
+    write_variant(tmp_path, "self_distilled", "shifted", 0.1, "own-replies", [0.7, 0.6])
+    variants = abl.find_variants(tmp_path)
+    labels = {v.name: f"eagle[{v.name}]" for v in variants}
+    eagle1 = [12, 30, 18, 25, 14, 22]
+    report = abl.ablation_report(variants, tau_bench({
+        "eagle[eagle1]": eagle1, "eagle[feature_only]": [c - 1 for c in eagle1],
+        "eagle[sharegpt_replies]": [c - 2 for c in eagle1], "eagle[self_distilled]": [c - 1 for c in eagle1]}), labels)
+    rows = {r["name"]: r for r in report["variants"]}
+    assert [rows[n]["control"] for n in ("eagle1", "feature_only", "sharegpt_replies", "self_distilled")] == \
+        [None, "eagle1", "eagle1", "sharegpt_replies"]
+    feature = rows["feature_only"]["runs"][0]
+    assert feature["dtau"] == pytest.approx(-0.1) and feature["dtau_ci"] == pytest.approx((-0.1, -0.1))
+    assert feature["tau_above_control"] == 0.0
+    assert feature["tau_ci"][1] > rows["eagle1"]["runs"][0]["tau_ci"][0]  # the unpaired intervals overlap
+    distilled = rows["self_distilled"]["runs"][0]  # above its control, below EAGLE-1
+    assert distilled["dtau"] == pytest.approx(0.1) and distilled["tau_above_control"] == 1.0
+    assert "dtau" not in rows["eagle1"]["runs"][0]
+    table = abl.markdown(report)
+    assert "| tau - control's T=0 |" in table and "sharegpt_replies for self_distilled" in table
+    line = next(ln for ln in table.splitlines() if ln.startswith("| feature_only"))
+    assert "-0.10 [-0.10, -0.10], higher in 0%" in line
+
+
+def test_a_table_is_rebuilt_from_a_finished_benchmark_without_decoding(tmp_path, capsys):
+    """`ablations.rebuild=true`: the table of the benchmark already in the report folder, leaving
+    out (and naming) drafters trained after it; no benchmark, an unfinished one or none of the
+    drafters is a clear error."""
+    from decode import decode
+    from helpers.configs import compose_config
+
+    root = tmp_path / "ablations"
+    for name, inputs in (("eagle1", "shifted"), ("feature_only", "feature"), ("token_only", "token")):
+        write_variant(root, name, inputs, 0.1, "corpus", [0.8, 0.7])
+    cfg = compose_config("decode", ["mode=ablations", "ablations.rebuild=true", f"ablations.dir={root}",
+                                    "target=/nonexistent"])  # nothing is loaded
+    with pytest.raises(FileNotFoundError, match="no benchmark at"):
+        decode(cfg)
+    bench_dir = root / "report" / "bench"
+    bench_dir.mkdir(parents=True)
+    results = bench_dir / "results.json"
+    results.write_text(json.dumps(tau_bench({"eagle[eagle1]": [20, 30]}, complete=False)))
+    with pytest.raises(ValueError, match="did not finish"):
+        decode(cfg)
+    results.write_text(json.dumps(tau_bench({"eagle[other]": [20, 30]})))
+    with pytest.raises(ValueError, match="decoded none of the drafters"):
+        decode(cfg)
+    results.write_text(json.dumps(tau_bench({"eagle[eagle1]": [20, 30], "eagle[feature_only]": [18, 29]})))
+    decode(cfg)
+    out = capsys.readouterr().out
+    assert "token_only: not in the benchmark" in out
+    report = json.loads((root / "report" / "ablations.json").read_text())
+    assert [r["name"] for r in report["variants"]] == ["eagle1", "feature_only"]
+    assert report["variants"][1]["runs"][0]["dtau"] == pytest.approx(-0.15)

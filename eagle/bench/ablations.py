@@ -39,10 +39,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eagle.bench.intervals import bootstrap_interval
+from eagle.bench.intervals import bootstrap_interval, lead_share, tau_difference
 
 # EAGLE-1 (Li et al., 2024), ablation of the drafter's inputs on Vicuna-7B, MT-bench, T=0: speedup
 PAPER_SPEEDUP = {"shifted": 2.8, "feature": 1.9, "token": 1.5}
+# the variant each one is measured against on the same prompts (eagle1 where none is named): the
+# self-distilled data against ShareGPT's own replies to the same prompts, cut at the same length
+CONTROLS = {"self_distilled": "sharegpt_replies", "self_distilled_greedy": "sharegpt_replies"}
 ORDER = ("eagle1", "unshifted", "feature_only", "token_only", "no_noise", "whole_vocab_loss", "token_weight", "unrolled",
          "sharegpt_replies", "self_distilled", "self_distilled_greedy")
 
@@ -99,6 +102,28 @@ def find_variants(root: str | Path) -> list[Variant]:
     return sorted(variants, key=lambda v: (rank.get(v.name, len(ORDER)), v.name))
 
 
+def finished_bench(path: Path, variants: Sequence[Variant], labels: Mapping[str, str]) -> tuple[dict, list[Variant]]:
+    """The finished benchmark report at `path` (an ablation run's bench/results.json), and the
+    variants it decoded in every run: what `ablations.rebuild` writes the table from. Variants
+    it lacks (trained after it) are named and left out; none at all is an error."""
+    if not path.is_file():
+        raise FileNotFoundError(f"ablations.rebuild: no benchmark at {path} (run mode=ablations without rebuild first)")
+    bench = json.loads(path.read_text())
+    if bench.get("status") != "complete":
+        raise ValueError(f"ablations.rebuild: the benchmark at {path} did not finish (status "
+                         f"{bench.get('status')!r}): run mode=ablations to finish it")
+    if any("vanilla" not in run["methods"] for run in bench["runs"]):
+        raise ValueError(f"ablations.rebuild: the benchmark at {path} has no vanilla decoding to measure against")
+    have = [v for v in variants if all(labels[v.name] in run["methods"] for run in bench["runs"])]
+    if not have:
+        raise ValueError(f"ablations.rebuild: the benchmark at {path} decoded none of the drafters under the ablation "
+                         f"folder ({', '.join(v.name for v in variants)})")
+    if lacking := [v.name for v in variants if v not in have]:
+        print(f"[ablations] {', '.join(lacking)}: not in the benchmark at {path} (trained after it?), left out of the "
+              "table; mode=ablations without rebuild decodes every drafter")
+    return bench, have
+
+
 def binomial_margin(p: float, n: int) -> float:
     """Half-width of the normal 95% interval of a share p measured on n positions (nan if n = 0)."""
     return 1.96 * math.sqrt(p * (1 - p) / n) if n else float("nan")
@@ -109,16 +134,26 @@ def ablation_report(variants: Sequence[Variant], bench: Mapping[str, Any], label
     `bench` (a benchmark report whose methods include vanilla and, for each variant, the method
     named `labels[variant.name]`), and its validation agreement by depth (with margins)."""
     rows = []
+    names = {v.name for v in variants}
     for v in variants:
+        # its tau against its control's on the same prompts (paired): the factor's own effect
+        control = next((c for c in (CONTROLS.get(v.name), "eagle1") if c in names), None)
+        control = None if control == v.name else control
         row = {"name": v.name, "inputs": v.inputs, "noise": v.noise, "data": v.data, "loss": v.loss, "steps": v.steps,
                "agreement": v.agreement, "agreement_margin": [binomial_margin(p, v.positions) for p in v.agreement],
-               "positions": v.positions, "runs": []}
+               "positions": v.positions, "control": control, "runs": []}
         for run in bench["runs"]:
             method, vanilla = run["methods"][labels[v.name]], run["methods"]["vanilla"]
             ci = bootstrap_interval(method["per_prompt"], vanilla["per_prompt"])
+            paired = {}
+            if control is not None:
+                ref = run["methods"][labels[control]]
+                paired = {"dtau": method["tau"] - ref["tau"],
+                          "dtau_ci": tau_difference(method["per_prompt"], ref["per_prompt"]),
+                          "tau_above_control": lead_share(method["per_prompt"], ref["per_prompt"], what="tau")}
             row["runs"].append({"eval_set": run["eval_set"], "temperature": run["temperature"],
                                 "tau": method["tau"], "tau_ci": ci["tau"], "speedup": method["speedup"],
-                                "speedup_ci": ci["speedup"], "num_prompts": run["num_prompts"]})
+                                "speedup_ci": ci["speedup"], "num_prompts": run["num_prompts"], **paired})
         rows.append(row)
     return {"variants": rows, "paper_speedup": PAPER_SPEEDUP, "ordering": ordering(rows)}
 
@@ -148,18 +183,30 @@ def markdown(report: Mapping[str, Any]) -> str:
     if not rows:
         return ""
     runs = rows[0]["runs"]
+    paired = any(r.get("control") for r in rows)
     head = "| variant | inputs | noise | data | loss | " + " | ".join(
-        f"tau T={r['temperature']:g} | speedup T={r['temperature']:g}" for r in runs) + " | top-1 agreement d1..d5 |"
+        f"tau T={r['temperature']:g} | speedup T={r['temperature']:g}"
+        + (f" | tau - control's T={r['temperature']:g}" if paired else "") for r in runs) + " | top-1 agreement d1..d5 |"
     lines = [f"EAGLE-1 ablations ({runs[0]['eval_set']}, {runs[0]['num_prompts']} prompts; 95% intervals: "
              "bootstrap over prompts for tau and speedup, binomial over validation positions for agreement)", "",
              "Agreement is on each drafter's own validation split (corpus or self-distilled features): "
-             "comparable across inputs and noise, not across data.", "",
-             head, "|---|---|---:|---|---|" + "---:|---:|" * len(runs) + "---|"]
+             "comparable across inputs and noise, not across data.", ""]
+    if paired:
+        lines += ["tau - control's: the difference from the control's tau on the same prompts (the control: "
+                  + ", ".join(f"{c} for {v}" for v, c in CONTROLS.items()) + ", eagle1 for the others), its 95% "
+                  "interval from paired resamples of the prompts, and the share of those resamples in which the "
+                  "variant's tau is the higher (eagle.bench.intervals): sharper than the two intervals side by "
+                  "side, since both drafters decode the same prompts.", ""]
+    lines += [head, "|---|---|---:|---|---|" + ("---:|---:|---:|" if paired else "---:|---:|") * len(runs) + "---|"]
     for r in rows:
         cells = []
         for run in r["runs"]:
             (tl, th), (sl, sh) = run["tau_ci"], run["speedup_ci"]
-            cells.append(f"{run['tau']:.2f} [{tl:.2f}, {th:.2f}] | {run['speedup']:.2f}x [{sl:.2f}, {sh:.2f}]")
+            cell = f"{run['tau']:.2f} [{tl:.2f}, {th:.2f}] | {run['speedup']:.2f}x [{sl:.2f}, {sh:.2f}]"
+            if paired:
+                cell += (f" | {run['dtau']:+.2f} [{run['dtau_ci'][0]:+.2f}, {run['dtau_ci'][1]:+.2f}], "
+                         f"higher in {run['tau_above_control']:.0%}" if "dtau" in run else " | -")
+            cells.append(cell)
         agree = " / ".join(f"{a:.3f}" for a in r["agreement"])
         margin = max(r["agreement_margin"], default=float("nan"))
         lines.append(f"| {r['name']} | {r['inputs']} | {r['noise']:g} | {r['data']} | {r.get('loss', '?')} | "

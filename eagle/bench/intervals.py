@@ -61,9 +61,19 @@ def bootstrap_interval(method: PerPrompt, baseline: PerPrompt, count: int = RESA
     return {"tau": _interval(tau), "speedup": _interval(speed)}
 
 
-def lead_share(leader: PerPrompt, other: PerPrompt, count: int = RESAMPLES, seed: int = 0) -> float:
+def lead_share(leader: PerPrompt, other: PerPrompt, count: int = RESAMPLES, seed: int = 0,
+               what: str = "speed") -> float:
     """The share of resamples of the prompts (paired) in which `leader` decodes more tokens/s
-    than `other`."""
+    than `other` (`what="speed"`), or accepts more tokens a forward (`what="tau"`)."""
+    num, den = {"speed": ("tokens", "seconds"), "tau": ("committed", "forwards")}[what]
     idx = resamples(len(leader["tokens"]), count, seed)
-    return float((_pooled(leader, idx, "tokens", "seconds") > _pooled(other, idx, "tokens", "seconds"))
-                 .double().mean())
+    return float((_pooled(leader, idx, num, den) > _pooled(other, idx, num, den)).double().mean())
+
+
+def tau_difference(method: PerPrompt, reference: PerPrompt, count: int = RESAMPLES,
+                   seed: int = 0) -> tuple[float, float]:
+    """95% interval of `method`'s tau minus `reference`'s, resampling prompts (paired): two
+    drafters decoding the same prompts share each prompt's difficulty, so their difference is
+    measured far more sharply than their two intervals side by side suggest."""
+    idx = resamples(len(method["tokens"]), count, seed)
+    return _interval(_pooled(method, idx, "committed", "forwards") - _pooled(reference, idx, "committed", "forwards"))
