@@ -403,13 +403,12 @@ def ablations(cfg: DictConfig) -> Path:
     variants = abl.find_variants(acfg.dir)
     labels = {v.name: f"eagle[{v.name}]" for v in variants}
     out_dir = Path(acfg.out_dir)
-    bench = None
     if acfg.rebuild:
-        bench, variants = abl.finished_bench(out_dir / "bench" / "results.json", variants, labels)
-    keep_previous(out_dir, ("ablations.json", "ablations.md", "ablations.png"))  # the table of a run before
-    if bench is None:
+        bench, variants = abl.finished_bench(out_dir / "bench", variants, labels)
+    else:
         bench = benchmark_ablations(cfg, {labels[v.name]: str(v.drafter) for v in variants}, out_dir / "bench")
     report = abl.ablation_report(variants, bench, labels)
+    keep_previous(out_dir, ("ablations.json", "ablations.md", "ablations.png"))  # the table of a run before
     abl.write(report, out_dir)
     print((out_dir / "ablations.md").read_text())
     return out_dir
@@ -417,6 +416,8 @@ def ablations(cfg: DictConfig) -> Path:
 
 def benchmark_ablations(cfg: DictConfig, drafters: dict[str, str], out_dir: Path) -> dict:
     """Vanilla and EAGLE with each drafter of `drafters` (label -> path), in one benchmark run."""
+    from eagle.bench import ablations as abl
+
     acfg = cfg.ablations
     methods = methods_of(cfg)
     dtype = methods.dtype("eagle", {"eagle": acfg.dtype} if acfg.dtype else {})
@@ -431,6 +432,7 @@ def benchmark_ablations(cfg: DictConfig, drafters: dict[str, str], out_dir: Path
 
     eval_sets = {Path(name).stem: load_eval_set(name, acfg.num_prompts) for name in acfg.eval_sets}
     _, tokenizer = methods.target(dtype)
+    abl.record_drafters(out_dir, drafters)  # what a rebuild checks the drafters against
     config = BenchmarkConfig(methods=("vanilla", *drafters), temperatures=tuple(acfg.temperatures),
                              max_new_tokens=cfg.max_new_tokens, warmup=cfg.benchmark.warmup,
                              warmup_tokens=cfg.benchmark.warmup_tokens, top_k=cfg.top_k, top_p=cfg.top_p,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -147,15 +148,16 @@ def test_each_variant_is_measured_against_its_control_on_the_same_prompts(tmp_pa
     assert distilled["dtau"] == pytest.approx(0.1) and distilled["tau_above_control"] == 1.0
     assert "dtau" not in rows["eagle1"]["runs"][0]
     table = abl.markdown(report)
-    assert "| tau - control's T=0 |" in table and "sharegpt_replies for self_distilled" in table
+    assert "| tau - control's T=0 |" in table
+    assert "(the control: eagle1 for feature_only, sharegpt_replies, sharegpt_replies for self_distilled)" in table
     line = next(ln for ln in table.splitlines() if ln.startswith("| feature_only"))
     assert "-0.10 [-0.10, -0.10], higher in 0%" in line
 
 
 def test_a_table_is_rebuilt_from_a_finished_benchmark_without_decoding(tmp_path, capsys):
     """`ablations.rebuild=true`: the table of the benchmark already in the report folder, leaving
-    out (and naming) drafters trained after it; no benchmark, an unfinished one or none of the
-    drafters is a clear error."""
+    out (and naming) drafters it did not decode; no benchmark, an unfinished one, none of the
+    drafters, or a drafter saved again since the benchmark is a clear error."""
     from decode import decode
     from helpers.configs import compose_config
 
@@ -176,9 +178,19 @@ def test_a_table_is_rebuilt_from_a_finished_benchmark_without_decoding(tmp_path,
     with pytest.raises(ValueError, match="decoded none of the drafters"):
         decode(cfg)
     results.write_text(json.dumps(tau_bench({"eagle[eagle1]": [20, 30], "eagle[feature_only]": [18, 29]})))
-    decode(cfg)
+    decode(cfg)  # a benchmark from before the drafters were recorded: said, and rebuilt
     out = capsys.readouterr().out
-    assert "token_only: not in the benchmark" in out
+    assert "token_only: not in the benchmark" in out and "cannot be checked against the drafters' files" in out
     report = json.loads((root / "report" / "ablations.json").read_text())
     assert [r["name"] for r in report["variants"]] == ["eagle1", "feature_only"]
     assert report["variants"][1]["runs"][0]["dtau"] == pytest.approx(-0.15)
+    drafters = {f"eagle[{name}]": str(root / name / "drafter") for name in ("eagle1", "feature_only")}
+    abl.record_drafters(bench_dir, drafters)  # what a benchmark run now writes beside its results
+    decode(cfg)
+    assert "cannot be checked" not in capsys.readouterr().out
+    metrics = root / "feature_only" / "drafter" / "train_metrics.json"
+    os.utime(metrics, ns=(metrics.stat().st_atime_ns, metrics.stat().st_mtime_ns + 10**9))  # saved again
+    table = (root / "report" / "ablations.md").read_text()
+    with pytest.raises(ValueError, match="feature_only changed since the benchmark"):
+        decode(cfg)
+    assert (root / "report" / "ablations.md").read_text() == table  # a refused rebuild moves nothing aside

@@ -140,3 +140,20 @@ def test_each_ablation_differs_from_eagle1_in_one_factor_only(experiment, name):
     assert got["trainer"].pop("limit_val_batches", 1.0) == 1.0
     base["trainer"].pop("limit_val_batches", None)
     assert got["trainer"] == base["trainer"]
+
+
+def test_an_ablation_run_records_its_drafters_and_rebuilds_its_table(tiny_run, capsys):
+    """mode=ablations writes which drafter files its benchmark decoded; a rebuild of its table from
+    that benchmark checks them and gives the same taus, decoding nothing."""
+    from decode import decode
+
+    report_dir = tiny_run / "ablations" / "report"
+    recorded = json.loads((report_dir / "bench" / "drafters.json").read_text())
+    assert set(recorded["drafters"]) == {"eagle[eagle1]", "eagle[no_noise]", "eagle[token_only]"}
+    before = json.loads((report_dir / "ablations.json").read_text())
+    decode(compose_config("decode", [f"paths.runs_dir={tiny_run}", "mode=ablations", "ablations.rebuild=true",
+                                     "target=/nonexistent"]))
+    assert "cannot be checked" not in capsys.readouterr().out
+    after = json.loads((report_dir / "ablations.json").read_text())
+    assert [[run["tau"] for run in v["runs"]] for v in after["variants"]] == \
+        [[run["tau"] for run in v["runs"]] for v in before["variants"]]

@@ -39,7 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eagle.bench.intervals import bootstrap_interval, lead_share, tau_difference
+from eagle.artifacts import files_stamp
+from eagle.bench.intervals import bootstrap_interval, error_bars, lead_share, tau_difference
 
 # EAGLE-1 (Li et al., 2024), ablation of the drafter's inputs on Vicuna-7B, MT-bench, T=0: speedup
 PAPER_SPEEDUP = {"shifted": 2.8, "feature": 1.9, "token": 1.5}
@@ -102,10 +103,23 @@ def find_variants(root: str | Path) -> list[Variant]:
     return sorted(variants, key=lambda v: (rank.get(v.name, len(ORDER)), v.name))
 
 
-def finished_bench(path: Path, variants: Sequence[Variant], labels: Mapping[str, str]) -> tuple[dict, list[Variant]]:
-    """The finished benchmark report at `path` (an ablation run's bench/results.json), and the
-    variants it decoded in every run: what `ablations.rebuild` writes the table from. Variants
-    it lacks (trained after it) are named and left out; none at all is an error."""
+DRAFTERS_FILE = "drafters.json"  # beside an ablation benchmark's results.json: the drafters it decoded
+
+
+def record_drafters(bench_dir: Path, drafters: Mapping[str, str]) -> None:
+    """Write which drafter files (label -> path) the benchmark in `bench_dir` decodes, with their
+    stamps (`eagle.artifacts.files_stamp`): a rebuilt table must not pair a drafter trained again
+    since with that benchmark's taus."""
+    bench_dir.mkdir(parents=True, exist_ok=True)
+    (bench_dir / DRAFTERS_FILE).write_text(json.dumps(
+        {"drafters": dict(drafters), "stamps": files_stamp(list(drafters.values()))}, indent=2) + "\n")
+
+
+def finished_bench(bench_dir: Path, variants: Sequence[Variant], labels: Mapping[str, str]) -> tuple[dict, list[Variant]]:
+    """The finished benchmark report in `bench_dir` (an ablation run's bench/), and the variants
+    it decoded in every run: what `ablations.rebuild` writes the table from. Variants it lacks are
+    named and left out; none at all, or a drafter saved again since the benchmark, is an error."""
+    path = bench_dir / "results.json"
     if not path.is_file():
         raise FileNotFoundError(f"ablations.rebuild: no benchmark at {path} (run mode=ablations without rebuild first)")
     bench = json.loads(path.read_text())
@@ -119,8 +133,19 @@ def finished_bench(path: Path, variants: Sequence[Variant], labels: Mapping[str,
         raise ValueError(f"ablations.rebuild: the benchmark at {path} decoded none of the drafters under the ablation "
                          f"folder ({', '.join(v.name for v in variants)})")
     if lacking := [v.name for v in variants if v not in have]:
-        print(f"[ablations] {', '.join(lacking)}: not in the benchmark at {path} (trained after it?), left out of the "
-              "table; mode=ablations without rebuild decodes every drafter")
+        print(f"[ablations] {', '.join(lacking)}: not in the benchmark at {path}, left out of the table; "
+              "mode=ablations without rebuild decodes every drafter")
+    record = bench_dir / DRAFTERS_FILE
+    if not record.is_file():
+        print(f"[ablations] no {record}: the benchmark (from before drafters were recorded) cannot be checked "
+              "against the drafters' files; the table pairs their agreement now with its taus")
+        return bench, have
+    recorded = json.loads(record.read_text())
+    paths = [recorded["drafters"].get(labels[v.name], str(v.drafter)) for v in have]
+    now = files_stamp(paths)
+    if changed := [v.name for v, p in zip(have, paths) if p != str(v.drafter) or now.get(p) != recorded["stamps"].get(p)]:
+        raise ValueError(f"ablations.rebuild: {', '.join(changed)} changed since the benchmark at {path} decoded "
+                         "them (trained again, or another folder): run mode=ablations without rebuild")
     return bench, have
 
 
@@ -192,8 +217,9 @@ def markdown(report: Mapping[str, Any]) -> str:
              "Agreement is on each drafter's own validation split (corpus or self-distilled features): "
              "comparable across inputs and noise, not across data.", ""]
     if paired:
-        lines += ["tau - control's: the difference from the control's tau on the same prompts (the control: "
-                  + ", ".join(f"{c} for {v}" for v, c in CONTROLS.items()) + ", eagle1 for the others), its 95% "
+        controls = ", ".join(f"{c} for {', '.join(r['name'] for r in rows if r.get('control') == c)}"
+                             for c in dict.fromkeys(r["control"] for r in rows if r.get("control")))
+        lines += [f"tau - control's: the difference from the control's tau on the same prompts (the control: {controls}), its 95% "
                   "interval from paired resamples of the prompts, and the share of those resamples in which the "
                   "variant's tau is the higher (eagle.bench.intervals): sharper than the two intervals side by "
                   "side, since both drafters decode the same prompts.", ""]
@@ -234,9 +260,8 @@ def plot(report: Mapping[str, Any], out: Path) -> None:
     for key, ax in zip(("speedup", "tau"), axes[:2]):
         for j, t in enumerate(temps):
             vals = [r["runs"][j][key] for r in rows]
-            lo = [v - r["runs"][j][f"{key}_ci"][0] for v, r in zip(vals, rows)]
-            hi = [r["runs"][j][f"{key}_ci"][1] - v for v, r in zip(vals, rows)]
-            ax.bar([i + j * width for i in range(len(rows))], vals, width, yerr=[lo, hi], capsize=3, label=f"T={t:g}")
+            ax.bar([i + j * width for i in range(len(rows))], vals, width,
+                   yerr=error_bars(vals, [r["runs"][j][f"{key}_ci"] for r in rows]), capsize=3, label=f"T={t:g}")
         ax.set_xticks([i + width * (len(temps) - 1) / 2 for i in range(len(rows))], names, rotation=25, ha="right")
         ax.set_ylabel(key + (" over vanilla" if key == "speedup" else " (tokens per target forward)"))
         ax.legend()

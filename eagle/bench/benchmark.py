@@ -34,7 +34,14 @@ from tqdm.auto import tqdm
 
 from eagle.artifacts import keep_previous, stopped_report, write_json
 from eagle.bench.evalsets import Prompt
-from eagle.bench.intervals import PER_PROMPT, RESAMPLES, bootstrap_interval, lead_share
+from eagle.bench.intervals import (
+    PER_PROMPT_KEYS,
+    RESAMPLES,
+    bootstrap_interval,
+    error_bars,
+    lead_share,
+    tau_interval,
+)
 from eagle.bench.methods import Method, MethodError, short
 from eagle.decoding.stats import DecodeResult, accepted_histogram, tau
 from eagle.sampling import SamplingPolicy, seeded_generator
@@ -68,7 +75,8 @@ class MethodResult:
     speedup_vs_static: float = float("nan")  # over vanilla:static, when the run has it
     speedup_vs_static_median: float = float("nan")
     speedup_vs_fastest: float = float("nan")  # over the fastest plain decoding of the run (`fastest_vanilla`)
-    # 95% bootstrap intervals over the run's prompts (eagle.bench.intervals; None with one prompt)
+    # 95% bootstrap intervals over the run's prompts (eagle.bench.intervals; None with one prompt, and
+    # the speedup's also without a plain decoding in the run)
     tau_ci: tuple[float, float] | None = None
     speedup_vs_fastest_ci: tuple[float, float] | None = None
     new_tokens: int = 0
@@ -324,7 +332,9 @@ def _report(runs: list[dict], cfg: BenchmarkConfig, device: torch.device, dtype_
 def _speedups(results: dict[str, MethodResult]) -> None:
     """Speedups against vanilla (and vanilla:static) of the same run: the aggregate one (total
     tokens / total time, each), and the median over prompts of the per-prompt speedups (a prompt
-    against itself: a ratio of two medians could pair different prompts)."""
+    against itself: a ratio of two medians could pair different prompts); the speedup over the
+    fastest plain decoding, and 95% intervals over the prompts of it and of tau, every method
+    resampled on the same draws (eagle.bench.intervals)."""
     def rates(r: MethodResult) -> list[float]:
         p = r.per_prompt
         return [t / s if s else 0.0 for t, s in zip(p.get("tokens", []), p.get("seconds", []))]
@@ -337,13 +347,17 @@ def _speedups(results: dict[str, MethodResult]) -> None:
             setattr(r, key, r.tokens_per_s / base.tokens_per_s)
             pairs = [a / b for a, b in zip(rates(r), rates(base)) if b]
             setattr(r, key + "_median", statistics.median(pairs) if pairs else float("nan"))
+    def resampled(r: MethodResult) -> bool:
+        return PER_PROMPT_KEYS <= set(r.per_prompt) and len(r.per_prompt["tokens"]) > 1
+
     fastest = fastest_vanilla(results)
-    if fastest is not None:
-        for r in results.values():
+    for r in results.values():
+        if resampled(r):
+            r.tau_ci = tau_interval(r.per_prompt)
+        if fastest is not None:
             r.speedup_vs_fastest = r.tokens_per_s / results[fastest].tokens_per_s
-            if PER_PROMPT <= set(r.per_prompt) and len(r.per_prompt["tokens"]) > 1:  # the same draws for all: paired
-                ci = bootstrap_interval(r.per_prompt, results[fastest].per_prompt)
-                r.tau_ci, r.speedup_vs_fastest_ci = ci["tau"], ci["speedup"]
+            if resampled(r) and resampled(results[fastest]):  # the same draws for every method: paired
+                r.speedup_vs_fastest_ci = bootstrap_interval(r.per_prompt, results[fastest].per_prompt)["speedup"]
 
 
 def is_plain_decoding(name: str) -> bool:
@@ -435,33 +449,40 @@ def markdown_table(report: dict) -> str:
 def with_interval(m: dict, key: str) -> str:
     """" [lo, hi]": the 95% interval over prompts of `tau` or `speedup_vs_fastest`, where the run
     has one (eagle.bench.intervals); "" for other columns and for runs of one prompt."""
-    ci = m.get(f"{key}_ci")  # a point (plain decoding's tau, the baseline against itself) is no interval
-    return f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci and ci[1] > ci[0] else ""
+    ci = m.get(f"{key}_ci")
+    if not ci:
+        return ""
+    lo, hi = f"{ci[0]:.2f}", f"{ci[1]:.2f}"  # a point (plain decoding's tau, the baseline against itself) is none
+    return f" [{lo}, {hi}]" if lo != hi else ""
 
 
 def lead_lines(run: dict) -> list[str]:
     """Markdown lines: the fastest lossless method that drafts, and in how many resamples of the
-    prompts (eagle.bench.intervals) it stays ahead of the next lossless methods by speed and of the
-    fastest plain decoding: whether the prompts decoded, rather than the method, could have made
-    the ranking. Nothing for a run of one prompt or without a drafting method."""
+    prompts (eagle.bench.intervals) it decodes faster than the next two lossless methods by speed
+    (plain decoding included) and than the fastest plain decoding: whether the prompts decoded,
+    rather than the method, could have made the ranking. Nothing for a run of one prompt or
+    without a drafting method (a run kept from an older report: nothing it lacks)."""
     methods = run["methods"]
-    ranked = sorted((m for m in methods.values() if m["lossless"] and len(m["per_prompt"].get("tokens", [])) > 1),
-                    key=lambda m: -m["tokens_per_s"])
+    ranked = sorted((m for m in methods.values()
+                     if m.get("lossless") and PER_PROMPT_KEYS <= set(m.get("per_prompt") or {})
+                     and len(m["per_prompt"]["tokens"]) > 1), key=lambda m: -m["tokens_per_s"])
     drafting = [m for m in ranked if not is_plain_decoding(m["method"])]
     if not drafting:
         return []
     leader = drafting[0]
     rivals = [m for m in ranked if m is not leader][:2]
     fastest = methods.get(run.get("fastest_vanilla") or "")
-    if fastest is not None and fastest is not leader and all(m is not fastest for m in rivals):
+    if fastest is not None and fastest is not leader and fastest in ranked and all(m is not fastest for m in rivals):
         rivals.append(fastest)
     if not rivals:
         return []
     shares = ", ".join(f"`{m['method']}` in {lead_share(leader['per_prompt'], m['per_prompt']):.0%}" for m in rivals)
-    speed = "" if math.isnan(leader["speedup_vs_fastest"]) else f" ({leader['speedup_vs_fastest']:.2f}x the fastest plain decoding)"
+    ratio = leader.get("speedup_vs_fastest", math.nan)
+    speed = "" if math.isnan(ratio) else f" ({ratio:.2f}x the fastest plain decoding)"
+    brackets = any(m.get("speedup_vs_fastest_ci") or m.get("tau_ci") for m in methods.values())
     return [f"Fastest lossless method that drafts: `{leader['method']}`{speed}; it decodes faster than {shares} of "
-            f"{RESAMPLES:,} resamples of the "
-            f"{run['num_prompts']} prompts (95% intervals in brackets: the same resamples).", ""]
+            f"{RESAMPLES:,} resamples of the {run['num_prompts']} prompts"
+            + (" (the 95% intervals in brackets come from the same resamples)." if brackets else "."), ""]
 
 
 def tau_by_category(run: dict) -> list[str]:
@@ -511,8 +532,7 @@ def plot_report(report: dict, out_dir: Path) -> None:
     import matplotlib.pyplot as plt
 
     runs = report["runs"]
-    baselines = sorted({str(r.get("fastest_vanilla")) for r in runs})
-    plots = [("speedup_vs_fastest", "speedup.png", f"speedup over {', '.join(baselines)} (x)"),
+    plots = [("speedup_vs_fastest", "speedup.png", "speedup over the fastest plain decoding (x)"),
              ("tau", "tau.png", "tau (tokens per target forward)")]
     if any("vanilla:static" in r["methods"] for r in runs):
         plots.append(("speedup_vs_static", "speedup_vs_static.png", "speedup over vanilla:static (x)"))
@@ -524,8 +544,7 @@ def plot_report(report: dict, out_dir: Path) -> None:
             values = [run["methods"].get(n, {}).get(key, float("nan")) for n in names]
             # 95% intervals over prompts where the run has them (eagle.bench.intervals)
             cis = [run["methods"].get(n, {}).get(f"{key}_ci") for n in names]
-            err = [[v - ci[0] if ci else 0.0 for v, ci in zip(values, cis)],
-                   [ci[1] - v if ci else 0.0 for v, ci in zip(values, cis)]]
+            err = error_bars(values, cis)
             ax.bar([j + i * width for j in range(len(names))], values, width, yerr=err if any(cis) else None,
                    capsize=2, label=f"{run['eval_set']} T={run['temperature']:g}")
         ax.set_xticks([j + width * (len(runs) - 1) / 2 for j in range(len(names))], [short(n) for n in names],

@@ -25,7 +25,9 @@ import torch
 RESAMPLES = 2000
 
 PerPrompt = Mapping[str, Sequence[float]]  # `MethodResult.per_prompt`: tokens, committed, forwards, seconds
-PER_PROMPT = {"tokens", "committed", "forwards", "seconds"}
+PER_PROMPT_KEYS = {"tokens", "committed", "forwards", "seconds"}
+# the pooled ratios: tokens/s (total tokens / total time) and tau (committed tokens / forwards)
+RATIOS = {"speed": ("tokens", "seconds"), "tau": ("committed", "forwards")}
 
 
 def resamples(n: int, count: int = RESAMPLES, seed: int = 0) -> torch.Tensor:
@@ -34,8 +36,9 @@ def resamples(n: int, count: int = RESAMPLES, seed: int = 0) -> torch.Tensor:
     return torch.randint(0, n, (count, n), generator=torch.Generator().manual_seed(seed))
 
 
-def _pooled(per_prompt: PerPrompt, idx: torch.Tensor, num: str, den: str) -> torch.Tensor:
-    """(R,) sum of `num` over each resample's prompts / sum of `den` over them."""
+def _pooled(per_prompt: PerPrompt, idx: torch.Tensor, what: str) -> torch.Tensor:
+    """(R,) the ratio `what` (RATIOS) pooled over each resample's prompts."""
+    num, den = RATIOS[what]
     a = torch.tensor(per_prompt[num], dtype=torch.float64)[idx].sum(1)
     b = torch.tensor(per_prompt[den], dtype=torch.float64)[idx].sum(1)
     return a / b.clamp_min(1e-12)
@@ -49,25 +52,31 @@ def _interval(x: torch.Tensor) -> tuple[float, float]:
 def bootstrap_interval(method: PerPrompt, baseline: PerPrompt, count: int = RESAMPLES,
                        seed: int = 0) -> dict[str, tuple[float, float]]:
     """95% percentile intervals of `method`'s tau and of its speedup over `baseline` (tokens/s
-    over tokens/s), resampling prompts, paired.
+    over tokens/s), resampling prompts, paired. A percentile interval need not hold the point
+    estimate (where every resample gives the same ratio, rounding alone can put it outside).
 
     Args:
         method, baseline: per-prompt lists `tokens`, `committed`, `forwards`, `seconds`
             (`MethodResult.per_prompt`), over the same prompts in the same order.
     """
     idx = resamples(len(method["tokens"]), count, seed)
-    tau = _pooled(method, idx, "committed", "forwards")
-    speed = _pooled(method, idx, "tokens", "seconds") / _pooled(baseline, idx, "tokens", "seconds")
-    return {"tau": _interval(tau), "speedup": _interval(speed)}
+    speed = _pooled(method, idx, "speed") / _pooled(baseline, idx, "speed")
+    return {"tau": _interval(_pooled(method, idx, "tau")), "speedup": _interval(speed)}
+
+
+def tau_interval(method: PerPrompt, count: int = RESAMPLES, seed: int = 0) -> tuple[float, float]:
+    """95% percentile interval of `method`'s tau alone (no baseline needed), resampling prompts."""
+    return _interval(_pooled(method, resamples(len(method["tokens"]), count, seed), "tau"))
 
 
 def lead_share(leader: PerPrompt, other: PerPrompt, count: int = RESAMPLES, seed: int = 0,
                what: str = "speed") -> float:
     """The share of resamples of the prompts (paired) in which `leader` decodes more tokens/s
-    than `other` (`what="speed"`), or accepts more tokens a forward (`what="tau"`)."""
-    num, den = {"speed": ("tokens", "seconds"), "tau": ("committed", "forwards")}[what]
+    than `other` (`what="speed"`), or accepts more tokens a forward (`what="tau"`); a tie counts
+    half (two drafters with the same greedy taus share 50%, not 0%)."""
     idx = resamples(len(leader["tokens"]), count, seed)
-    return float((_pooled(leader, idx, num, den) > _pooled(other, idx, num, den)).double().mean())
+    a, b = _pooled(leader, idx, what), _pooled(other, idx, what)
+    return float(((a > b).double() + 0.5 * (a == b).double()).mean())
 
 
 def tau_difference(method: PerPrompt, reference: PerPrompt, count: int = RESAMPLES,
@@ -76,4 +85,11 @@ def tau_difference(method: PerPrompt, reference: PerPrompt, count: int = RESAMPL
     drafters decoding the same prompts share each prompt's difficulty, so their difference is
     measured far more sharply than their two intervals side by side suggest."""
     idx = resamples(len(method["tokens"]), count, seed)
-    return _interval(_pooled(method, idx, "committed", "forwards") - _pooled(reference, idx, "committed", "forwards"))
+    return _interval(_pooled(method, idx, "tau") - _pooled(reference, idx, "tau"))
+
+
+def error_bars(values: Sequence[float], intervals: Sequence) -> list[list[float]]:
+    """matplotlib's yerr (2, N) for bars at `values` with 95% intervals (None: no bar): never
+    negative, since a percentile interval need not hold its point estimate."""
+    return [[max(0.0, v - ci[0]) if ci else 0.0 for v, ci in zip(values, intervals)],
+            [max(0.0, ci[1] - v) if ci else 0.0 for v, ci in zip(values, intervals)]]
