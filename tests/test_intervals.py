@@ -94,6 +94,26 @@ def test_the_benchmark_reports_intervals_and_the_leaders_paired_lead():
     assert "medusa_typical" not in lead and "of the 6 prompts" in lead
 
 
+def test_the_summary_puts_every_run_side_by_side_and_marks_lossy_methods():
+    """The table printed last: one row a method (tree files cut to their names), tau and the
+    speedup over the fastest plain decoding with its interval in each run; a method missing from a
+    run is a dash. A report of one run has none."""
+    vanilla = per_prompt([100] * 6, [100] * 6, [100] * 6, [1.2, 8.0, 2.5, 6.0, 1.1, 4.5])
+    first = run_of({"vanilla": result("vanilla", vanilla), "eagle@runs/t/machine.yaml%4096": result("eagle", LEADER),
+                    "medusa_typical": result("medusa_typical", RIVAL, lossless=False)}, 6)
+    second = run_of({"vanilla": result("vanilla", vanilla), "eagle@runs/t/machine.yaml%4096": result("eagle", LEADER)}, 6)
+    second["temperature"] = 1.0
+    table = markdown_table({"runs": [first, second]})
+    summary = table[table.index("### Summary"):].splitlines()
+    assert summary[2] == "| method | mtbench T=0: tau | speedup | mtbench T=1: tau | speedup |"
+    eagle = first["methods"]["eagle@runs/t/machine.yaml%4096"]
+    lo, hi = eagle["speedup_vs_fastest_ci"]
+    row = f"{eagle['tau']:.2f} | {eagle['speedup_vs_fastest']:.2f}x [{lo:.2f}, {hi:.2f}]"
+    assert f"| eagle@machine%4096 | {row} | {row} |" in summary
+    assert any(line.startswith("| medusa_typical (LOSSY) |") and line.endswith("| - | - |") for line in summary)
+    assert "### Summary" not in markdown_table({"runs": [first]})
+
+
 def test_a_run_without_plain_decoding_or_from_an_older_report_still_renders():
     """No plain decoding in the run: tau still has its interval, the speedup none. A run kept from
     a report made before the intervals (no `*_ci`, no per-prompt lists, no speedup_vs_fastest):

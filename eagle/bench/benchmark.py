@@ -443,7 +443,29 @@ def markdown_table(report: dict) -> str:
         lines.append("")
         lines += lead_lines(run)
         lines += tau_by_category(run)
-    return "\n".join(lines)
+    return "\n".join(lines + summary_table(report["runs"]))
+
+
+def summary_table(runs: list[dict]) -> list[str]:
+    """Markdown lines: every method's tau and speedup over the fastest plain decoding (with its
+    95% interval) in each run side by side, one row a method (tree files cut to their names):
+    the run at a glance, printed last. Nothing for a report of one run."""
+    if len(runs) < 2:
+        return []
+    names = list(dict.fromkeys(name for run in runs for name in run["methods"]))
+    lines = ["", "### Summary: tau and speedup over the fastest plain decoding (95% interval over the prompts)", "",
+             "| method | " + " | ".join(f"{r['eval_set']} T={r['temperature']:g}: tau | speedup" for r in runs) + " |",
+             "|---|" + "---:|---:|" * len(runs)]
+    for name in names:
+        cells = []
+        for run in runs:
+            m = run["methods"].get(name)
+            speed = m.get("speedup_vs_fastest", math.nan) if m else math.nan
+            cells.append("- | -" if m is None else f"{m['tau']:.2f} | "
+                         + ("-" if math.isnan(speed) else f"{speed:.2f}x{with_interval(m, 'speedup_vs_fastest')}"))
+        lossy = any(not run["methods"][name]["lossless"] for run in runs if name in run["methods"])
+        lines.append(f"| {short(name)}{' (LOSSY)' if lossy else ''} | " + " | ".join(cells) + " |")
+    return lines + [""]
 
 
 def with_interval(m: dict, key: str) -> str:
