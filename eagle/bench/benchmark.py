@@ -347,6 +347,7 @@ def _speedups(results: dict[str, MethodResult]) -> None:
             setattr(r, key, r.tokens_per_s / base.tokens_per_s)
             pairs = [a / b for a, b in zip(rates(r), rates(base)) if b]
             setattr(r, key + "_median", statistics.median(pairs) if pairs else float("nan"))
+
     def resampled(r: MethodResult) -> bool:
         return PER_PROMPT_KEYS <= set(r.per_prompt) and len(r.per_prompt["tokens"]) > 1
 
