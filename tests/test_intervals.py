@@ -99,9 +99,9 @@ def test_the_summary_puts_every_run_side_by_side_and_marks_lossy_methods():
     speedup over the fastest plain decoding with its interval in each run; a method missing from a
     run is a dash. A report of one run has none."""
     vanilla = per_prompt([100] * 6, [100] * 6, [100] * 6, [1.2, 8.0, 2.5, 6.0, 1.1, 4.5])
-    first = run_of({"vanilla": result("vanilla", vanilla), "eagle@runs/t/machine.yaml%4096": result("eagle", LEADER),
+    first = run_of({"vanilla": result("vanilla", vanilla), "eagle@runs/t/machine.yaml%4096": result("eagle@runs/t/machine.yaml%4096", LEADER),
                     "medusa_typical": result("medusa_typical", RIVAL, lossless=False)}, 6)
-    second = run_of({"vanilla": result("vanilla", vanilla), "eagle@runs/t/machine.yaml%4096": result("eagle", LEADER)}, 6)
+    second = run_of({"vanilla": result("vanilla", vanilla), "eagle@runs/t/machine.yaml%4096": result("eagle@runs/t/machine.yaml%4096", LEADER)}, 6)
     second["temperature"] = 1.0
     table = markdown_table({"runs": [first, second]})
     summary = table[table.index("### Summary"):].splitlines()
@@ -111,6 +111,9 @@ def test_the_summary_puts_every_run_side_by_side_and_marks_lossy_methods():
     row = f"{eagle['tau']:.2f} | {eagle['speedup_vs_fastest']:.2f}x [{lo:.2f}, {hi:.2f}]"
     assert f"| eagle@machine%4096 | {row} | {row} |" in summary
     assert any(line.startswith("| medusa_typical (LOSSY) |") and line.endswith("| - | - |") for line in summary)
+    # and each run's lead, one line a run: the lossy method is faster, but no leader
+    assert "- mtbench T=0: eagle@machine%4096, faster than vanilla in 100%" in summary
+    assert "- mtbench T=1: eagle@machine%4096, faster than vanilla in 100%" in summary
     assert "### Summary" not in markdown_table({"runs": [first]})
 
 

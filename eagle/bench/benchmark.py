@@ -466,6 +466,13 @@ def summary_table(runs: list[dict]) -> list[str]:
                          + ("-" if math.isnan(speed) else f"{speed:.2f}x{with_interval(m, 'speedup_vs_fastest')}"))
         lossy = any(not run["methods"][name]["lossless"] for run in runs if name in run["methods"])
         lines.append(f"| {short(name)}{' (LOSSY)' if lossy else ''} | " + " | ".join(cells) + " |")
+    leads = [(run, found) for run in runs if (found := lead(run)) is not None]
+    if leads:  # each run's lead, in one line a run
+        lines += ["", f"Fastest lossless method that drafts, and the share of {RESAMPLES:,} resamples of the prompts "
+                  "in which it decodes faster than the next methods:", ""]
+        lines += [f"- {run['eval_set']} T={run['temperature']:g}: {short(leader['method'])}, faster than "
+                  + ", ".join(f"{short(m['method'])} in {share:.0%}" for m, share in rivals)
+                  for run, (leader, rivals) in leads]
     return lines + [""]
 
 
@@ -479,11 +486,11 @@ def with_interval(m: dict, key: str) -> str:
     return f" [{lo}, {hi}]" if lo != hi else ""
 
 
-def lead_lines(run: dict) -> list[str]:
-    """Markdown lines: the fastest lossless method that drafts, and in how many resamples of the
-    prompts (eagle.bench.intervals) it decodes faster than the next two lossless methods by speed
-    (plain decoding included) and than the fastest plain decoding: whether the prompts decoded,
-    rather than the method, could have made the ranking. Nothing for a run of one prompt or
+def lead(run: dict) -> tuple[dict, list[tuple[dict, float]]] | None:
+    """The fastest lossless method that drafts, and the share of resamples of the prompts
+    (eagle.bench.intervals) in which it decodes faster than each of the next two lossless methods
+    by speed (plain decoding included) and than the fastest plain decoding: whether the prompts
+    decoded, rather than the method, could have made the ranking. None for a run of one prompt or
     without a drafting method (a run kept from an older report: nothing it lacks)."""
     methods = run["methods"]
     ranked = sorted((m for m in methods.values()
@@ -491,18 +498,27 @@ def lead_lines(run: dict) -> list[str]:
                      and len(m["per_prompt"]["tokens"]) > 1), key=lambda m: -m["tokens_per_s"])
     drafting = [m for m in ranked if not is_plain_decoding(m["method"])]
     if not drafting:
-        return []
+        return None
     leader = drafting[0]
     rivals = [m for m in ranked if m is not leader][:2]
     fastest = methods.get(run.get("fastest_vanilla") or "")
     if fastest is not None and fastest is not leader and fastest in ranked and all(m is not fastest for m in rivals):
         rivals.append(fastest)
     if not rivals:
+        return None
+    return leader, [(m, lead_share(leader["per_prompt"], m["per_prompt"])) for m in rivals]
+
+
+def lead_lines(run: dict) -> list[str]:
+    """Markdown lines under a run's table: its `lead`."""
+    found = lead(run)
+    if found is None:
         return []
-    shares = ", ".join(f"`{m['method']}` in {lead_share(leader['per_prompt'], m['per_prompt']):.0%}" for m in rivals)
+    leader, rivals = found
+    shares = ", ".join(f"`{m['method']}` in {share:.0%}" for m, share in rivals)
     ratio = leader.get("speedup_vs_fastest", math.nan)
     speed = "" if math.isnan(ratio) else f" ({ratio:.2f}x the fastest plain decoding)"
-    brackets = any(m.get("speedup_vs_fastest_ci") or m.get("tau_ci") for m in methods.values())
+    brackets = any(m.get("speedup_vs_fastest_ci") or m.get("tau_ci") for m in run["methods"].values())
     return [f"Fastest lossless method that drafts: `{leader['method']}`{speed}; it decodes faster than {shares} of "
             f"{RESAMPLES:,} resamples of the {run['num_prompts']} prompts"
             + (" (the 95% intervals in brackets come from the same resamples)." if brackets else "."), ""]
