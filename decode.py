@@ -177,7 +177,8 @@ def benchmark(cfg: DictConfig, methods: Methods | None = None, names: list[str] 
                              warmup_tokens=bcfg.warmup_tokens, top_k=cfg.top_k,
                              top_p=cfg.top_p, seed=cfg.seed)
     out_dir = Path(out_dir or bcfg.out_dir)
-    key = resume_key(cfg, names, config.temperatures, dtypes, tree_dirs, eval_sets) if bcfg.resume else None
+    key = (resume_key(cfg, names, config.temperatures, dtypes, methods.tree_dirs(tree_dirs), eval_sets)
+           if bcfg.resume else None)
     run_benchmark(eval_sets, tokenizer, build, config, target_name=str(cfg.target), out_dir=out_dir,
                   device=cfg.device, reference=lambda dtype: methods.build("vanilla", dtype),
                   dtype_choices=methods.measured, kernels=methods.kernels, resume_key=key)
@@ -196,7 +197,8 @@ def resume_key(cfg: DictConfig, names: list[str], temperatures, dtypes: dict, tr
     prompts, the threads and libraries timing them, and the stamps of the files they read (a
     drafter retrained in the same folder is another drafter), so a stopped run resumes only when
     nothing of it changed (eagle.bench.benchmark.run_benchmark; `section` "batch":
-    eagle.bench.batch.run_batch_benchmark, `names` with each batch size's tree filled in)."""
+    eagle.bench.batch.run_batch_benchmark, `names` with each batch size's tree filled in).
+    `tree_dirs`: where the methods' tree names are looked up (`Methods.tree_dirs`)."""
     settings = {k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k]) else cfg[k]
                 for k in MEASURED_SETTINGS if k in cfg}
     bench = OmegaConf.to_container(cfg[section], resolve=True)
@@ -208,7 +210,7 @@ def resume_key(cfg: DictConfig, names: list[str], temperatures, dtypes: dict, tr
         spec = MethodSpec.parse(name)
         tree = spec.tree or (settings.get(spec.info.section) or {}).get("tree")
         try:
-            trees[name] = list(resolve_tree(tree, (*tree_dirs, str(TREE_DIR))).parents) if tree else None
+            trees[name] = list(resolve_tree(tree, tree_dirs).parents) if tree else None
         except (TreeError, OSError):
             trees[name] = None  # building the method says what is wrong with it
     return {"settings": settings, "benchmark": bench, "methods": list(names), "trees": trees,
@@ -464,7 +466,8 @@ def batch(cfg: DictConfig) -> Path:
 
     out_dir = Path(bc.out_dir)
     labels = list(dict.fromkeys(m.replace("{B}", str(b)) for m in config.methods for b in config.sizes))
-    key = resume_key(cfg, labels, config.temperatures, dtypes, (), eval_sets, section="batch") if bc.resume else None
+    key = (resume_key(cfg, labels, config.temperatures, dtypes, methods.tree_dirs(), eval_sets, section="batch")
+           if bc.resume else None)
     run_batch_benchmark(prompts, build, config, target_name=str(cfg.target), out_dir=out_dir, device=cfg.device,
                         resume_key=key)
     print((out_dir / "batch.md").read_text())

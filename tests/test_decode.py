@@ -1083,7 +1083,7 @@ def test_a_stopped_benchmark_resumes_only_with_the_same_settings_and_inputs(mode
 def test_the_resume_key_changes_with_what_a_resumed_run_would_mix(models, tmp_path):
     """Whatever decides a measurement is in the key: a tree file rewritten (named by path, by
     eagle.tree, or in the tree search's folder), the chat rendering, the threads."""
-    from decode import resume_key
+    from decode import methods_of, resume_key
 
     prompts = {"prompts": load_eval_set(str(models / "prompts.jsonl"))}
     trees = tmp_path / "trees"
@@ -1092,7 +1092,7 @@ def test_the_resume_key_changes_with_what_a_resumed_run_would_mix(models, tmp_pa
 
     def key(names, *overrides, tree_dirs=(str(trees),)):
         cfg = decode_cfg(models, tmp_path, "mode=benchmark", *overrides)
-        return resume_key(cfg, names, [0.0], {}, tree_dirs, prompts)
+        return resume_key(cfg, names, [0.0], {}, methods_of(cfg).tree_dirs(tree_dirs), prompts)
 
     before = [key(["eagle@mine"]), key([f"eagle@{trees / 'mine.yaml'}"]), key(["eagle"], f"eagle.tree={trees / 'mine.yaml'}")]
     assert before == [key(["eagle@mine"]), key([f"eagle@{trees / 'mine.yaml'}"]),
