@@ -37,9 +37,9 @@ from eagle.bench.evalsets import Prompt
 from eagle.bench.intervals import (
     PER_PROMPT_KEYS,
     RESAMPLES,
-    bootstrap_interval,
     error_bars,
     lead_share,
+    speedup_interval,
     tau_interval,
 )
 from eagle.bench.methods import Method, MethodError, short
@@ -358,7 +358,7 @@ def _speedups(results: dict[str, MethodResult]) -> None:
         if fastest is not None:
             r.speedup_vs_fastest = r.tokens_per_s / results[fastest].tokens_per_s
             if resampled(r) and resampled(results[fastest]):  # the same draws for every method: paired
-                r.speedup_vs_fastest_ci = bootstrap_interval(r.per_prompt, results[fastest].per_prompt)["speedup"]
+                r.speedup_vs_fastest_ci = speedup_interval(r.per_prompt, results[fastest].per_prompt)
 
 
 def is_plain_decoding(name: str) -> bool:

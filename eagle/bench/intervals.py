@@ -51,22 +51,28 @@ def _interval(x: torch.Tensor) -> tuple[float, float]:
 
 def bootstrap_interval(method: PerPrompt, baseline: PerPrompt, count: int = RESAMPLES,
                        seed: int = 0) -> dict[str, tuple[float, float]]:
-    """95% percentile intervals of `method`'s tau and of its speedup over `baseline` (tokens/s
-    over tokens/s), resampling prompts, paired. A percentile interval need not hold the point
-    estimate (where every resample gives the same ratio, rounding alone can put it outside).
+    """95% percentile intervals of `method`'s tau and of its speedup over `baseline`, resampling
+    prompts, paired (`tau_interval`, `speedup_interval`: the same draws).
 
     Args:
         method, baseline: per-prompt lists `tokens`, `committed`, `forwards`, `seconds`
             (`MethodResult.per_prompt`), over the same prompts in the same order.
     """
-    idx = resamples(len(method["tokens"]), count, seed)
-    speed = _pooled(method, idx, "speed") / _pooled(baseline, idx, "speed")
-    return {"tau": _interval(_pooled(method, idx, "tau")), "speedup": _interval(speed)}
+    return {"tau": tau_interval(method, count, seed), "speedup": speedup_interval(method, baseline, count, seed)}
 
 
 def tau_interval(method: PerPrompt, count: int = RESAMPLES, seed: int = 0) -> tuple[float, float]:
     """95% percentile interval of `method`'s tau alone (no baseline needed), resampling prompts."""
     return _interval(_pooled(method, resamples(len(method["tokens"]), count, seed), "tau"))
+
+
+def speedup_interval(method: PerPrompt, baseline: PerPrompt, count: int = RESAMPLES,
+                     seed: int = 0) -> tuple[float, float]:
+    """95% percentile interval of `method`'s tokens/s over `baseline`'s, resampling the prompts of
+    both with the same draws. A percentile interval need not hold the point estimate (where every
+    resample gives the same ratio, rounding alone can put it outside)."""
+    idx = resamples(len(method["tokens"]), count, seed)
+    return _interval(_pooled(method, idx, "speed") / _pooled(baseline, idx, "speed"))
 
 
 def lead_share(leader: PerPrompt, other: PerPrompt, count: int = RESAMPLES, seed: int = 0,
