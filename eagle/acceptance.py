@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from eagle.sampling import categorical
+from eagle.sampling import argmax, categorical
 from eagle.tree import Tree
 
 NodeRule = Callable[..., tuple[Tensor, Tensor]]  # (p, tokens, qs[, repeats]) -> (accept, final)
@@ -302,7 +302,7 @@ def verify_tree_greedy(
         next_token: the target's argmax after the path (correction or bonus token).
     """
     tree = _structure(parents, tokens, p_nodes)
-    best = p_nodes.argmax(-1).tolist()  # one device sync for all nodes
+    best = argmax(p_nodes).tolist()  # one device sync for all nodes
     toks = tokens.tolist()
     accepted = [i > 0 and toks[i] == best[tree.parents[i]] for i in range(len(tree))]
     path = longest_accepted_path(tree.children, accepted)
@@ -384,4 +384,4 @@ def verify_tree_typical(
     ok = typical_accept(p_parent, draft, eps, delta)  # (N,)
     log_p = torch.log(p_parent.gather(-1, draft[:, None]).squeeze(-1))  # (N,)
     path = longest_accepted_path(tree.children, [False] + ok.tolist(), [0.0] + log_p.tolist())
-    return path, int(p_nodes[path[-1]].argmax())
+    return path, int(argmax(p_nodes[path[-1]]))

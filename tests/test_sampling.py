@@ -11,7 +11,7 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from eagle.sampling import SamplingPolicy, categorical
+from eagle.sampling import SamplingPolicy, argmax, categorical
 from helpers.stats import chi2_pvalue
 
 
@@ -82,6 +82,21 @@ def test_greedy_is_one_hot_at_first_argmax():
     expected[0, 1] = expected[1, 0] = 1  # ties resolve to the lowest index
     assert torch.equal(probs, expected)
     assert policy.sample(probs).tolist() == [1, 0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_argmax_is_torch_argmax_ties_and_nans_included(dtype):
+    """The lowest index among ties, as greedy search picks: rows of few distinct values (ties
+    everywhere, where a kernel that kept the last maximum or split rows in blocks would pick
+    another), NaNs, -inf rows, a vocabulary that is not a multiple of a vector, 1-3 dims."""
+    g = torch.Generator().manual_seed(0)
+    rows = torch.randint(0, 4, (64, 49_157), generator=g).to(dtype)  # each row's 3 ties its top thousands of times
+    rows[5, 40_000] = rows[7, 3] = float("nan")
+    rows[9] = -float("inf")
+    rows[11, -1] = 10  # the last column, past the last whole vector
+    for x in (rows, rows[3], rows.view(8, 8, -1), torch.randn(4, 7, 4096, generator=g).to(dtype)):
+        assert torch.equal(argmax(x), x.argmax(-1))
+    assert argmax(rows)[[5, 7, 9, 11]].tolist() == [40_000, 3, 0, 49_156]
 
 
 def test_sample_shapes_and_frequencies():

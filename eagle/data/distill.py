@@ -55,7 +55,7 @@ from eagle.artifacts import SPLITS, Artifact
 from eagle.data import shards
 from eagle.data.shards import shard_ranges
 from eagle.decoding.kv_cache import new_cache
-from eagle.sampling import SamplingPolicy, check_generator, seeded_generator
+from eagle.sampling import SamplingPolicy, argmax, check_generator, seeded_generator
 from eagle.target import TargetIdentity, context_length, head_logits, target_forward
 
 log = logging.getLogger(__name__)
@@ -126,7 +126,7 @@ def target_argmax(target: nn.Module, ids: torch.Tensor) -> torch.Tensor:
     device = _device(target)
     # features for every position; the head below, per row (logits_slice: none here)
     features = target_forward(target, ids.to(device, torch.long), logits_slice=slice(0, 0)).features  # (B, T, H)
-    return torch.stack([head_logits(target, features[i]).argmax(-1) for i in range(features.size(0))])
+    return torch.stack([argmax(head_logits(target, features[i])) for i in range(features.size(0))])
 
 
 def split_rows(dataset, where: str = "") -> tuple[torch.Tensor, torch.Tensor, int]:

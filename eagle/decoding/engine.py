@@ -43,7 +43,7 @@ from eagle.acceptance import (
 from eagle.decoding.fused import weights_fixed
 from eagle.decoding.runners import ContextOverflowError, DynamicRunner, TargetRunner
 from eagle.decoding.stats import DecodeResult, DecodeStats, RoundStats
-from eagle.sampling import RowProbs, SamplingPolicy, check_generator
+from eagle.sampling import RowProbs, SamplingPolicy, argmax, check_generator
 from eagle.target import context_length, longrope_switch
 from eagle.tree import Tree
 
@@ -350,7 +350,7 @@ class SpeculativeDecoder:
 
     def _sample(self, logits: Tensor, generator) -> int:
         if self.policy.greedy or self.typical is not None:  # typical: "first token greedy"
-            return int(logits.argmax())
+            return int(argmax(logits))
         return int(self.policy.sample(self.policy.probs(logits.float()), generator))
 
     def _verify(self, states: Sequence[DecodeState], trees: Sequence[DraftTree], generator
@@ -383,7 +383,7 @@ class SpeculativeDecoder:
         root and the tree, logits (n, V) the target's at each of them."""
         parents = list(tree.parents)
         if self.policy.greedy:  # typical acceptance included: with a one-hot p it is greedy
-            return verify_tree_greedy(parents, tokens, logits.float())  # fp32 argmax is faster on CPU
+            return verify_tree_greedy(parents, tokens, logits)
         if self.typical is not None:
             p = self.policy.probs(logits.float())  # (n, V) temperature-scaled p at every node
             return verify_tree_typical(parents, tokens, p, self.typical.eps, self.typical.delta)

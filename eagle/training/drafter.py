@@ -19,6 +19,7 @@ from eagle.data.batches import shift_batch
 from eagle.data.vocab import save_counts
 from eagle.models.checkpoint import save_drafter
 from eagle.models.drafter import DrafterConfig, EagleDrafter
+from eagle.sampling import argmax
 from eagle.training import metrics
 from eagle.training.module import FrozenTargetModule, submodule_state
 
@@ -190,7 +191,7 @@ class EagleDrafterModule(FrozenTargetModule):
             self.val_add(f"top{k}_d{d}/hits", h)
             self.val_add(f"top{k}_d{d}/count", n)
         # the baseline: a drafter that returns its input feature f_{t-1} unchanged
-        copy_hits, copy_count = metrics.head_hits(self.head, out["features_in"], out["target_logits"].argmax(-1),
+        copy_hits, copy_count = metrics.head_hits(self.head, out["features_in"], argmax(out["target_logits"]),
                                                   out["weight"])[1]
         self.val_add("top1_copy/hits", copy_hits)
         self.val_add("top1_copy/count", copy_count)

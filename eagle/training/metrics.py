@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from eagle.sampling import argmax
+
 
 def masked_sum_count(values: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
     """(sum of values where mask, number of such positions); values and mask are (B, T)."""
@@ -69,7 +71,7 @@ def label_hits(logits: Tensor, labels: Tensor, k: int = 1) -> Tensor:
     counting the higher logits (a bool (B, T, V) tensor, then its sum)."""
     k = min(k, logits.shape[-1])
     if k == 1:
-        return logits.argmax(-1) == labels
+        return argmax(logits) == labels
     score = logits.gather(-1, labels[..., None])  # (B, T, 1)
     return (logits.topk(k, dim=-1).values[..., -1:] <= score).squeeze(-1)
 
@@ -77,7 +79,7 @@ def label_hits(logits: Tensor, labels: Tensor, k: int = 1) -> Tensor:
 def topk_hits(draft_logits: Tensor, target_logits: Tensor, k: int = 1) -> Tensor:
     """(B, T) bool: the target's argmax token is among the drafter's top-k (k = 1 compares
     argmaxes)."""
-    return label_hits(draft_logits, target_logits.argmax(-1), k)
+    return label_hits(draft_logits, argmax(target_logits), k)
 
 
 def agreement(draft_logits: Tensor, target_logits: Tensor, mask: Tensor, k: int = 1) -> Tensor:
@@ -135,7 +137,7 @@ def head_argmax(head: Callable[[Tensor], Tensor], features: Tensor, mask: Tensor
     flat = features.reshape(-1, features.shape[-1])  # (B * T, H)
     out = torch.full((flat.shape[0],), -1, dtype=torch.long, device=features.device)
     for s in range(0, len(idx), rows):
-        out[idx[s:s + rows]] = head(flat[idx[s:s + rows]]).argmax(-1)
+        out[idx[s:s + rows]] = argmax(head(flat[idx[s:s + rows]]))
     return out.view(mask.shape)
 
 
@@ -161,7 +163,7 @@ def agreement_by_depth(step: Callable[[Tensor, Tensor, Tensor], Tensor], head: C
     `head` maps features to logits (the target's LM head). Sums and counts (not means) so
     that a validation epoch can add them up exactly."""
     out = {}
-    labels = target_logits.argmax(-1)  # (B, T) once: an argmax over V costs as much as a head on a CPU
+    labels = argmax(target_logits)  # (B, T) once: an argmax over V costs as much as a head on a CPU
     for d, f_hat in enumerate(unroll(step, features, input_ids, prev_ids, depth), start=1):
         for k, hits_count in head_hits(head, f_hat, labels, depth_mask(mask, d), ks).items():
             out[(d, k)] = hits_count
