@@ -237,6 +237,35 @@ def test_a_run_resumed_with_other_settings_is_refused_and_its_checkpoint_kept(tm
     assert resumed["resumed_from_step"] == 4 and resumed["steps"] == 6
 
 
+def test_a_resume_onto_another_target_of_the_same_shapes_is_refused(tmp_path, target_dir, features_dir):
+    """The same samples dumped again by a retrained target (same shapes and tokenizer, other
+    weights) have the same token fingerprint, and `target_path` may change on a resume (folders
+    move): the target's LM head fingerprint tells the runs apart, before anything is loaded."""
+    from transformers import AutoTokenizer
+
+    from helpers.models import save_tiny_target
+
+    train(drafter_cfg(tmp_path, target_dir, features_dir, "trainer.max_steps=2"))
+    other = save_tiny_target(tmp_path / "retrained", AutoTokenizer.from_pretrained(target_dir), seed=1)
+    train_fingerprint = read_metadata(features_dir)["params"]["splits"]["train"]["fingerprint"]
+    redumped = tmp_path / "redumped"
+    generate(compose_config("data_gen", [
+        "data_gen=python_corpus", f"target_path={other}", f"out_dir={redumped}", "target_dtype=float32", "device=cpu",
+        "max_len=32", "shard_size=8", "batch_size=4", "progress=false", "source.max_files=24",
+        "source.val_fraction=0.25", "source.max_samples=16", "source.max_val_samples=4"]))
+    assert read_metadata(redumped)["params"]["splits"]["train"]["fingerprint"] == train_fingerprint  # only the target differs
+    last = tmp_path / "drafter_test" / "checkpoints" / "last.ckpt"
+    saved = last.read_bytes()
+    with pytest.raises(StageError, match="differ from those its checkpoint was trained with") as err:
+        train(drafter_cfg(tmp_path, other, redumped, "trainer.max_steps=4"))
+    assert "data target" in str(err.value) and "lm_head_sha256" in str(err.value)
+    assert last.read_bytes() == saved
+    # the same target from another folder resumes
+    moved = tmp_path / "moved"
+    moved.symlink_to(target_dir)
+    assert train(drafter_cfg(tmp_path, moved, features_dir, "trainer.max_steps=4"))["resumed_from_step"] == 2
+
+
 def test_an_export_killed_midway_leaves_no_artifact_a_later_stage_would_take(tmp_path, target_dir, features_dir,
                                                                                monkeypatch):
     """The Makefile skips a stage whose drafter/config.json exists: a kill after the weights and

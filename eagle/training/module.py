@@ -304,6 +304,15 @@ class FrozenTargetModule(TrainableModule):
     def _set_target(self, target: torch.nn.Module) -> None:
         self.__dict__["target"] = target  # a plain entry: not a submodule, so not in state_dict() or parameters()
 
+    def data_identity(self) -> dict[str, Any]:
+        """The batches' identity and the target that scores them (sizes, tokenizer, LM head): the
+        same samples dumped again by a retrained target of the same shapes (`overwrite=true`, the
+        same dump name) carry other features and labels, and `target_path` may change on a resume
+        (folders move), so without this a resume would go on training for the old target."""
+        ident = self.target_identity
+        return {**super().data_identity(),
+                "target": {k: getattr(ident, k) for k in TargetIdentity.CHECKED if getattr(ident, k) is not None}}
+
     def setup(self, stage: str) -> None:
         """The data must have been made for this target: a feature dump by it (`made_for`), and
         token samples with its tokenizer. Data without features get the whole target."""
