@@ -41,6 +41,7 @@ from pathlib import Path
 
 import hydra
 import torch
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
@@ -53,7 +54,7 @@ from eagle.bench.machine_tree import TreeSearchConfig, search_tree
 from eagle.bench.methods import SECTIONS, MethodError, MethodSpec, build_method
 from eagle.bench.precision import KernelChoice
 from eagle.bench.timing import project, random_target, time_methods, write_timing
-from eagle.cli import run_cli
+from eagle.cli import refuse_added_settings, run_cli
 from eagle.hardware import gpu_bandwidth_gb_s, resolve_dtype_name, set_threads
 from eagle.sampling import SamplingPolicy, seeded_generator
 from eagle.target import load_target, resolve_dtype
@@ -489,6 +490,7 @@ def decode(cfg: DictConfig):
 
 @hydra.main(config_path="configs", config_name="decode", version_base="1.3")
 def main(cfg: DictConfig) -> None:
+    refuse_added_settings(OmegaConf.to_container(cfg), HydraConfig.get())
     decode(cfg)
 
 

@@ -21,11 +21,12 @@ from typing import Any
 
 import hydra
 import lightning as L
+from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from eagle.cli import run_cli
+from eagle.cli import refuse_added_settings, run_cli
 from eagle.hardware import resolve_precision, set_threads
 from eagle.training.fit import fit_and_export
 from eagle.training.progress import quiet_lightning
@@ -70,7 +71,6 @@ def use_job_folder(cfg: DictConfig) -> None:
     """In a sweep (`python train.py -m ...`) every job trains, checkpoints, resumes and exports
     in its own folder, `<sweep dir>/<job number>` (hydra.sweep in configs/train.yaml), never in
     `runs/<task_name>/`, which the jobs would share."""
-    from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
     hydra_cfg = HydraConfig.get()
@@ -86,6 +86,7 @@ def use_job_folder(cfg: DictConfig) -> None:
 
 @hydra.main(config_path="configs", config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> None:
+    refuse_added_settings(OmegaConf.to_container(cfg), HydraConfig.get())
     use_job_folder(cfg)
     train(cfg)
 

@@ -19,11 +19,12 @@ from pathlib import Path
 
 import hydra
 import torch
+from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from data_gen.conversations import count_tokens
-from eagle.cli import run_cli
+from eagle.cli import refuse_added_settings, run_cli
 from eagle.data.features import dump_features
 from eagle.hardware import resolve_dtype_name, set_threads
 from eagle.target import load_target
@@ -84,6 +85,7 @@ def generate(cfg: DictConfig) -> dict:
 
 @hydra.main(config_path="../configs", config_name="data_gen", version_base="1.3")
 def main(cfg: DictConfig) -> None:
+    refuse_added_settings(OmegaConf.to_container(cfg), HydraConfig.get())
     generate(cfg)
 
 

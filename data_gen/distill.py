@@ -19,11 +19,12 @@ from pathlib import Path
 
 import hydra
 import numpy as np
+from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from data_gen.__main__ import pick_device
-from eagle.cli import run_cli
+from eagle.cli import refuse_added_settings, run_cli
 from eagle.data.distill import generate_distilled
 from eagle.hardware import resolve_dtype_name, set_threads
 from eagle.sampling import SamplingPolicy
@@ -92,6 +93,7 @@ def generate(cfg: DictConfig) -> dict:
 
 @hydra.main(config_path="../configs", config_name="distill", version_base="1.3")
 def main(cfg: DictConfig) -> None:
+    refuse_added_settings(OmegaConf.to_container(cfg), HydraConfig.get())
     generate(cfg)
 
 

@@ -20,11 +20,12 @@ from itertools import islice
 from pathlib import Path
 
 import hydra
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from data_gen.__main__ import pick_device
 from data_gen.conversations import iter_sharegpt, shipped_sharegpt
-from eagle.cli import run_cli
+from eagle.cli import refuse_added_settings, run_cli
 from eagle.data.regenerate import regenerate
 from eagle.hardware import resolve_dtype_name, set_threads
 from eagle.sampling import SamplingPolicy
@@ -63,6 +64,7 @@ def generate(cfg: DictConfig) -> dict:
 
 @hydra.main(config_path="../configs", config_name="regenerate", version_base="1.3")
 def main(cfg: DictConfig) -> None:
+    refuse_added_settings(OmegaConf.to_container(cfg), HydraConfig.get())
     OmegaConf.resolve(cfg)
     generate(cfg)
 

@@ -13,9 +13,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import hydra
-from omegaconf import DictConfig
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
 
-from eagle.cli import run_cli
+from eagle.cli import refuse_added_settings, run_cli
 from eagle.hardware import set_threads
 from eagle.models.packaged import convert_gguf
 
@@ -29,6 +30,7 @@ def convert(cfg: DictConfig) -> Path:
 
 @hydra.main(config_path="../configs", config_name="target_import", version_base="1.3")
 def main(cfg: DictConfig) -> None:
+    refuse_added_settings(OmegaConf.to_container(cfg), HydraConfig.get())
     convert(cfg)
 
 

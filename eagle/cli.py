@@ -8,10 +8,11 @@ raise, so it needs no Hydra import (the library never imports it).
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,57 @@ def one_line(exc: BaseException, limit: int = 400) -> str:
     if len(text) > limit:
         text = text[: limit - 3] + "..."
     return f"{type(exc).__name__}: {text}"
+
+
+def _leaves(node: Any, key: str) -> Iterator[str]:
+    """The dotted keys of a config node's leaves (the node's own key for a value or an empty section)."""
+    if isinstance(node, Mapping) and node:
+        for k, v in node.items():
+            yield from _leaves(v, f"{key}.{k}")
+    else:
+        yield key
+
+
+def added_settings(config: Mapping, overrides: Sequence[str], groups: Collection[str]) -> list[str]:
+    """The top-level settings that `+key=value` overrides added to a config that had no such key.
+
+    Hydra refuses `key=value` for a key its config lacks and suggests `+key=value`, which adds it;
+    no entry point reads a setting its config does not have, so following that advice for a
+    misspelt name (`+maxlen=256`) would run with the default silently. A top-level name is added
+    when every leaf under it comes from `+` overrides; `+section.key=...` inside an existing
+    section (a model config's free-form overrides, a Trainer argument) is left to the code that
+    reads the section, and `+group=option` appends a config group (`groups`, Hydra's choices),
+    whose section exists.
+
+    Args:
+        config: the composed config (a DictConfig or a plain mapping).
+        overrides: the command line's overrides (Hydra's `overrides.task`).
+        groups: the names of the config groups.
+    """
+    added: dict[str, set[str]] = {}
+    for override in overrides:
+        if not override.startswith("+"):
+            continue
+        key = override.lstrip("+").split("=", 1)[0]
+        if key.split("@")[0].split(".")[0] in groups or "/" in key:  # a config group's option or section
+            continue
+        added.setdefault(key.split(".")[0], set()).add(key)
+    return [top for top, keys in added.items()
+            if all(any(leaf == k or leaf.startswith(k + ".") for k in keys) for leaf in _leaves(config.get(top), top))]
+
+
+def refuse_added_settings(config: Mapping, hydra_config: Any) -> None:
+    """Stop an entry point whose command line added a top-level setting (`added_settings`),
+    naming the settings it may have meant. `hydra_config` is Hydra's own (`HydraConfig.get()`)."""
+    groups = set(hydra_config.runtime.choices)
+    new = added_settings(config, list(hydra_config.overrides.task), groups)
+    if new:
+        known = [k for k in config if k not in new]
+        hints = [f"{name!r} (did you mean {', '.join(map(repr, close))}?)" if (
+            close := difflib.get_close_matches(name, known, n=2, cutoff=0.6)) else repr(name) for name in new]
+        raise ValueError(f"unknown setting {', '.join(hints)}: a '+' override adds a key that nothing reads "
+                         f"(Hydra suggests '+' for a name its config lacks); drop the '+' and use a setting of "
+                         f"{hydra_config.job.config_name}.yaml")
 
 
 def run_cli(main: Callable[[], Any], root: str | Path) -> None:

@@ -389,6 +389,35 @@ def test_cli_unknown_method_is_one_line(models, tmp_path):
     assert "Traceback" not in proc.stderr
 
 
+def test_added_settings_are_the_new_top_level_names():
+    from eagle.cli import added_settings
+
+    config = {"max_len": 512, "source": {"path": "x", "max_samples": 3}, "maxlen": 256,
+              "model": {"drafter_config": {"intermediate_size": 48}, "lr": 1.0}, "new": {"a": 1, "b": {"c": 2}},
+              "forced": 3, "trainer": {"profiler": {"x": 1}}}
+    overrides = ["max_len=512", "+maxlen=256", "+model.drafter_config.intermediate_size=48", "+new.a=1",
+                 "+new.b={c: 2}", "++forced=3", "+experiment=drafter_test", "+trainer/profiler=simple",
+                 "+trainer.profiler.x=1"]
+    assert added_settings(config, overrides, groups={"experiment", "trainer"}) == ["maxlen", "new", "forced"]
+    assert added_settings(config, ["+source.max_samples=3"], groups=set()) == []  # inside an existing section
+    assert added_settings({"a": {}}, ["+a={}"], groups=set()) == ["a"]
+
+
+@pytest.mark.parametrize("entry,override,meant", [
+    (["decode.py"], "+max_new_token=2", "max_new_tokens"), (["train.py"], "+task_nam=x", "task_name"),
+    (["-m", "data_gen"], "+maxlen=256", "max_len"), (["-m", "data_gen.regenerate"], "+max_new_token=2", None),
+    (["-m", "data_gen.distill"], "+sead=1", "seed"), (["-m", "data_gen.target"], "+outdir=x", "out_dir")])
+def test_every_entry_point_refuses_a_setting_added_by_plus(tmp_path, entry, override, meant):
+    """Hydra's advice for a misspelt name (`+name=value`) adds a key nothing reads: the run
+    would go on with the default; every entry point stops first, naming what was meant."""
+    script = [str(ROOT / entry[0])] if entry[0].endswith(".py") else entry
+    proc = subprocess.run([sys.executable, *script, override], capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, "HYDRA_FULL_ERROR": "0"}, timeout=120)
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 1 and last.startswith("error: ValueError: unknown setting"), proc.stderr
+    assert override.strip("+").split("=")[0] in last and (meant is None or f"did you mean '{meant}'" in last)
+
+
 def test_unseen_code_prompts_are_named_new_and_stable(monkeypatch):
     """Functions of installed third-party packages, HumanEval-style (signature + docstring),
     named by package==version/module:function, and none whose source the stdlib holds."""
