@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from data_gen.conversations import ConversationError, iter_sharegpt, sharegpt_samples
 from eagle.data.regenerate import RegenerateError, regenerate
@@ -38,11 +39,32 @@ def test_replies_are_the_targets_own_greedy_text(target_dir, tmp_path):
     first = lines[0]["conversations"]
     assert [t["from"] for t in first] == ["human", "gpt"]  # max_turns=1: the first user turn only
     stop_at = greedy.index(greedy[3])
-    assert first[1]["value"] == tokenizer.decode(greedy[:stop_at], skip_special_tokens=True).strip()
+    assert first[1]["value"] == tokenizer.decode(greedy[:stop_at], skip_special_tokens=True)
     assert lines[0]["cut_replies"] == 0
     assert meta["status"] == "complete" and meta["counts"]["conversations"] == 5
     samples = sharegpt_samples(tokenizer, max_len=64, path=tmp_path / "out.jsonl", val_fraction=0.0)
     assert len(samples["train"]) == 5 and all(s["loss_mask"].sum() > 0 for s in samples["train"])
+
+
+def test_a_reply_keeps_the_whitespace_the_target_wrote(target_dir):
+    """A reply that begins with a space-led token and ends on a line break is stored as written:
+    stripped, its first token would re-tokenise as another (" an" -> "an") and the self-distilled
+    data would no longer be the target's own tokens."""
+    from eagle.data.regenerate import reply_batch
+
+    model, tokenizer = load_target(target_dir)
+    written = tokenizer(" the answer\n", add_special_tokens=False)["input_ids"]
+    assert tokenizer.decode(written) == " the answer\n"
+    eos = model.generation_config.eos_token_id
+    stop = [eos] if isinstance(eos, int) else list(eos)
+
+    def generate(input_ids, **kwargs):  # the target writes `written`, then its end-of-turn token
+        tail = torch.tensor([written + stop[:1]] * input_ids.shape[0])
+        return torch.cat([input_ids, tail], dim=1)
+
+    model.generate = generate
+    replies, cut = reply_batch(model, tokenizer, [[{"role": "user", "content": PROMPTS[0]}]], 8, SamplingPolicy(), stop)
+    assert replies == [" the answer\n"] and cut == [False]
 
 
 def test_several_turns_answer_the_targets_own_history(target_dir, tmp_path):

@@ -78,7 +78,7 @@ def cut_reply(tokenizer, text: str, max_new_tokens: int) -> tuple[str, bool]:
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     if len(ids) <= max_new_tokens:
         return text, False
-    return tokenizer.decode(ids[:max_new_tokens], skip_special_tokens=True).strip(), True
+    return tokenizer.decode(ids[:max_new_tokens], skip_special_tokens=True), True
 
 
 def to_sharegpt(cid: str, system: list[dict], users: list[str], replies: list[str], cut: int) -> dict:
@@ -126,7 +126,9 @@ def reply_batch(model: nn.Module, tokenizer, chats: list[list[dict]], max_new_to
     for row in new.tolist():
         ends = [i for i, t in enumerate(row) if t in stop]
         cut.append(not ends)
-        replies.append(tokenizer.decode(row[: ends[0]] if ends else row, skip_special_tokens=True).strip())
+        # as written, whitespace included: a reply the target begins with a space-led token keeps it, so
+        # the dump's tokens are the target's own (stripped, they would start on another token)
+        replies.append(tokenizer.decode(row[: ends[0]] if ends else row, skip_special_tokens=True))
     return replies, cut
 
 
