@@ -55,7 +55,7 @@ from eagle.bench.methods import SECTIONS, MethodError, MethodSpec, build_method
 from eagle.bench.precision import KernelChoice
 from eagle.bench.timing import project, random_target, time_methods, write_timing
 from eagle.cli import refuse_added_settings, run_cli
-from eagle.hardware import gpu_bandwidth_gb_s, resolve_dtype_name, set_threads
+from eagle.hardware import check_device, gpu_bandwidth_gb_s, resolve_dtype_name, set_threads
 from eagle.sampling import SamplingPolicy, seeded_generator
 from eagle.target import load_target, resolve_dtype
 from eagle.tree import TreeError, resolve_tree
@@ -476,6 +476,7 @@ def batch(cfg: DictConfig) -> Path:
 
 
 def decode(cfg: DictConfig):
+    check_device(cfg.device)
     set_threads(cfg.threads)
     if cfg.mode == "generate":
         return generate(cfg)

@@ -26,7 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from data_gen.conversations import count_tokens
 from eagle.cli import refuse_added_settings, run_cli
 from eagle.data.features import dump_features
-from eagle.hardware import resolve_dtype_name, set_threads
+from eagle.hardware import check_device, resolve_dtype_name, set_threads
 from eagle.target import load_target
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,6 +38,7 @@ def pick_device(name: str, local_rank: int = 0, world_size: int = 1) -> str:
     would load its copy of the target onto GPU 0."""
     if name == "auto":
         return f"cuda:{local_rank % torch.cuda.device_count()}" if torch.cuda.is_available() else "cpu"
+    check_device(name)
     if name == "cuda" and world_size > 1:
         return f"cuda:{local_rank % max(torch.cuda.device_count(), 1)}"
     return name

@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 USER_ERRORS = (ValueError, FileNotFoundError, RuntimeError)  # the configuration or the files it names
+# messages of other libraries that do not say what to change here
+HINTS = {"No supported gpu backend found": "this machine has no GPU: use trainer=cpu, or a CPU preset"}
 
 
 def _from_config_system(exc: BaseException) -> bool:
@@ -105,5 +107,7 @@ def run_cli(main: Callable[[], Any], root: str | Path) -> None:
         cause = exc.__cause__ if type(exc).__name__ == "InstantiationException" and exc.__cause__ else exc
         user = isinstance(cause, USER_ERRORS) or _from_config_system(cause)
         hint = "" if user else " (HYDRA_FULL_ERROR=1 shows the traceback)"
-        print(f"error: {one_line(exc)}{hint}", file=sys.stderr)
+        line = one_line(exc)
+        hint += "".join(f" ({advice})" for text, advice in HINTS.items() if text in line)
+        print(f"error: {line}{hint}", file=sys.stderr)
         sys.exit(1)

@@ -50,6 +50,15 @@ def cpu_has_fast_bf16() -> bool:
     return any(flag in flags for flag in BF16_CPU_FLAGS)
 
 
+def check_device(device: str | torch.device) -> None:
+    """A CUDA device asked for where torch sees none stops here, saying so, rather than in the
+    first tensor moved to it (an `AssertionError: Torch not compiled with CUDA enabled`)."""
+    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        build = "a CPU-only build" if torch.version.cuda is None else "no visible GPU"
+        raise ValueError(f"device={device}, but torch {torch.__version__} sees no CUDA device ({build}): "
+                         f"use device=cpu (or auto)")
+
+
 def fast_bf16(device: str | torch.device = "cpu") -> bool:
     """Whether bf16 compute is fast on `device` (a CUDA GPU with bf16, or a bf16-capable CPU)."""
     device = torch.device(device)

@@ -47,6 +47,15 @@ def test_capability_probe_agrees_with_torch():
         assert hardware.cpu_has_fast_bf16() is want
 
 
+def test_a_cuda_device_without_one_is_refused_with_the_way_out(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for device in ("cuda", "cuda:1", torch.device("cuda:0")):
+        with pytest.raises(ValueError, match=r"sees no CUDA device .*use device=cpu"):
+            hardware.check_device(device)
+    hardware.check_device("cpu")
+    hardware.check_device(torch.device("cpu"))
+
+
 def test_threads_follow_idle_cores(monkeypatch):
     n = torch.get_num_threads()
     try:

@@ -198,6 +198,15 @@ def test_bad_input_is_one_line(override, expected, tmp_path):
     assert not any(tmp_path.iterdir())  # nothing was written
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU preset trains where there is a GPU")
+def test_a_gpu_preset_without_a_gpu_says_which_preset_to_use(tmp_path):
+    """Lightning's own message names no way out; the last line adds it."""
+    proc = subprocess.run([sys.executable, str(ROOT / "train.py"), "trainer=gpu", f"paths.runs_dir={tmp_path}"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 1 and "No supported gpu backend found" in last and "use trainer=cpu" in last, proc.stderr
+
+
 def test_target_gpu_size():
     cfg = compose_train(["experiment=target_gpu"])
     model_config = {**OmegaConf.to_container(cfg.model.model_config), "vocab_size": 8192}
