@@ -145,6 +145,33 @@ def test_prompt_too_long_is_refused_before_decoding():
         decoder.generate([], 5)
 
 
+@pytest.mark.parametrize("runner", ["dynamic", "static"])
+@pytest.mark.parametrize("proposer", ["eagle", "draft"])
+def test_one_sequence_decodes_to_the_end_of_the_context_as_vanilla_does(runner, proposer):
+    """A request plain decoding serves (prompt + new tokens + 1 within the context) is served by a
+    tree method too: the rounds whose tree would run past the context verify none (plain steps),
+    and the text is the target's own greedy text, up to the context's last slot."""
+    from eagle.models.drafter import EagleDrafter
+    from eagle.proposers import eagle_proposer
+    from helpers.decoding import hf_greedy
+
+    target = make_tiny_model("llama", max_position_embeddings=48)
+    template = tree("eagle_default")  # 25 nodes, depth 5
+    prompt = list(range(3, 23))  # 20 tokens: 20 + 27 + 1 = 48
+    drafting = (eagle_proposer(EagleDrafter.random(target, seed=1), template, cache=runner) if proposer == "eagle" else
+                TemplateProposer(DraftLM(make_tiny_model("llama", seed=1)), template))  # a draft LM of a longer context
+    decoder = SpeculativeDecoder(target, drafting, runner=make_runner(runner, target, tree_size=template.num_nodes),
+                                 eos_token_id=[])
+    res = decoder.generate(prompt, 27)
+    assert res.tokens == hf_greedy(target, prompt, 27, None)
+    sizes = [r.tree_size for r in res.stats.rounds]
+    assert sizes[0] == template.num_nodes and sizes[-1] == 0  # trees while they fit, plain steps at the end
+    with pytest.raises(ContextOverflowError, match=r"prompt \(20\) \+ max_new_tokens \(28\) \+ 1 = 49 tokens"):
+        decoder.generate(prompt, 28)  # past what plain decoding serves
+    with pytest.raises(ContextOverflowError, match=r"\+ tree \(26\) = 73 tokens"):  # a batch keeps a tree's room
+        decoder.generate_batch([prompt, prompt], 27)
+
+
 def test_prompt_lookup_matches():
     seq = [1, 2, 3, 4, 9, 1, 2, 5, 6, 1, 2]
     assert PromptLookupProposer(num_tokens=3, max_ngram=2).lookup(seq) == [3, 4, 9]  # HF: the earliest match

@@ -238,8 +238,13 @@ class SpeculativeDecoder:
         vocab = self.target.get_input_embeddings().weight.shape[0]
         switch = longrope_switch(self.target)
         check_longrope([len(ids) for ids in prompts], budgets, tree_size, switch)
+        # One sequence is served wherever plain decoding would be: near the context's end its rounds
+        # verify no tree (`_within_context`). A batch's rows share slots past their own lengths (each
+        # padded to the round's widest tree, a ragged batch to its longest row), so a batch keeps room
+        # for a whole tree.
+        alone = len(prompts) == 1
         for row, (ids, budget) in enumerate(zip(prompts, budgets)):
-            self.check_fits(len(ids), budget, tree_size)
+            self.check_fits(len(ids), budget, 0 if alone else tree_size)
             if self.proposer.context is not None:  # a draft LM of a shorter context: an index error mid-decode
                 check_fits(len(ids), budget, tree_size, self.proposer.context, f"{self.proposer.name}'s draft model")
             bad = [t for t in ids if not 0 <= t < vocab]
@@ -292,6 +297,8 @@ class SpeculativeDecoder:
             verifying = trees
             if below is not None and live:
                 verifying, below = self._at_switch(states[live[0]], trees, below)
+            if alone:
+                verifying = self._within_context(states[0], verifying)
             verified = self._verify([states[row] for row in live], verifying, generator)
             t2 = time.perf_counter()
 
@@ -322,6 +329,15 @@ class SpeculativeDecoder:
                     stats[live[i]].rounds[-1].draft_s += bookkeeping
             live = [live[i] for i in going]
         return [DecodeResult(tokens=t, stats=s) for t, s in zip(new_tokens, stats)]
+
+    def _within_context(self, state: DecodeState, trees: list[DraftTree]) -> list[DraftTree]:
+        """One sequence's trees to verify this round: none where the root and the tree would run
+        past the target's context (slots and positions alike: the root sits at slot len - 1 and the
+        tree's nodes after it). That round is a plain step, exact as any, and the proposer hears that
+        nothing was accepted, as at a longrope switch (`_at_switch`)."""
+        if self.max_context is None or len(state.tokens) + trees[0].size <= self.max_context:
+            return trees
+        return [DraftTree.empty(trees[0].tokens.device)]
 
     def _at_switch(self, state: DecodeState, trees: list[DraftTree], switch: int
                    ) -> tuple[list[DraftTree], int | None]:
@@ -408,8 +424,9 @@ def check_fits(prompt_len: int, max_new_tokens: int, tree_size: int, context: in
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens!r}")
     need = prompt_len + max_new_tokens + tree_size + 1
     if context is not None and need > context:
+        room = f"tree ({tree_size + 1})" if tree_size else "1"
         raise ContextOverflowError(
-            f"prompt ({prompt_len}) + max_new_tokens ({max_new_tokens}) + tree ({tree_size + 1}) = {need} "
+            f"prompt ({prompt_len}) + max_new_tokens ({max_new_tokens}) + {room} = {need} "
             f"tokens exceed {model}'s context of {context}")
 
 
