@@ -16,6 +16,7 @@ from eagle.bench import builder
 from eagle.bench.benchmark import tau_by_category
 from eagle.bench.evalsets import EvalSetError, load_eval_set, spread
 from eagle.bench.methods import METHODS, MethodError, MethodSpec
+from eagle.decoding import ContextOverflowError
 from eagle.decoding.kernels import available_kernels
 from eagle.decoding.stats import DecodeResult, DecodeStats, RoundStats
 from eagle.models.checkpoint import save_medusa
@@ -526,6 +527,20 @@ def test_a_benchmark_builds_every_method_before_running_any(models, tmp_path):
                      f"eagle.drafter={tmp_path / 'nowhere'}", f"draft.model={other}")
     with pytest.raises(MethodError, match=r"2 of 4 methods cannot be built .*eagle: .*nowhere.*; draft: the draft "
                                           r"LM .* has a vocabulary of 320"):
+        decode(cfg)
+
+
+def test_a_benchmark_names_a_prompt_past_the_context_before_decoding_any(models, tmp_path, monkeypatch):
+    import eagle.bench.benchmark as benchmark_module
+    from decode import decode
+
+    prompts = tmp_path / "long.jsonl"
+    prompts.write_text(json.dumps({"prompt": "fine"}) + "\n" + json.dumps({"prompt": "word " * 600}) + "\n")
+    monkeypatch.setattr(benchmark_module, "warm_up", lambda *a, **k: pytest.fail("a method decoded first"))
+    cfg = decode_cfg(models, tmp_path, "mode=benchmark", f"benchmark.eval_sets=[{prompts}]",
+                     "benchmark.methods=[vanilla,eagle]", f"benchmark.out_dir={tmp_path / 'bench'}")
+    with pytest.raises(ContextOverflowError, match=r"long prompt '\S+': prompt \(\d+\) \+ max_new_tokens \(12\) "
+                                                   r"\+ 1 = \d+ tokens exceed the target's context of 512 \(lower"):
         decode(cfg)
 
 

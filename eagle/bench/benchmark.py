@@ -24,7 +24,8 @@ import platform
 import resource
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,9 +44,11 @@ from eagle.bench.intervals import (
     tau_interval,
 )
 from eagle.bench.methods import Method, MethodError, short
+from eagle.decoding.engine import check_fits
+from eagle.decoding.runners import ContextOverflowError
 from eagle.decoding.stats import DecodeResult, accepted_histogram, tau
 from eagle.sampling import SamplingPolicy, seeded_generator
-from eagle.target import TargetError
+from eagle.target import TargetError, context_length
 from eagle.tree import Tree
 
 
@@ -181,6 +184,17 @@ def warm_up(method: Method, prompts: Sequence[list[int]], max_new_tokens: int, p
         method.generate(ids, new, policy, generator)
 
 
+@contextmanager
+def _named(set_name: str, prompt: Prompt, method: str) -> Iterator[None]:
+    """A request past a context, named by its eval set, prompt and method (the engine's message
+    gives only lengths)."""
+    try:
+        yield
+    except ContextOverflowError as err:
+        raise ContextOverflowError(f"{set_name} prompt {prompt.id!r}{f', {method}' if method else ''}: {err} "
+                                   f"(lower max_new_tokens, or leave the prompt out)") from err
+
+
 def warmup_budget(method: Method, max_new_tokens: int, tokens: int | None) -> int:
     """New tokens of a warm-up decode before timed ones of `max_new_tokens` (`warm_up`)."""
     return max_new_tokens if tokens is None or method.static else min(tokens, max_new_tokens)
@@ -237,8 +251,12 @@ def run_benchmark(eval_sets: dict[str, list[Prompt]], tokenizer, build: Callable
     runs = []
     total = sum(len(p) for p in eval_sets.values()) * len(cfg.temperatures) * len(cfg.methods)
     bar = tqdm(total=total, desc="benchmark", unit="prompt")
+    context = context_length(next(iter(methods.values()))[0].target)  # every method decodes the same target
     for set_name, prompts in eval_sets.items():
         encoded = [encode_prompt(tokenizer, p) for p in prompts]
+        for prompt, ids in zip(prompts, encoded):  # before any is decoded: which prompt, not minutes later
+            with _named(set_name, prompt, ""):
+                check_fits(len(ids), cfg.max_new_tokens, 0, context)
         for temperature in cfg.temperatures:
             if (set_name, float(temperature)) in kept:
                 runs.append(kept[set_name, float(temperature)])
@@ -266,8 +284,9 @@ def run_benchmark(eval_sets: dict[str, list[Prompt]], tokenizer, build: Callable
                     if device.type == "cuda":
                         torch.cuda.synchronize(device)
                         torch.cuda.reset_peak_memory_stats(device)
-                    outcomes[name].append(methods[name][0].generate(ids, cfg.max_new_tokens, policy,
-                                                                    generators[name]))
+                    with _named(set_name, prompts[i], name):
+                        outcomes[name].append(methods[name][0].generate(ids, cfg.max_new_tokens, policy,
+                                                                        generators[name]))
                     if device.type == "cuda":
                         peaks[name] = max(peaks[name], peak_memory_mb(device))
                     bar.update(1)
