@@ -625,7 +625,8 @@ def plot_report(report: dict, out_dir: Path) -> None:
     ax.set_xlabel("draft depth d")
     ax.set_ylabel("P(accepted length >= d)")
     ax.set_ylim(0, 1)
-    ax.legend(fontsize=7)
+    if ax.get_legend_handles_labels()[0]:  # a run without tree methods has no curve to name
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out_dir / "acceptance.png", dpi=120)
     plt.close(fig)
