@@ -56,7 +56,7 @@ def check_device(device: str | torch.device) -> None:
     if torch.device(device).type == "cuda" and not torch.cuda.is_available():
         build = "a CPU-only build" if torch.version.cuda is None else "no visible GPU"
         raise ValueError(f"device={device}, but torch {torch.__version__} sees no CUDA device ({build}): "
-                         f"use device=cpu (or auto)")
+                         "use device=cpu")
 
 
 def fast_bf16(device: str | torch.device = "cpu") -> bool:
