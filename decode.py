@@ -491,7 +491,7 @@ def decode(cfg: DictConfig):
 
 @hydra.main(config_path="configs", config_name="decode", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    refuse_added_settings(OmegaConf.to_container(cfg), HydraConfig.get())
+    refuse_added_settings(HydraConfig.get(), hydra.compose)
     decode(cfg)
 
 

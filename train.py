@@ -86,7 +86,7 @@ def use_job_folder(cfg: DictConfig) -> None:
 
 @hydra.main(config_path="configs", config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    refuse_added_settings(OmegaConf.to_container(cfg), HydraConfig.get())
+    refuse_added_settings(HydraConfig.get(), hydra.compose)
     use_job_folder(cfg)
     train(cfg)
 

@@ -167,7 +167,8 @@ def check_finished(path: str | Path) -> None:
         meta = json.loads(sidecar.read_text())
     except (OSError, ValueError):
         return  # no sidecar (a ShareGPT file), or not one of ours
-    if isinstance(meta, dict) and (meta.get("plan") or {}).get("format") == FORMAT and meta.get("status") != "complete":
+    ours = str((meta.get("plan") or {}).get("format", "") if isinstance(meta, dict) else "")
+    if ours.startswith(FORMAT.rsplit("/", 1)[0] + "/") and meta.get("status") != "complete":  # any version's
         raise ConversationError(f"{path} is an unfinished regeneration (its sidecar {sidecar} says status "
                                 f"{meta.get('status')!r}): rerun the `python -m data_gen.regenerate` command that "
                                 "wrote it, which resumes where it stopped, before using it")

@@ -64,7 +64,7 @@ def generate(cfg: DictConfig) -> dict:
 
 @hydra.main(config_path="../configs", config_name="regenerate", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    refuse_added_settings(OmegaConf.to_container(cfg), HydraConfig.get())
+    refuse_added_settings(HydraConfig.get(), hydra.compose)
     OmegaConf.resolve(cfg)
     generate(cfg)
 

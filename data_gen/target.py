@@ -14,7 +14,7 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from eagle.cli import refuse_added_settings, run_cli
 from eagle.hardware import set_threads
@@ -30,7 +30,7 @@ def convert(cfg: DictConfig) -> Path:
 
 @hydra.main(config_path="../configs", config_name="target_import", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    refuse_added_settings(OmegaConf.to_container(cfg), HydraConfig.get())
+    refuse_added_settings(HydraConfig.get(), hydra.compose)
     convert(cfg)
 
 

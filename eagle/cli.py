@@ -12,7 +12,7 @@ import difflib
 import os
 import re
 import sys
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,55 +42,61 @@ def one_line(exc: BaseException, limit: int = 400) -> str:
     return f"{type(exc).__name__}: {text}"
 
 
-def _leaves(node: Any, key: str) -> Iterator[str]:
-    """The dotted keys of a config node's leaves (the node's own key for a value or an empty section)."""
-    if isinstance(node, Mapping) and node:
-        for k, v in node.items():
-            yield from _leaves(v, f"{key}.{k}")
-    else:
-        yield key
-
-
-def added_settings(config: Mapping, overrides: Sequence[str], groups: Collection[str]) -> list[str]:
-    """The top-level settings that `+key=value` overrides added to a config that had no such key.
+def added_settings(base: Collection[str], overrides: Sequence[str], groups: Collection[str]) -> list[str]:
+    """The top-level settings that `+key=value` overrides add to a config that has no such key.
 
     Hydra refuses `key=value` for a key its config lacks and suggests `+key=value`, which adds it;
     no entry point reads a setting its config does not have, so following that advice for a
-    misspelt name (`+maxlen=256`) would run with the default silently. A top-level name is added
-    when every leaf under it comes from `+` overrides; `+section.key=...` inside an existing
-    section (a model config's free-form overrides, a Trainer argument) is left to the code that
-    reads the section, and `+group=option` appends a config group (`groups`, Hydra's choices),
-    whose section exists.
+    misspelt name (`+maxlen=256`) would run with the default silently. `+section.key=...` inside
+    an existing section (a model config's free-form overrides, a Trainer argument), `+group=option`
+    (a config group, `groups`), `++key` (Hydra never suggests it), a section deleted first
+    (`~logger +logger.csv...`) and a helper that another override interpolates (`+root=/x
+    paths.runs_dir=${root}/runs`) are not refused.
 
     Args:
-        config: the composed config (a DictConfig or a plain mapping).
+        base: the top-level keys of the config composed without the `+key` overrides (a key set
+            to null counts: Hydra takes `+key` for it).
         overrides: the command line's overrides (Hydra's `overrides.task`).
-        groups: the names of the config groups.
+        groups: the names of the config groups (Hydra's `runtime.choices`).
     """
-    added: dict[str, set[str]] = {}
+    deleted = {o[1:].split("=", 1)[0] for o in overrides if o.startswith("~")}
+    added = []
     for override in overrides:
-        if not override.startswith("+"):
+        if not override.startswith("+") or override.startswith("++"):
             continue
-        key = override.lstrip("+").split("=", 1)[0]
-        if key.split("@")[0].split(".")[0] in groups or "/" in key:  # a config group's option or section
+        key = override[1:].split("=", 1)[0]
+        top = key.split("@")[0].split(".")[0]
+        if top in base or top in groups or "/" in key or top in deleted:
             continue
-        added.setdefault(key.split(".")[0], set()).add(key)
-    return [top for top, keys in added.items()
-            if all(any(leaf == k or leaf.startswith(k + ".") for k in keys) for leaf in _leaves(config.get(top), top))]
+        if any("${" + top in other for other in overrides):  # read through an interpolation
+            continue
+        added.append(top)
+    return list(dict.fromkeys(added))
 
 
-def refuse_added_settings(config: Mapping, hydra_config: Any) -> None:
+def appended(override: str, groups: Collection[str]) -> bool:
+    """Whether an override is a `+key=value` that `added_settings` looks at (not `++`, not a group)."""
+    key = override[1:].split("=", 1)[0]
+    return (override.startswith("+") and not override.startswith("++")
+            and key.split("@")[0].split(".")[0] not in groups and "/" not in key)
+
+
+def refuse_added_settings(hydra_config: Any, compose: Callable[..., Mapping]) -> None:
     """Stop an entry point whose command line added a top-level setting (`added_settings`),
-    naming the settings it may have meant. `hydra_config` is Hydra's own (`HydraConfig.get()`)."""
-    groups = set(hydra_config.runtime.choices)
-    new = added_settings(config, list(hydra_config.overrides.task), groups)
+    naming the settings it may have meant. `hydra_config` is Hydra's own (`HydraConfig.get()`),
+    `compose` Hydra's compose API (the config is composed again without the `+key` overrides)."""
+    overrides, groups = list(hydra_config.overrides.task), set(hydra_config.runtime.choices)
+    if not any(appended(o, groups) for o in overrides):
+        return
+    name = hydra_config.job.config_name
+    base = compose(config_name=name, overrides=[o for o in overrides if not appended(o, groups)])
+    new = added_settings(set(base), overrides, groups)
     if new:
-        known = [k for k in config if k not in new]
-        hints = [f"{name!r} (did you mean {', '.join(map(repr, close))}?)" if (
-            close := difflib.get_close_matches(name, known, n=2, cutoff=0.6)) else repr(name) for name in new]
+        hints = [f"{key!r} (did you mean {', '.join(map(repr, close))}?)" if (
+            close := difflib.get_close_matches(key, list(base), n=2, cutoff=0.6)) else repr(key) for key in new]
         raise ValueError(f"unknown setting {', '.join(hints)}: a '+' override adds a key that nothing reads "
                          f"(Hydra suggests '+' for a name its config lacks); drop the '+' and use a setting of "
-                         f"{hydra_config.job.config_name}.yaml")
+                         f"{name}.yaml")
 
 
 def run_cli(main: Callable[[], Any], root: str | Path) -> None:

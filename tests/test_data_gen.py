@@ -185,6 +185,7 @@ def test_cuda_under_several_processes_is_each_processs_own_gpu(monkeypatch):
     from data_gen.__main__ import pick_device
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a machine of 8 GPUs, as far as the choice goes
     assert pick_device("cuda", local_rank=3, world_size=8) == "cuda:3"  # not 8 targets on GPU 0
     assert pick_device("cuda", local_rank=0, world_size=1) == "cuda"
     assert pick_device("cuda:1", local_rank=3, world_size=8) == "cuda:1"  # named: as named

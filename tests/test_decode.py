@@ -393,15 +393,14 @@ def test_cli_unknown_method_is_one_line(models, tmp_path):
 def test_added_settings_are_the_new_top_level_names():
     from eagle.cli import added_settings
 
-    config = {"max_len": 512, "source": {"path": "x", "max_samples": 3}, "maxlen": 256,
-              "model": {"drafter_config": {"intermediate_size": 48}, "lr": 1.0}, "new": {"a": 1, "b": {"c": 2}},
-              "forced": 3, "trainer": {"profiler": {"x": 1}}}
+    base = {"max_len", "source", "model", "trainer", "static_max_len", "paths"}  # static_max_len: null there
     overrides = ["max_len=512", "+maxlen=256", "+model.drafter_config.intermediate_size=48", "+new.a=1",
                  "+new.b={c: 2}", "++forced=3", "+experiment=drafter_test", "+trainer/profiler=simple",
-                 "+trainer.profiler.x=1"]
-    assert added_settings(config, overrides, groups={"experiment", "trainer"}) == ["maxlen", "new", "forced"]
-    assert added_settings(config, ["+source.max_samples=3"], groups=set()) == []  # inside an existing section
-    assert added_settings({"a": {}}, ["+a={}"], groups=set()) == ["a"]
+                 "+trainer.profiler.x=1", "+static_max_len=256", "++max_len=128"]
+    assert added_settings(base, overrides, groups={"experiment", "trainer"}) == ["maxlen", "new"]
+    assert added_settings(base, ["+source.max_samples=3"], groups=set()) == []  # inside an existing section
+    assert added_settings(base, ["~logger", "+logger.csv.x=1"], groups=set()) == []  # deleted, then written anew
+    assert added_settings(base, ["+root=/x", "paths.runs_dir=${root}/runs"], groups=set()) == []  # interpolated
 
 
 @pytest.mark.parametrize("entry,override,meant", [

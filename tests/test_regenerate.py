@@ -67,6 +67,22 @@ def test_a_reply_keeps_the_whitespace_the_target_wrote(target_dir):
     assert replies == [" the answer\n"] and cut == [False]
 
 
+def test_a_file_of_the_stripping_format_is_not_extended(target_dir, tmp_path):
+    """Replies were stripped before eagle-regenerated/2: such a file is refused rather than grown with
+    replies of the other kind, and an unfinished one is still refused by the dump."""
+    source = sharegpt_file(tmp_path / "src.json")
+    out = tmp_path / "old.jsonl"
+    run(target_dir, source, out)
+    sidecar = out.with_name(out.name + ".json")
+    meta = json.loads(sidecar.read_text())
+    meta["plan"]["format"], meta["status"] = "eagle-regenerated/1", "incomplete"
+    sidecar.write_text(json.dumps(meta))
+    with pytest.raises(RegenerateError, match="regenerated with other settings"):
+        run(target_dir, source, out)
+    with pytest.raises(ConversationError, match="unfinished regeneration"):
+        list(iter_sharegpt(out))
+
+
 def test_several_turns_answer_the_targets_own_history(target_dir, tmp_path):
     source = sharegpt_file(tmp_path / "src.json", n=3)
     meta = run(target_dir, source, tmp_path / "out.jsonl", max_turns=2, batch_size=3)

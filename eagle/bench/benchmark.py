@@ -247,6 +247,8 @@ def run_benchmark(eval_sets: dict[str, list[Prompt]], tokenizer, build: Callable
     else:
         keep_previous(out_dir, REPORT_FILES)  # a fixed out_dir run again: the last report is kept
     device = torch.device(device or "cpu")
+    if not cfg.methods:
+        raise MethodError("benchmark.methods is empty: name at least one method")
     methods = build_all(build, cfg.methods)
     runs = []
     total = sum(len(p) for p in eval_sets.values()) * len(cfg.temperatures) * len(cfg.methods)

@@ -44,7 +44,8 @@ from eagle.target import TargetIdentity
 
 log = logging.getLogger(__name__)
 
-FORMAT = "eagle-regenerated/1"
+# /2: replies kept as written, whitespace included (/1 stripped them): a /1 file is not extended in /2
+FORMAT = "eagle-regenerated/2"
 SPEAKERS = {"system": "system", "user": "human", "assistant": "gpt"}  # back to ShareGPT's names
 
 
