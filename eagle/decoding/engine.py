@@ -239,9 +239,10 @@ class SpeculativeDecoder:
         switch = longrope_switch(self.target)
         check_longrope([len(ids) for ids in prompts], budgets, tree_size, switch)
         # One sequence is served wherever plain decoding would be: near the context's end its rounds
-        # verify no tree (`_within_context`). A batch's rows share slots past their own lengths (each
-        # padded to the round's widest tree, a ragged batch to its longest row), so a batch keeps room
-        # for a whole tree.
+        # verify no tree (`_within_context`); a draft LM still needs its tree's room in its own context
+        # (below), where its positions may be a table. A batch's rows share slots past their own lengths
+        # (each padded to the round's widest tree, a ragged batch to its longest row), so a batch keeps
+        # room for a whole tree.
         alone = len(prompts) == 1
         for row, (ids, budget) in enumerate(zip(prompts, budgets)):
             self.check_fits(len(ids), budget, 0 if alone else tree_size)
