@@ -62,11 +62,10 @@ def added_settings(base: Collection[str], overrides: Sequence[str], groups: Coll
     deleted = {o[1:].split("=", 1)[0] for o in overrides if o.startswith("~")}
     added = []
     for override in overrides:
-        if not override.startswith("+") or override.startswith("++"):
+        if not appended(override, groups):
             continue
-        key = override[1:].split("=", 1)[0]
-        top = key.split("@")[0].split(".")[0]
-        if top in base or top in groups or "/" in key or top in deleted:
+        top = override[1:].split("=", 1)[0].split("@")[0].split(".")[0]
+        if top in base or top in deleted:
             continue
         if any("${" + top in other for other in overrides):  # read through an interpolation
             continue

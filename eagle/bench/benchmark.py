@@ -36,10 +36,10 @@ from tqdm.auto import tqdm
 from eagle.artifacts import keep_previous, stopped_report, write_json
 from eagle.bench.evalsets import Prompt
 from eagle.bench.intervals import (
-    PER_PROMPT_KEYS,
     RESAMPLES,
     error_bars,
     lead_share,
+    resamplable,
     speedup_interval,
     tau_interval,
 )
@@ -369,16 +369,13 @@ def _speedups(results: dict[str, MethodResult]) -> None:
             pairs = [a / b for a, b in zip(rates(r), rates(base)) if b]
             setattr(r, key + "_median", statistics.median(pairs) if pairs else float("nan"))
 
-    def resampled(r: MethodResult) -> bool:
-        return PER_PROMPT_KEYS <= set(r.per_prompt) and len(r.per_prompt["tokens"]) > 1
-
     fastest = fastest_vanilla(results)
     for r in results.values():
-        if resampled(r):
+        if resamplable(r.per_prompt):
             r.tau_ci = tau_interval(r.per_prompt)
         if fastest is not None:
             r.speedup_vs_fastest = r.tokens_per_s / results[fastest].tokens_per_s
-            if resampled(r) and resampled(results[fastest]):  # the same draws for every method: paired
+            if resamplable(r.per_prompt) and resamplable(results[fastest].per_prompt):  # the same draws: paired
                 r.speedup_vs_fastest_ci = speedup_interval(r.per_prompt, results[fastest].per_prompt)
 
 
@@ -514,9 +511,8 @@ def lead(run: dict) -> tuple[dict, list[tuple[dict, float]]] | None:
     decoded, rather than the method, could have made the ranking. None for a run of one prompt or
     without a drafting method (a run kept from an older report: nothing it lacks)."""
     methods = run["methods"]
-    ranked = sorted((m for m in methods.values()
-                     if m.get("lossless") and PER_PROMPT_KEYS <= set(m.get("per_prompt") or {})
-                     and len(m["per_prompt"]["tokens"]) > 1), key=lambda m: -m["tokens_per_s"])
+    ranked = sorted((m for m in methods.values() if m.get("lossless") and resamplable(m.get("per_prompt"))),
+                    key=lambda m: -m["tokens_per_s"])
     drafting = [m for m in ranked if not is_plain_decoding(m["method"])]
     if not drafting:
         return None

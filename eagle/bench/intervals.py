@@ -30,6 +30,11 @@ PER_PROMPT_KEYS = {"tokens", "committed", "forwards", "seconds"}
 RATIOS = {"speed": ("tokens", "seconds"), "tau": ("committed", "forwards")}
 
 
+def resamplable(per_prompt: PerPrompt | None) -> bool:
+    """Whether a method's per-prompt record can be resampled: every key, and more than one prompt."""
+    return bool(per_prompt) and PER_PROMPT_KEYS <= set(per_prompt) and len(per_prompt["tokens"]) > 1
+
+
 def resamples(n: int, count: int = RESAMPLES, seed: int = 0) -> torch.Tensor:
     """(count, n) prompt indices, each row n draws with replacement: the same for every method of
     a run with the same seed (the pairing)."""
