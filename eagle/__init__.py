@@ -2,7 +2,7 @@
 
 Layers, each importing only the ones before it (`tests/test_layers.py` checks it):
 
-    eagle.{sampling, acceptance, tree, target, artifacts, hardware, cli}   the vocabulary
+    eagle.{sampling, acceptance, tree, target, artifacts, hardware, cli, pipeline}   the vocabulary
     eagle.decoding    the speculative loop, target runners, caches, masks, statistics
     eagle.models      the EAGLE drafter, Medusa heads, checkpoints and exports
     eagle.proposers   drafting methods for the loop
