@@ -1,4 +1,4 @@
-"""scripts/slim_wheel.py: the GPU pipeline's carried wheels lose what nothing here imports."""
+"""scripts/gpu/slim_wheel.py: a carried wheel loses what nothing here imports."""
 
 from __future__ import annotations
 
@@ -8,19 +8,22 @@ import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "scripts" / "slim_wheel.py"
+SCRIPT = ROOT / "scripts" / "gpu" / "slim_wheel.py"
 
 
 def test_the_named_members_and_their_record_rows_go_and_the_rest_is_kept(tmp_path):
     wheel = tmp_path / "pkg-1.0-py3-none-any.whl"
     kept = {"pkg/__init__.py": b"x = 1\n", "pkg/lib.so": b"\0" * 4096}
-    gone = {"pkg/include/a.h": b"int a;", "pkg/libflight.so": b"\1" * 4096, "pkg/tests/test_a.py": b"pass"}
-    record = "".join(f"{name},sha256=,{len(data)}\n" for name, data in {**kept, **gone}.items())
+    gone = {"pkg/include/a.h": b"int a;", "pkg/libflight.so": b"\1" * 4096,
+            "pkg/tests/test_a.py": b"pass"}
+    record = "".join(f"{name},sha256=,{len(data)}\n"
+                     for name, data in {**kept, **gone}.items())
     with zipfile.ZipFile(wheel, "w") as zf:
         for name, data in {**kept, **gone}.items():
             zf.writestr(name, data)
         zf.writestr("pkg-1.0.dist-info/RECORD", record + "pkg-1.0.dist-info/RECORD,,\n")
-    out = subprocess.run([sys.executable, str(SCRIPT), str(wheel), "pkg/include/*", "pkg/tests/*", "*flight*"],
+    patterns = ["pkg/include/*", "pkg/tests/*", "*flight*"]
+    out = subprocess.run([sys.executable, str(SCRIPT), str(wheel), *patterns],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     with zipfile.ZipFile(wheel) as zf:

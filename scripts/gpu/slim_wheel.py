@@ -1,8 +1,8 @@
-"""Rewrite a wheel without the members a pattern names, so the GPU pipeline's carried wheels fit
-a 64 MiB copy limit (pyarrow's Flight RPC library, C++ headers and tests are 15 of its 55 MB
-and nothing here imports them).
+"""Rewrite a wheel without the members a pattern names, so that a carried wheel fits the device
+tool's 64 MiB copy limit (pyarrow's Flight RPC library, C++ headers and tests: nothing here
+imports them). scripts/gpu/carry.sh runs it on pyarrow when CARRY_PYARROW=1.
 
-    python scripts/slim_wheel.py .whl/pyarrow-*.whl 'pyarrow/include/*' 'pyarrow/tests/*' '*flight*'
+    python scripts/gpu/slim_wheel.py pyarrow-*.whl 'pyarrow/include/*' 'pyarrow/tests/*' '*flight*'
 
 The wheel is replaced in place; its RECORD drops the removed members (pip does not check it).
 """
@@ -18,7 +18,8 @@ def slim(wheel: Path, patterns: list[str]) -> tuple[int, int]:
     before = wheel.stat().st_size
     tmp = wheel.with_suffix(".slim")
     with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as dst:
-        dropped = {i.filename for i in src.infolist() if any(fnmatch.fnmatch(i.filename, p) for p in patterns)}
+        dropped = {i.filename for i in src.infolist()
+                   if any(fnmatch.fnmatch(i.filename, p) for p in patterns)}
         for info in src.infolist():
             if info.filename in dropped:
                 continue
