@@ -45,7 +45,7 @@ gpu-carry: install
 	bash scripts/gpu/carry.sh
 
 gpu-bench:
-	bash scripts/gpu/bench.sh run
+	bash scripts/gpu/bench.sh local
 
 gpu-smoke: install
 	PY=$(PY) bash scripts/gpu/bench.sh smoke
