@@ -28,12 +28,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 
 from eagle.artifacts import keep_previous, stopped_report, write_json
 from eagle.bench.benchmark import is_plain_decoding
 from eagle.bench.methods import Method, MethodError, short
 from eagle.decoding.stats import DecodeResult, tau
+from eagle.progress import progress
 from eagle.sampling import SamplingPolicy, seeded_generator
 
 # EAGLE-1 (Li et al., 2024), Table 7: speedup over vanilla decoding at batch sizes 1-4 on MT-bench,
@@ -139,8 +139,8 @@ def run_batch_benchmark(prompts: Sequence[list[int]], build: Callable[[str], tup
         if max(cfg.sizes) > 1 and not method.batches:
             raise MethodError(f"method {name!r} decodes one sequence at a time: drop it from batch.methods")
     runs = []
-    bar = tqdm(total=len(cfg.temperatures) * len(cfg.sizes) * len(cfg.methods) * len(prompts), desc="batch sizes",
-               unit="sequence")
+    bar = progress(total=len(cfg.temperatures) * len(cfg.sizes) * len(cfg.methods) * len(prompts),
+                   desc="batch sizes", unit="sequence")
     for temperature in cfg.temperatures:
         policy = SamplingPolicy(temperature=temperature, top_k=cfg.top_k if temperature else 0,
                                 top_p=cfg.top_p if temperature else 1.0)

@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 
 from eagle.artifacts import keep_previous, stopped_report, write_json
 from eagle.bench.evalsets import Prompt
@@ -47,6 +46,7 @@ from eagle.bench.methods import Method, MethodError, short
 from eagle.decoding.engine import check_fits
 from eagle.decoding.runners import ContextOverflowError
 from eagle.decoding.stats import DecodeResult, accepted_histogram, tau
+from eagle.progress import progress
 from eagle.sampling import SamplingPolicy, seeded_generator
 from eagle.target import TargetError, context_length
 from eagle.tree import Tree
@@ -252,7 +252,7 @@ def run_benchmark(eval_sets: dict[str, list[Prompt]], tokenizer, build: Callable
     methods = build_all(build, cfg.methods)
     runs = []
     total = sum(len(p) for p in eval_sets.values()) * len(cfg.temperatures) * len(cfg.methods)
-    bar = tqdm(total=total, desc="benchmark", unit="prompt")
+    bar = progress(total=total, desc="benchmark", unit="prompt")
     context = context_length(next(iter(methods.values()))[0].target)  # every method decodes the same target
     for set_name, prompts in eval_sets.items():
         encoded = [encode_prompt(tokenizer, p) for p in prompts]

@@ -27,10 +27,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
-from tqdm.auto import tqdm
 
 from eagle.bench.benchmark import warm_up
 from eagle.decoding.stats import DecodeStats
+from eagle.progress import progress
 from eagle.sampling import SamplingPolicy, seeded_generator
 
 # (owner, attribute, part): the functions timed; owner is a class or an instance
@@ -146,7 +146,7 @@ def profile_round(eagle, dtype: str, vanillas: Mapping[str, object], prompts: Se
         """Every prompt with each method, in turns prompt by prompt (a drift of the machine's
         load reaches them alike)."""
         out = {name: DecodeStats(prompt_len=0) for name in runs}
-        for ids in tqdm(prompts, desc=f"profile: {', '.join(runs)}", unit="prompt"):
+        for ids in progress(prompts, desc=f"profile: {', '.join(runs)}", unit="prompt"):
             for name, method in runs.items():
                 out[name].rounds += method.generate(ids, new_tokens, policy, seeded_generator(seed, device)).stats.rounds
         return out
