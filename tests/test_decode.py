@@ -545,6 +545,7 @@ def test_a_benchmark_names_a_prompt_past_the_context_before_decoding_any(models,
 
 def test_benchmark_chat_renders_every_prompt_with_the_template(models, tmp_path, monkeypatch):
     import decode as decode_module
+    from eagle.bench import benchmark
 
     seen = {}
 
@@ -552,7 +553,7 @@ def test_benchmark_chat_renders_every_prompt_with_the_template(models, tmp_path,
         seen.update({k: [p.chat for p in v] for k, v in eval_sets.items()})
         raise StopIteration  # nothing to time
 
-    monkeypatch.setattr(decode_module, "run_benchmark", fake_run)
+    monkeypatch.setattr(benchmark, "run_benchmark", fake_run)
     for chat, expected in (("true", True), ("false", False), ("null", False)):  # null: the jsonl's own (raw)
         cfg = decode_cfg(models, tmp_path, "mode=benchmark", f"benchmark.eval_sets=[{models / 'prompts.jsonl'}]",
                          "benchmark.methods=[vanilla]", f"benchmark.chat={chat}")
@@ -570,14 +571,14 @@ def test_export_mode_writes_one_folder_per_format(models, tmp_path, monkeypatch,
     and the others are named with the reason (vLLM's loader has no fc bias: a drafter trained
     with one is skipped for it); a format asked for by name that cannot hold it is refused, by
     name, after the others are written. Only the target's embeddings and LM head are read."""
-    import decode as decode_module
+    import eagle.models.export as export_module
     from decode import decode
     from eagle.models.checkpoint import save_drafter
     from eagle.models.drafter import DrafterConfig, EagleDrafter
     from eagle.models.export import ExportError, import_eagle
 
     loads = []
-    monkeypatch.setattr(decode_module, "load_target", lambda *a, **kw: loads.append(kw) or load_target(*a, **kw))
+    monkeypatch.setattr(export_module, "load_target", lambda *a, **kw: loads.append(kw) or load_target(*a, **kw))
     target, tokenizer = load_target(models / "target")
     for bias in (False, True):
         config = DrafterConfig.from_dict({**DrafterConfig.from_target(target, tokenizer).to_dict(), "fc_bias": bias})
@@ -1126,7 +1127,8 @@ def test_a_stopped_benchmark_resumes_only_with_the_same_settings_and_inputs(mode
 def test_the_resume_key_changes_with_what_a_resumed_run_would_mix(models, tmp_path):
     """Whatever decides a measurement is in the key: a tree file rewritten (named by path, by
     eagle.tree, or in the tree search's folder), the chat rendering, the threads."""
-    from decode import methods_of, resume_key
+    from decode import methods_of, run_settings
+    from eagle.bench.benchmark import resume_key
 
     prompts = {"prompts": load_eval_set(str(models / "prompts.jsonl"))}
     trees = tmp_path / "trees"
@@ -1135,7 +1137,8 @@ def test_the_resume_key_changes_with_what_a_resumed_run_would_mix(models, tmp_pa
 
     def key(names, *overrides, tree_dirs=(str(trees),)):
         cfg = decode_cfg(models, tmp_path, "mode=benchmark", *overrides)
-        return resume_key(cfg, names, [0.0], {}, methods_of(cfg).tree_dirs(tree_dirs), prompts)
+        return resume_key(run_settings(cfg, "benchmark"), names, [0.0], {},
+                          methods_of(cfg).tree_dirs(tree_dirs), prompts)
 
     before = [key(["eagle@mine"]), key([f"eagle@{trees / 'mine.yaml'}"]), key(["eagle"], f"eagle.tree={trees / 'mine.yaml'}")]
     assert before == [key(["eagle@mine"]), key([f"eagle@{trees / 'mine.yaml'}"]),

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Any
 
 from eagle.bench.batch import summarise
 from eagle.bench.benchmark import encode_prompt, warm_up, warmup_budget
@@ -63,6 +64,19 @@ class TreeSearchConfig:
     max_new_tokens: int
     warmup_tokens: int | None  # benchmark.warmup_tokens
     seed: int
+
+    @classmethod
+    def from_section(cls, section: Mapping[str, Any], **run: Any) -> TreeSearchConfig:
+        """The `tree_search` section with what the search reads of the run's other settings
+        (`run`). A typo or a setting taken out of the section is named before anything loads."""
+        own = [f.name for f in fields(cls) if f.name not in run]  # the section's settings
+        if unknown := sorted(set(section) - set(own)):
+            raise ValueError(f"tree_search: unknown setting(s) {', '.join(unknown)} "
+                             f"(it has {', '.join(own)})")
+        if missing := [k for k in own if k not in section]:
+            raise ValueError(f"tree_search: {', '.join(missing)} missing "
+                             "(configs/decode.yaml's section sets each one)")
+        return cls(**section, **run)
 
 
 def search_tree(methods: Methods, ts: TreeSearchConfig, compare: Callable[..., Path] | None = None) -> Path:

@@ -37,6 +37,7 @@ from __future__ import annotations
 import json
 import os
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -50,6 +51,7 @@ from eagle.models.checkpoint import (
     CheckpointError,
     check_dir,
     dtype_name,
+    load_drafter,
     load_weights,
     module_weights,
     place,
@@ -59,7 +61,7 @@ from eagle.models.checkpoint import (
     write_atomic,
 )
 from eagle.models.drafter import DrafterConfig, EagleDrafter
-from eagle.target import TargetIdentity, embeddings
+from eagle.target import TargetIdentity, embeddings, load_target
 
 FORMATS = ("eagle", "vllm", "sglang")
 ARCHITECTURES = {"eagle": "LlamaForCausalLM", "vllm": "LlamaForCausalLM", "sglang": "LlamaForCausalLMEagle"}
@@ -211,6 +213,29 @@ def export_drafter(drafter: EagleDrafter, out_dir: str | os.PathLike, fmt: str =
     else:
         write_atomic(out / WEIGHTS_NAME, lambda p: save_file(state, str(p), metadata={"format": "pt"}))
     write_atomic(out / CONFIG_NAME, lambda p: p.write_text(json.dumps(config, indent=2) + "\n"))
+    return out
+
+
+def export_formats(target: str, drafter: str, formats: Sequence[str] | None,
+                   out_dir: str | os.PathLike, dtype: str | None = None) -> Path:
+    """Write the drafter saved in `drafter` (checked against the target in `target`) in each of
+    `formats`, one folder each under `out_dir`. A format named there that cannot hold it is
+    named with the reason, after the others are written. None writes every format that can
+    hold it and says why it skips the others. Only the target's embeddings and LM head are read
+    (the export's embedding table and logit transform): a 70B target is not loaded whole."""
+    model, tokenizer = load_target(target, weights="head")
+    loaded = load_drafter(drafter, model, tokenizer, str(target), dtype=dtype)
+    out, refused = Path(out_dir), []
+    for fmt in FORMATS if formats is None else formats:
+        try:
+            print(f"[export] {fmt}: {export_drafter(loaded, out / fmt, fmt)}")
+        except ExportError as err:
+            if formats is None:
+                print(f"[export] {fmt}: skipped: {err}")
+            else:
+                refused.append(f"{fmt}: {err}")
+    if refused:
+        raise ExportError("; ".join(refused))
     return out
 
 
