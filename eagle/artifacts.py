@@ -48,6 +48,17 @@ def write_json(path: str | Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
+def write_report(out_dir: str | Path, name: str, report: dict, markdown: str) -> Path:
+    """`<name>.json` and `<name>.md` in `out_dir`, the Markdown printed too: the report a
+    measurement leaves (the floor, the profile, the coverage). Returns the folder."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / f"{name}.json", report)
+    (out / f"{name}.md").write_text(markdown)
+    print(markdown)
+    return out
+
+
 def files_stamp(paths: list[str]) -> dict[str, int]:
     """For each of `paths` that exists, the newest modification time (ns) of the file, or of the
     files directly in the folder: a model or drafter saved again there has a new stamp (a run

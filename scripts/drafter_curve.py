@@ -32,7 +32,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -44,6 +43,7 @@ from eagle.bench.methods import MethodContext, build_method  # noqa: E402
 from eagle.decoding.kernels import available_kernels, use_kernels  # noqa: E402
 from eagle.hardware import set_threads  # noqa: E402
 from eagle.models.checkpoint import load_drafter, save_drafter  # noqa: E402
+from eagle.progress import progress  # noqa: E402
 from eagle.sampling import SamplingPolicy  # noqa: E402
 from eagle.target import load_target  # noqa: E402
 from eagle.training.module import submodule_state  # noqa: E402
@@ -146,8 +146,8 @@ def measure(args: argparse.Namespace, out: Path) -> dict:
         return found
 
     kept = checkpoints(args.run)
-    bar = tqdm(total=(len(kept) + len(args.extra)) * len(args.trees) * len(args.temperatures) * len(prompts),
-               desc="curve", unit="decode")
+    decodes = len(args.trees) * len(args.temperatures) * len(prompts)  # per drafter
+    bar = progress(total=(len(kept) + len(args.extra)) * decodes, desc="curve", unit="decode")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         base = load_drafter(final, target, tokenizer, str(args.target))  # the run's drafter: its config

@@ -1,8 +1,10 @@
 """Shared fixtures (helpers live in `tests/helpers/`): tiny random targets, one saved target
-with its dumped features for the training tests, and single-threaded torch."""
+with its dumped features for the training tests, the saved models decode.py's modes run on,
+and single-threaded torch."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -35,6 +37,19 @@ def features_dir(tmp_path_factory, target_dir) -> Path:
         "source.val_fraction=0.25", "source.max_samples=16", "source.max_val_samples=4",
     ]))
     return out
+
+
+@pytest.fixture(scope="session")
+def models(tmp_path_factory) -> Path:
+    """A tiny random target and draft LM sharing a small trained tokenizer, saved to disk, and
+    three prompts in prompts.jsonl: what decode.py's modes run on (`helpers.configs.decode_cfg`)."""
+    root = tmp_path_factory.mktemp("models")
+    tokenizer = small_tokenizer()
+    for name, seed, layers in (("target", 0, 2), ("draft", 1, 1)):
+        save_tiny_target(root / name, tokenizer, seed=seed, num_hidden_layers=layers)
+    texts = ("def f(x):", "import os\n", "class A:")
+    (root / "prompts.jsonl").write_text("\n".join(json.dumps({"prompt": t}) for t in texts))
+    return root
 
 
 @pytest.fixture(autouse=True, scope="session")

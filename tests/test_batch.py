@@ -1,12 +1,17 @@
 """Batches of sequences decoded at once: what the batched conformance checks
 (tests/test_conformance.py) would miss if the batch machinery were wrong, shown by planting the
-wrong thing; the bookkeeping of rows that finish early; requests a batch refuses."""
+wrong thing; the bookkeeping of rows that finish early; requests a batch refuses. Then the
+batch-size benchmark (eagle/bench/batch.py, decode.py mode=batch): every method at several
+batch sizes against vanilla at the same size."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 import torch
 
+from eagle.bench.methods import MethodError
 from eagle.decoding import SpeculativeDecoder, make_runner, runners
 from eagle.decoding import kv_cache as kv
 from eagle.decoding.engine import Proposer
@@ -14,6 +19,7 @@ from eagle.decoding.kernels import available_kernels, use_kernels
 from eagle.decoding.static_cache import StaticKVCache
 from eagle.proposers import DraftLM, TemplateProposer
 from eagle.tree import TreeTemplate
+from helpers.configs import decode_cfg
 from helpers.decoding import batch_case, run_batched_greedy, tree
 from helpers.models import TREES, make_tiny_model
 
@@ -229,3 +235,108 @@ def test_one_pass_and_forked_drafting_give_the_same_trees(kind, runner, monkeypa
     assert not proposer._one_pass and proposer._forks
     assert [[r.path for r in res.stats.rounds] for res in one_pass] == [[r.path for r in res.stats.rounds]
                                                                          for res in forked]
+
+
+BATCHED = ["vanilla", "eagle", "draft", "prompt_lookup", "medusa", "specinfer_merge", "hf_generate",
+           "eagle:static", "draft:static"]
+
+
+def test_a_stopped_batch_run_keeps_the_sizes_it_finished(models, tmp_path, monkeypatch):
+    """batch.json is written after every batch size, smallest first whatever the order given
+    (speedups "vs vanilla at the smallest size" need it first): a run stopped in its second size
+    keeps the first. Greedy texts are compared with vanilla only in vanilla's dtype."""
+    from decode import decode
+    from eagle.bench import batch
+
+    out, calls = tmp_path / "batch", []
+    real = batch.summarise
+
+    def stop_on_the_second_size(label, size, runs):
+        calls.append(size)
+        if len(set(calls)) > 1:
+            raise KeyboardInterrupt
+        return real(label, size, runs)
+
+    monkeypatch.setattr(batch, "summarise", stop_on_the_second_size)
+    cfg = decode_cfg(models, tmp_path, "mode=batch",
+                     f"batch.eval_sets=[{models / 'prompts.jsonl'}]",
+                     f"batch.out_dir={out}", "batch.sizes=[2,1]", "batch.num_prompts=2",
+                     "batch.methods=[vanilla,eagle]",
+                     "batch.dtypes={vanilla:float32,eagle:bfloat16}")
+    with pytest.raises(KeyboardInterrupt):
+        decode(cfg)
+    report = json.loads((out / "batch.json").read_text())
+    assert report["status"] == "incomplete" and list(report["runs"][0]["sizes"]) == ["1"]
+    one = report["runs"][0]["sizes"]["1"]
+    assert one["vanilla"]["vs_vanilla_b1"] == pytest.approx(1.0)
+    assert one["vanilla"]["identical_to_vanilla"] == 1.0
+    assert one["eagle"]["identical_to_vanilla"] is None  # bf16 against float32: not exactness
+    assert "B=1" in (out / "batch.md").read_text()
+    # rerun as it was: the finished size is kept, only the second one runs
+    calls.clear()
+    monkeypatch.setattr(batch, "summarise",
+                        lambda label, size, runs: calls.append(size) or real(label, size, runs))
+    decode(cfg)
+    resumed = json.loads((out / "batch.json").read_text())
+    run = resumed["runs"][0]
+    assert resumed["status"] == "complete" and calls == [2, 2] and list(run["sizes"]) == ["1", "2"]
+    assert run["sizes"]["1"] == one and run["kept_from"] == {"1": report["date"]}
+    assert "Timed by a stopped run that this one resumed: B=1" in (out / "batch.md").read_text()
+    assert not (out / "previous").exists()
+    calls.clear()
+    decode(cfg)  # a finished report rerun: measured anew, the one before kept
+    assert sorted(calls) == [1, 1, 2, 2] and len(list((out / "previous").iterdir())) == 1
+
+
+def test_batch_mode_measures_every_method_at_each_size(models, tmp_path):
+    """mode=batch: the same prompts at batch sizes 1, 2 and 3, every method against vanilla at its
+    size, with tau per sequence, the round's split and greedy texts compared; a label with {B}
+    names a tree per size; the report, its table (with EAGLE-1's Table 7) and the plot."""
+    from decode import decode
+
+    trees = tmp_path / "trees"
+    trees.mkdir()
+    for b, paths in ((1, "[[0], [1]]"), (2, "[[0]]"), (3, "[[0], [0, 0]]")):
+        (trees / f"machine_b{b}.yaml").write_text(f"kind: paths\npaths: {paths}\n")
+    out = tmp_path / "batch"
+    per_size = f"eagle@{trees}/machine_b{{B}}.yaml"
+    cfg = decode_cfg(models, tmp_path, "mode=batch",
+                     f"batch.eval_sets=[{models / 'prompts.jsonl'}]",
+                     f"batch.out_dir={out}", "batch.sizes=[1,2,3]", "batch.num_prompts=3",
+                     f"batch.methods=[{','.join(BATCHED)},'{per_size}']",
+                     "batch.dtypes={eagle:float32}")
+    decode(cfg)
+    report = json.loads((out / "batch.json").read_text())
+    assert report["status"] == "complete" and report["eagle1_table7"]["Vicuna-7B"]["1"] == 2.90
+    (run,) = report["runs"]
+    assert list(run["sizes"]) == ["1", "2", "3"]
+    for b, results in run["sizes"].items():
+        assert set(results) == {*BATCHED, per_size}
+        assert results["vanilla"]["speedup"] == pytest.approx(1.0)
+        plain = [results[name]["speedup_vs_fastest"] for name in ("vanilla", "hf_generate")]
+        assert max(plain) == pytest.approx(1.0) and min(plain) <= 1.0  # against the fastest
+        assert results[per_size]["method"] == f"eagle@{trees}/machine_b{b}.yaml"
+        for name, r in results.items():
+            assert r["new_tokens"] == 3 * 12 or r["tau"] >= 1.0, name  # 12 tokens each, or an EOS
+            assert len(r["tau_per_sequence"]) == 3 and r["tokens_per_s"] > 0 and r["rounds"] > 0
+            if name != "hf_generate":  # our engine: fp32 greedy texts are vanilla's, batched
+                assert r["identical_to_vanilla"] == 1.0, (b, name)
+    assert run["sizes"]["1"]["vanilla"]["vs_vanilla_b1"] == pytest.approx(1.0)
+    table = (out / "batch.md").read_text()
+    assert "EAGLE-1 paper, Vicuna-7B" in table and "B=3" in table
+    assert "Against the fastest plain decoding" in table
+    assert "| eagle@machine_b{B} |" in table  # a tree file's path cut to its name in the tables
+    assert (out / "batch.png").stat().st_size > 0
+
+
+def test_batch_mode_refuses_methods_that_decode_one_sequence(models, tmp_path):
+    from decode import decode
+
+    cfg = decode_cfg(models, tmp_path, "mode=batch",
+                     f"batch.eval_sets=[{models / 'prompts.jsonl'}]",
+                     "batch.sizes=[1,2]", "batch.methods=[vanilla,hf_assisted]")
+    with pytest.raises(MethodError, match="'hf_assisted' decodes one sequence at a time"):
+        decode(cfg)
+    cfg = decode_cfg(models, tmp_path, "mode=batch", "batch.methods=[eagle]")
+    with pytest.raises(ValueError, match="put vanilla in its methods"):
+        decode(cfg)

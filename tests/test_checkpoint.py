@@ -249,6 +249,27 @@ def test_llama3_rope_scaling_is_kept_except_for_eagles_config_class(tmp_path, ta
     assert eagle["rope_scaling"] is None and eagle["rope_theta"] == 500000.0
 
 
+def test_the_eagle_export_warns_of_a_rope_base_eagles_package_ignores(tmp_path):
+    """EAGLE's PyPI package rotates with base 10000 whatever `rope_theta` says: the `eagle` export
+    of a drafter for a target of another base (SmolLM2: 100000) warns, the others do not. The
+    base is read from `rope_parameters`, where transformers 5.x keeps it."""
+    def rope(theta: float) -> dict:
+        return {"rope_parameters": {"rope_type": "default", "rope_theta": theta}}
+
+    target = make_tiny_model("llama", **rope(100000.0))
+    assert not hasattr(target.config, "rope_theta")  # transformers 5.x: only in rope_parameters
+    drafter = no_bias_fc(EagleDrafter.random(target))
+    with pytest.warns(UserWarning, match="rope_theta is 100000, but EAGLE's PyPI .* base 10000"):
+        out = export_drafter(drafter, tmp_path / "e", "eagle")
+    assert json.loads((out / "config.json").read_text())["rope_theta"] == 100000.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for fmt in ("vllm", "sglang"):
+            export_drafter(drafter, tmp_path / fmt, fmt)
+        plain = make_tiny_model("llama", **rope(10000.0))
+        export_drafter(EagleDrafter.random(plain), tmp_path / "plain", "eagle")
+
+
 def no_bias_fc(drafter):
     with torch.no_grad():
         drafter.fc.bias.zero_()  # an all-zero bias is exportable to vLLM: nothing is lost

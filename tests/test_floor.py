@@ -205,12 +205,12 @@ def test_floor_mode_writes_its_report(target_dir, tmp_path, monkeypatch):
     assert "| 3 |" in (out / "floor.md").read_text() and "x3" in (out / "floor.md").read_text()
     assert report["peak_gflops"] > 0 and "roof ms" in (out / "floor.md").read_text()
     assert {c["rows"] for c in report["products"]} == {1, 2} and "products a step | rows" in (out / "floor.md").read_text()
-    import decode as entry
+    import eagle.target
 
     def no_load(*args, **kwargs):
         raise AssertionError("the target was loaded before the settings were checked")
 
-    monkeypatch.setattr(entry, "load_target", no_load)
+    monkeypatch.setattr(eagle.target, "load_target", no_load)
     for bad in ("dynamic+compile", "static+fast", "static+onednn+onednn", "onednn",
                 "dynamic+fused+fused_prefetch", "dynamic+default"):  # refused before anything is loaded or timed
         with pytest.raises(ValueError, match="floor.settings"):

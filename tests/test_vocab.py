@@ -1,7 +1,7 @@
 """A reduced drafting vocabulary (FR-Spec): the counts, the K tokens chosen from them, the drafter's
 reduced head, and the counts training writes. Exactness of drafting from it (greedy and sampled,
 every runner and family): tests/test_conformance.py (`eagle_vocab`); through decode.py:
-tests/test_decode.py."""
+tests/test_methods.py."""
 
 from __future__ import annotations
 

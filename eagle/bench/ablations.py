@@ -35,12 +35,18 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from eagle.artifacts import files_stamp
+from eagle.artifacts import files_stamp, keep_previous
+from eagle.bench.benchmark import BenchmarkConfig, run_benchmark
+from eagle.bench.evalsets import load_eval_set
 from eagle.bench.intervals import bootstrap_interval, error_bars, lead_share, tau_difference
+from eagle.bench.methods import build_method
+
+if TYPE_CHECKING:
+    from eagle.bench.builder import Methods
 
 # EAGLE-1 (Li et al., 2024), ablation of the drafter's inputs on Vicuna-7B, MT-bench, T=0: speedup
 PAPER_SPEEDUP = {"shifted": 2.8, "feature": 1.9, "token": 1.5}
@@ -289,3 +295,59 @@ def write(report: Mapping[str, Any], out_dir: str | Path) -> Path:
     plot(report, out_dir / "ablations.png")
     return out_dir
 
+
+
+@dataclass(frozen=True)
+class AblationsConfig:
+    """configs/decode.yaml's `ablations` section."""
+
+    dir: str | Path  # runs/ablations: <name>/drafter for each trained option
+    eval_sets: Sequence[str]
+    num_prompts: int
+    temperatures: Sequence[float]
+    dtype: str | None  # None: the machine's choice for eagle, vanilla in the same
+    out_dir: str | Path  # ablations.json/.md/.png and the benchmark's own bench/
+    rebuild: bool  # the table again from out_dir's finished bench/, decoding nothing
+
+
+def run_ablations(methods: Methods, ac: AblationsConfig, bench: BenchmarkConfig) -> Path:
+    """Benchmark every ablation drafter under `ac.dir` against vanilla in one run (`bench`: the
+    run's tokens, warm-up, sampling and seed), then write the ablation table beside the
+    benchmark's own report. With `ac.rebuild`, the table again from that finished benchmark,
+    decoding nothing. Returns the table's folder."""
+    variants = find_variants(ac.dir)
+    labels = {v.name: f"eagle[{v.name}]" for v in variants}
+    out_dir = Path(ac.out_dir)
+    if ac.rebuild:
+        report, variants = finished_bench(out_dir / "bench", variants, labels)
+    else:
+        drafters = {labels[v.name]: str(v.drafter) for v in variants}
+        report = benchmark_drafters(methods, ac, bench, drafters, out_dir / "bench")
+    table = ablation_report(variants, report, labels)
+    keep_previous(out_dir, ("ablations.json", "ablations.md", "ablations.png"))  # the run before's
+    write(table, out_dir)
+    print((out_dir / "ablations.md").read_text())
+    return out_dir
+
+
+def benchmark_drafters(methods: Methods, ac: AblationsConfig, bench: BenchmarkConfig,
+                       drafters: Mapping[str, str], out_dir: Path) -> dict:
+    """Vanilla and EAGLE with each drafter of `drafters` (label -> path), in one benchmark run."""
+    dtype = methods.dtype("eagle", {"eagle": ac.dtype} if ac.dtype else {})
+
+    def build(label: str):
+        if label == "vanilla":
+            return methods.build("vanilla", dtype), dtype
+        eagle = {**methods.sections["eagle"], "drafter": drafters[label]}
+        sections = {**methods.sections, "eagle": eagle}
+        method = build_method("eagle", methods.context(dtype), sections)
+        method.name = label
+        return method, dtype
+
+    eval_sets = {Path(name).stem: load_eval_set(name, ac.num_prompts) for name in ac.eval_sets}
+    _, tokenizer = methods.target(dtype)
+    record_drafters(out_dir, drafters)  # what a rebuild checks the drafters against
+    config = replace(bench, methods=("vanilla", *drafters), temperatures=tuple(ac.temperatures))
+    return run_benchmark(eval_sets, tokenizer, build, config, target_name=methods.target_path,
+                         out_dir=out_dir, device=methods.device,
+                         reference=lambda d: methods.build("vanilla", d))

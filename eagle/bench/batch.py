@@ -25,16 +25,20 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from tqdm.auto import tqdm
 
 from eagle.artifacts import keep_previous, stopped_report, write_json
-from eagle.bench.benchmark import is_plain_decoding
-from eagle.bench.methods import Method, MethodError, short
+from eagle.bench.benchmark import RunSettings, encode_prompt, is_plain_decoding, resume_key
+from eagle.bench.evalsets import load_eval_set
+from eagle.bench.methods import Method, MethodError, MethodSpec, short
 from eagle.decoding.stats import DecodeResult, tau
+from eagle.progress import progress
 from eagle.sampling import SamplingPolicy, seeded_generator
+
+if TYPE_CHECKING:
+    from eagle.bench.builder import Methods
 
 # EAGLE-1 (Li et al., 2024), Table 7: speedup over vanilla decoding at batch sizes 1-4 on MT-bench,
 # T=0, and the throughput gain at the largest batch that fits in memory
@@ -139,8 +143,8 @@ def run_batch_benchmark(prompts: Sequence[list[int]], build: Callable[[str], tup
         if max(cfg.sizes) > 1 and not method.batches:
             raise MethodError(f"method {name!r} decodes one sequence at a time: drop it from batch.methods")
     runs = []
-    bar = tqdm(total=len(cfg.temperatures) * len(cfg.sizes) * len(cfg.methods) * len(prompts), desc="batch sizes",
-               unit="sequence")
+    bar = progress(total=len(cfg.temperatures) * len(cfg.sizes) * len(cfg.methods) * len(prompts),
+                   desc="batch sizes", unit="sequence")
     for temperature in cfg.temperatures:
         policy = SamplingPolicy(temperature=temperature, top_k=cfg.top_k if temperature else 0,
                                 top_p=cfg.top_p if temperature else 1.0)
@@ -190,6 +194,36 @@ def run_batch_benchmark(prompts: Sequence[list[int]], build: Callable[[str], tup
     report = _report(runs, cfg, resume_key, complete=True)
     write_report(report, out_dir)
     return report
+
+
+def run_batch(methods: Methods, config: BatchConfig, eval_sets: Sequence[str], num_prompts: int,
+              out_dir: str | Path, dtypes: Mapping[str, str] | None = None,
+              resume: RunSettings | None = None) -> Path:
+    """Every method of `config` at each of its batch sizes against vanilla at the same size, on
+    `num_prompts` prompts of each of `eval_sets`, built by `methods` in `dtypes` (by label or
+    base name). `resume`: what the caller's settings add to the resume key (None: never
+    resume). Prints batch.md; returns its folder."""
+    for name in config.methods:
+        MethodSpec.parse(name.replace("{B}", "1"))  # a typo fails before anything is loaded
+    dtypes = dict(dtypes or {})
+    _, tokenizer = methods.target(methods.dtype("vanilla", dtypes))
+    sets = {name: load_eval_set(name, num_prompts) for name in eval_sets}
+    prompts = [encode_prompt(tokenizer, p) for every in sets.values() for p in every]
+
+    def build(name: str):
+        dtype = methods.dtype(name, dtypes)
+        return methods.build(name, dtype), dtype
+
+    out_dir = Path(out_dir)
+    labels = list(dict.fromkeys(m.replace("{B}", str(b))
+                                for m in config.methods for b in config.sizes))
+    key = None
+    if resume is not None:
+        key = resume_key(resume, labels, config.temperatures, dtypes, methods.tree_dirs(), sets)
+    run_batch_benchmark(prompts, build, config, target_name=methods.target_path, out_dir=out_dir,
+                        device=methods.device, resume_key=key)
+    print((out_dir / "batch.md").read_text())
+    return out_dir
 
 
 def _finished_sizes(out_dir: Path, key: Any) -> dict[tuple[float, str], tuple[dict, str]]:

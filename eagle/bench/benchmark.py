@@ -19,6 +19,7 @@ speedup_vs_static.png when the run has vanilla:static.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import platform
 import resource
@@ -26,15 +27,14 @@ import statistics
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from tqdm.auto import tqdm
 
-from eagle.artifacts import keep_previous, stopped_report, write_json
-from eagle.bench.evalsets import Prompt
+from eagle.artifacts import files_stamp, keep_previous, stopped_report, write_json
+from eagle.bench.evalsets import Prompt, load_eval_set
 from eagle.bench.intervals import (
     RESAMPLES,
     error_bars,
@@ -43,13 +43,17 @@ from eagle.bench.intervals import (
     speedup_interval,
     tau_interval,
 )
-from eagle.bench.methods import Method, MethodError, short
+from eagle.bench.methods import Method, MethodError, MethodSpec, short
 from eagle.decoding.engine import check_fits
 from eagle.decoding.runners import ContextOverflowError
 from eagle.decoding.stats import DecodeResult, accepted_histogram, tau
+from eagle.progress import progress
 from eagle.sampling import SamplingPolicy, seeded_generator
 from eagle.target import TargetError, context_length
-from eagle.tree import Tree
+from eagle.tree import Tree, TreeError, resolve_tree
+
+if TYPE_CHECKING:
+    from eagle.bench.builder import Methods
 
 
 @dataclass
@@ -252,7 +256,7 @@ def run_benchmark(eval_sets: dict[str, list[Prompt]], tokenizer, build: Callable
     methods = build_all(build, cfg.methods)
     runs = []
     total = sum(len(p) for p in eval_sets.values()) * len(cfg.temperatures) * len(cfg.methods)
-    bar = tqdm(total=total, desc="benchmark", unit="prompt")
+    bar = progress(total=total, desc="benchmark", unit="prompt")
     context = context_length(next(iter(methods.values()))[0].target)  # every method decodes the same target
     for set_name, prompts in eval_sets.items():
         encoded = [encode_prompt(tokenizer, p) for p in prompts]
@@ -323,6 +327,99 @@ def run_benchmark(eval_sets: dict[str, list[Prompt]], tokenizer, build: Callable
     report = _report(runs, cfg, device, dtype_choices, kernels, resume_key, complete=True)
     write_report(report, out_dir)
     return report
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """What a caller's settings add to a run's resume key (`resume_key`): the settings its
+    measurements depend on (the method sections included), its own section, and the files
+    its models and prompts are read from."""
+
+    settings: Mapping[str, Any]
+    section: Mapping[str, Any]
+    files: Sequence[str]
+
+
+def resume_key(run: RunSettings, names: Sequence[str], temperatures: Sequence[float],
+               dtypes: Mapping[str, str], tree_dirs: Sequence[str],
+               eval_sets: Mapping[str, Sequence[Prompt]]) -> dict:
+    """What decides a benchmark's measurements: the settings, the methods, their trees and the
+    prompts, the threads and libraries timing them, and the stamps of the files they read (a
+    drafter retrained in the same folder is another drafter). A stopped run resumes only when
+    nothing of it changed (`run_benchmark`; `eagle.bench.batch.run_batch_benchmark` with
+    `names` holding each batch size's tree). `tree_dirs`: where tree names are looked up."""
+    # the output folder is a time stamp by default, and it is where the stopped report is found
+    section = {k: v for k, v in run.section.items() if k != "out_dir"}
+    trees = {}  # each method's tree as drafted: a file may hold another tree than when the
+    for name in names:  # stopped run read it
+        spec = MethodSpec.parse(name)
+        tree = spec.tree or (run.settings.get(spec.info.section) or {}).get("tree")
+        try:
+            trees[name] = list(resolve_tree(tree, tree_dirs).parents) if tree else None
+        except (TreeError, OSError):
+            trees[name] = None  # building the method says what is wrong with it
+    prompts = {k: [[p.id, p.chat, hashlib.sha256(p.text.encode()).hexdigest()[:16]] for p in v]
+               for k, v in eval_sets.items()}
+    return {"settings": dict(run.settings), "benchmark": section, "methods": list(names),
+            "trees": trees, "temperatures": [float(t) for t in temperatures],
+            "dtypes": dict(dtypes), "tree_dirs": list(tree_dirs), "prompts": prompts,
+            "inputs": files_stamp(list(run.files)), "threads": torch.get_num_threads(),
+            "torch": torch.__version__, "platform": platform.platform()}
+
+
+@dataclass(frozen=True)
+class BenchmarkPlan:
+    """A benchmark as configs/decode.yaml's `benchmark` section gives it: the methods,
+    temperatures and sampling (`config`), `num_prompts` of each of `eval_sets`, their rendering
+    (`chat`: True or False for every prompt, None for each set's own), the dtypes asked for (by
+    method label or base name), the output folder, and what the caller's settings add to the
+    resume key (`resume`; None: never resume)."""
+
+    config: BenchmarkConfig
+    eval_sets: Sequence[str]
+    num_prompts: int | None
+    out_dir: str | Path
+    chat: bool | None = None
+    dtypes: Mapping[str, str] = field(default_factory=dict)
+    resume: RunSettings | None = None
+
+
+def benchmark(methods: Methods, plan: BenchmarkPlan, names: Sequence[str] | None = None,
+              temperatures: Sequence[float] | None = None, out_dir: str | Path | None = None,
+              tree_dirs: tuple[str, ...] = (), dtypes: Mapping[str, str] | None = None) -> Path:
+    """Run `plan` with `methods` (`eagle.bench.builder.Methods`); the arguments override the
+    plan's, and `dtypes` add to its. Prints the report and returns its folder. The tree search
+    compares its candidates through it (`eagle.bench.machine_tree.search_tree`)."""
+    names = list(names or plan.config.methods)
+    dtypes = {**plan.dtypes, **(dtypes or {})}
+    for name in names:
+        MethodSpec.parse(name)  # unknown names fail before any model is loaded
+    eval_sets = {Path(name).stem: load_eval_set(name, plan.num_prompts) for name in plan.eval_sets}
+    _, tokenizer = methods.target(methods.dtype("vanilla", dtypes))
+    if plan.chat is not None:  # one rendering for every prompt, instead of each set's own
+        if plan.chat and not getattr(tokenizer, "chat_template", None):
+            raise ValueError(f"benchmark.chat=true, but the target {methods.target_path}'s "
+                             "tokenizer has no chat template")
+        eval_sets = {k: [replace(p, chat=bool(plan.chat)) for p in v]
+                     for k, v in eval_sets.items()}
+
+    def build(name: str):
+        dtype = methods.dtype(name, dtypes, tree_dirs)
+        return methods.build(name, dtype, tree_dirs), dtype
+
+    config = replace(plan.config, methods=tuple(names),
+                                 temperatures=tuple(temperatures or plan.config.temperatures))
+    out_dir = Path(out_dir or plan.out_dir)
+    key = None
+    if plan.resume is not None:
+        key = resume_key(plan.resume, names, config.temperatures, dtypes,
+                         methods.tree_dirs(tree_dirs), eval_sets)
+    run_benchmark(eval_sets, tokenizer, build, config, target_name=methods.target_path,
+                  out_dir=out_dir, device=methods.device,
+                  reference=lambda dtype: methods.build("vanilla", dtype),
+                  dtype_choices=methods.measured, kernels=methods.kernels, resume_key=key)
+    print((out_dir / "results.md").read_text())
+    return out_dir
 
 
 def _finished_runs(out_dir: Path, key: Any) -> dict[tuple[str, float], dict]:

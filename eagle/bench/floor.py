@@ -43,6 +43,7 @@ import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -455,3 +456,48 @@ def markdown(report: dict) -> str:
                   "own weights of that shape in turn, best of a few passes; on oneDNN, q/k/v and gate/up share one "
                   "product each):", "", products_markdown(report["products"]).rstrip()]
     return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True)
+class FloorConfig:
+    """configs/decode.yaml's `floor` section, whose comments give each setting's reason."""
+
+    dtype: str  # auto: the dtype a decoding step runs in here
+    buffer_mb: int  # the streaming read that measures bandwidth
+    paired: bool  # also a streaming read beside each timed forward
+    peak_size: int  # the square product that measures the peak rate
+    product_rows: Sequence[int] | None  # each linear shape's products of these many rows
+    tokens: Sequence[int]  # new tokens per forward
+    context: int  # committed tokens before the forwards
+    repeats: int  # forwards per size
+    settings: Sequence[str]  # RUNNER[+compile][+KERNELS|+auto] (`parse_settings`)
+    max_len: int  # static cache slots
+    batch_sizes: Sequence[int]  # also each forward for B sequences at once
+    out_dir: str | Path
+
+
+def run_floor(target_path: str, fc: FloorConfig, device: str = "cpu", seed: int = 0) -> Path:
+    """The memory floor of the target in `target_path` on this machine and its forwards of n
+    new tokens, for each runner setting of `fc.settings` (`measure_floor`). Every setting is
+    checked before the target loads. Writes floor.json and floor.md; returns their folder."""
+    from eagle.artifacts import write_report
+    from eagle.bench.builder import choose_kernels
+    from eagle.hardware import resolve_dtype_name
+    from eagle.target import load_target, resolve_dtype
+
+    settings = parse_settings(fc.settings, device)
+    dtype = resolve_dtype_name(fc.dtype, device, wide=False)
+    target, _ = load_target(target_path, dtype=resolve_dtype(dtype), device=device,
+                            with_tokenizer=False)
+    auto = None  # +auto: the kernels decoding's kernels=auto would choose here (timed once)
+    if any(kernels == "auto" for _, _, kernels in settings.values()):
+        chosen = choose_kernels(target, "auto", device, dtype)
+        auto = chosen if isinstance(chosen, KernelChoice) else KernelChoice(kernels=chosen, ms={})
+    report = measure_floor(target, settings, tokens=list(fc.tokens), context=fc.context,
+                           repeats=fc.repeats, device=device,
+                           batch_sizes=[int(b) for b in fc.batch_sizes], paired=fc.paired,
+                           max_len=fc.max_len, buffer_mb=fc.buffer_mb, peak_size=fc.peak_size,
+                           product_rows=[int(n) for n in fc.product_rows or []], seed=seed,
+                           auto=auto)
+    report = {"kind": "floor", "target": str(target_path), "dtype": dtype, **report}
+    return write_report(fc.out_dir, "floor", report, markdown(report))

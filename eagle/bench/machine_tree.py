@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
-
-from tqdm.auto import tqdm
+from typing import Any
 
 from eagle.bench.batch import summarise
 from eagle.bench.benchmark import encode_prompt, warm_up, warmup_budget
@@ -36,6 +35,7 @@ from eagle.bench.tree_search import (
     write_tree,
 )
 from eagle.hardware import auto_dtype
+from eagle.progress import progress
 from eagle.sampling import SamplingPolicy, seeded_generator
 from eagle.tree import TreeTemplate, resolve_tree
 
@@ -64,6 +64,19 @@ class TreeSearchConfig:
     max_new_tokens: int
     warmup_tokens: int | None  # benchmark.warmup_tokens
     seed: int
+
+    @classmethod
+    def from_section(cls, section: Mapping[str, Any], **run: Any) -> TreeSearchConfig:
+        """The `tree_search` section with what the search reads of the run's other settings
+        (`run`). A typo or a setting taken out of the section is named before anything loads."""
+        own = [f.name for f in fields(cls) if f.name not in run]  # the section's settings
+        if unknown := sorted(set(section) - set(own)):
+            raise ValueError(f"tree_search: unknown setting(s) {', '.join(unknown)} "
+                             f"(it has {', '.join(own)})")
+        if missing := [k for k in own if k not in section]:
+            raise ValueError(f"tree_search: {', '.join(missing)} missing "
+                             "(configs/decode.yaml's section sets each one)")
+        return cls(**section, **run)
 
 
 def search_tree(methods: Methods, ts: TreeSearchConfig, compare: Callable[..., Path] | None = None) -> Path:
@@ -99,7 +112,8 @@ def search_tree(methods: Methods, ts: TreeSearchConfig, compare: Callable[..., P
         return rounds[0].path if rounds else (0,)
 
     paths, texts = [], []
-    for ids in tqdm(prompts, desc=f"probe {probe.num_nodes} nodes, every position", unit="prompt"):
+    probing = f"probe {probe.num_nodes} nodes, every position"
+    for ids in progress(prompts, desc=probing, unit="prompt"):
         texts.append(method.generate(ids, ts.max_new_tokens, greedy).tokens)
         paths.append(position_paths(first_round, probe, ids, texts[-1]))
     (out / "probe_paths.json").write_text(json.dumps({"probe": probe.name, "paths": paths}))
@@ -291,7 +305,8 @@ def measure_round_cost(methods: Methods, ts: TreeSearchConfig, prompts: list[lis
         method.generate_batch(longest, warmup_budget(method, ts.cost_tokens, ts.warmup_tokens), greedy)
     timed: dict[str, list] = {name: [] for name in runs}
     names = list(runs)
-    for i, group in enumerate(tqdm(groups, desc=f"cost model: {len(names)} methods in turn", unit="batch")):
+    turns = f"cost model: {len(names)} methods in turn"
+    for i, group in enumerate(progress(groups, desc=turns, unit="batch")):
         for name in rotated(names, i):
             timed[name].append((runs[name].generate_batch(group, ts.cost_tokens, greedy), 0.0))
     per_round = {name: summarise(name, size, rows) for name, rows in timed.items()}
@@ -326,7 +341,8 @@ def rank_sampled(methods: Methods, ts: TreeSearchConfig, prompts: list[list[int]
     for method in runs.values():
         warm_up(method, prompts, ts.max_new_tokens, policy, seeded_generator(ts.seed, methods.device))
     names = list(runs)
-    for i, p in enumerate(tqdm(prompts, desc=f"candidates at T={temperature:g}", unit="prompt")):
+    bar = progress(prompts, desc=f"candidates at T={temperature:g}", unit="prompt")
+    for i, p in enumerate(bar):
         for name in rotated(names, i):
             stats = runs[name].generate(p, ts.max_new_tokens, policy, seeded_generator(ts.seed + i, methods.device)).stats
             seconds[name] += stats.draft_s + stats.verify_s

@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -569,3 +569,22 @@ def method_dtype(spec: str | MethodSpec, device, overrides: Mapping[str, str] | 
     chosen = overrides.get(str(spec)) or overrides.get(spec.base)
     wide = spec.info.wide
     return resolve_dtype_name(chosen, device, wide) if chosen else auto_dtype(device, wide)
+
+
+def dtype_overrides(spec: Mapping[str, str] | Sequence[str] | None) -> dict[str, str]:
+    """`benchmark.dtypes` as {method label or base name: dtype}. Given as a mapping
+    (`benchmark.dtypes={eagle:float32}`) or as a list of LABEL=DTYPE strings: Hydra's override
+    grammar cannot spell labels such as `eagle@chain5` or `vanilla:dynamic` as keys
+    (`'benchmark.dtypes=["vanilla:dynamic=bfloat16"]'`)."""
+    if not spec:
+        return {}
+    if isinstance(spec, Mapping):
+        return {str(k): str(v) for k, v in spec.items()}
+    out = {}
+    for item in spec:
+        label, eq, dtype = str(item).rpartition("=")
+        if not eq or not label or not dtype:
+            raise ValueError(f"benchmark.dtypes: {item!r} is not LABEL=DTYPE "
+                             "(e.g. vanilla:dynamic=bfloat16)")
+        out[label] = dtype
+    return out

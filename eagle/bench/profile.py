@@ -25,13 +25,20 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
-from tqdm.auto import tqdm
 
-from eagle.bench.benchmark import warm_up
+from eagle.artifacts import write_report
+from eagle.bench.benchmark import encode_prompt, warm_up
+from eagle.bench.evalsets import load_eval_set
 from eagle.decoding.stats import DecodeStats
+from eagle.progress import progress
 from eagle.sampling import SamplingPolicy, seeded_generator
+
+if TYPE_CHECKING:
+    from eagle.bench.builder import Methods
 
 # (owner, attribute, part): the functions timed; owner is a class or an instance
 Patch = tuple[object, str, str]
@@ -146,7 +153,7 @@ def profile_round(eagle, dtype: str, vanillas: Mapping[str, object], prompts: Se
         """Every prompt with each method, in turns prompt by prompt (a drift of the machine's
         load reaches them alike)."""
         out = {name: DecodeStats(prompt_len=0) for name in runs}
-        for ids in tqdm(prompts, desc=f"profile: {', '.join(runs)}", unit="prompt"):
+        for ids in progress(prompts, desc=f"profile: {', '.join(runs)}", unit="prompt"):
             for name, method in runs.items():
                 out[name].rounds += method.generate(ids, new_tokens, policy, seeded_generator(seed, device)).stats.rounds
         return out
@@ -196,3 +203,40 @@ def breakdown_markdown(report: dict) -> str:
               f"- verifying {report['tree_nodes'] + 1} tokens: {b['parts_ms']['target: tree forward']:.2f} ms = "
               f"{b['parts_ms']['target: tree forward'] / v['step_ms']:.2f} vanilla steps"]
     return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True)
+class ProfileConfig:
+    """configs/decode.yaml's `profile` section."""
+
+    eval_set: str
+    num_prompts: int
+    new_tokens: int
+    temperature: float
+    dtype: str  # auto: the benchmark's choice for eagle on this machine
+    out_dir: str | Path
+
+
+def run_profile(methods: Methods, pc: ProfileConfig, seed: int = 0) -> Path:
+    """Where EAGLE's round goes (`profile_round`), with the methods `methods` builds: drafting
+    and verification split into their parts, beside a vanilla step of the same target. Writes
+    profile.json and profile.md; returns their folder."""
+    dtype = methods.dtype("eagle", {} if pc.dtype == "auto" else {"eagle": pc.dtype})
+    target, tokenizer = methods.target(dtype)
+    eagle = methods.build("eagle", dtype)
+    # vanilla in EAGLE's dtype (the parts' yardstick) and, on a CPU, in fp32 too: EAGLE's
+    # speedup is also reported against the faster one (a bf16 one-token step can be the slower)
+    cpu = torch.device(methods.device).type == "cpu"
+    dtypes = dict.fromkeys((dtype, "float32") if cpu else (dtype,))
+    vanillas = {d: methods.build("vanilla", d) for d in dtypes}
+    prompts = [encode_prompt(tokenizer, p) for p in load_eval_set(pc.eval_set, pc.num_prompts)]
+    figures = profile_round(eagle, dtype, vanillas, prompts, pc.new_tokens,
+                            SamplingPolicy(temperature=pc.temperature), seed=seed,
+                            device=methods.device, compiled=bool(methods.compile_mode))
+    report = {"method": "eagle", "dtype": dtype, "device": str(methods.device),
+              "threads": torch.get_num_threads(), "prompts": len(prompts),
+              "new_tokens": pc.new_tokens, "temperature": pc.temperature,
+              "tree": methods.sections["eagle"].get("tree"),
+              "tree_nodes": eagle.proposer.max_nodes,
+              "target_layers": int(target.config.num_hidden_layers), **figures}
+    return write_report(pc.out_dir, "profile", report, breakdown_markdown(report))

@@ -13,16 +13,23 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from eagle.bench.benchmark import summarise
-from eagle.bench.methods import Method
+from eagle.bench.floor import weight_bytes
+from eagle.bench.methods import Method, MethodError, MethodSpec, build_method
+from eagle.hardware import gpu_bandwidth_gb_s, resolve_dtype_name
 from eagle.sampling import SamplingPolicy
 from eagle.target import resolve_dtype
+
+if TYPE_CHECKING:
+    from eagle.bench.builder import Methods
 
 # what a timed method reports (eagle.bench.benchmark.MethodResult fields)
 TIMED = ("tau", "ms_per_token", "ms_per_round", "draft_ms_per_round", "verify_ms_per_round", "new_tokens",
@@ -124,3 +131,78 @@ def write_timing(report: dict, out_dir: str | Path) -> Path:
     (out_dir / "timing.json").write_text(json.dumps(report, indent=2))
     (out_dir / "timing.md").write_text(markdown(report))
     return out_dir
+
+
+@dataclass(frozen=True)
+class TimingConfig:
+    """configs/decode.yaml's `timing` section, whose comments give each setting's reason."""
+
+    shape_name: str  # the shape's name in the report
+    shape: Mapping[str, Any]  # `random_target`'s shape
+    dtype: str  # auto: bfloat16 where bf16 is fast, else float32
+    methods: Sequence[str]  # vanilla and eagle, with any runner
+    prompt_len: int
+    new_tokens: int  # per timed generation
+    repeats: int
+    max_len: int  # static cache slots
+    bandwidth_gb_s: float | None  # for the floor; None: the GPU's nominal one
+    tau_from: str | None  # a benchmark's results.json: the projection's tau
+    measured: str | None  # a timing.json: time nothing, only add the projection
+    out_dir: str | Path
+
+
+def _read_json(path: str, key: str) -> dict:
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"{key}: {path} does not exist")
+    return json.loads(Path(path).read_text())
+
+
+def run_timing(methods: Methods, tc: TimingConfig, seed: int = 0) -> Path:
+    """Time `tc.methods` on a random-weight target of `tc.shape`, or, with `tc.measured`, only
+    add the projection to an earlier timing.json. `methods` builds them (its eagle section with
+    a random drafter: only the drafter's cost matters). Prints timing.md, returns its folder."""
+    for name in tc.methods:
+        if MethodSpec.parse(name).base not in ("vanilla", "eagle"):
+            raise MethodError(f"timing runs vanilla and eagle (with any runner), not {name!r}")
+    results = None
+    if tc.tau_from:
+        results = _read_json(tc.tau_from, "timing.tau_from (a benchmark's results.json)")
+    if results is not None and not tc.measured and "eagle:static" not in tc.methods:
+        raise MethodError("a projection (timing.tau_from) needs eagle:static among timing.methods")
+    if tc.measured:
+        report = _read_json(tc.measured, "timing.measured (a timing.json)")
+        report["tau_from"] = str(tc.tau_from) if tc.tau_from else None
+        report["projection"] = project(report["methods"], results) if results is not None else None
+        return _written(report, tc.out_dir)
+    shape, device = dict(tc.shape), methods.device
+    dtype = resolve_dtype_name(tc.dtype, device)
+    target = random_target(shape, dtype, device, seed=seed)
+    gb = weight_bytes(target) / 1e9
+    cuda = device.startswith("cuda")
+    device_name = torch.cuda.get_device_name(device) if cuda else device
+    bandwidth = tc.bandwidth_gb_s or gpu_bandwidth_gb_s(device_name)
+    if bandwidth is None:
+        raise ValueError(f"no nominal memory bandwidth is known for {device_name!r}: give "
+                         "timing.bandwidth_gb_s (GB/s) for the floor")
+    report = {"kind": "timing", "shape_name": tc.shape_name, "shape": shape,
+              "params_b": sum(p.numel() for p in target.parameters()) / 1e9, "dtype": dtype,
+              "device": device_name, "compile_mode": methods.compile_mode,
+              "tree": methods.sections["eagle"].get("tree"), "prompt_len": tc.prompt_len,
+              "new_tokens": tc.new_tokens, "repeats": tc.repeats, "weights_gb": gb,
+              "bandwidth_gb_s": bandwidth, "floor_ms_per_token": 1000 * gb / bandwidth,
+              "methods": {}, "tau_from": str(tc.tau_from) if tc.tau_from else None,
+              "projection": None, "torch": torch.__version__}
+    for name in tc.methods:  # the report is rewritten after each: a killed run keeps what it timed
+        method = build_method(name, methods.context(dtype, target=target), methods.sections)
+        report["methods"] |= time_methods(target, {name: method}, tc.prompt_len, tc.new_tokens,
+                                          tc.repeats, seed=seed)
+        write_timing(report, tc.out_dir)
+    if results is not None:
+        report["projection"] = project(report["methods"], results)
+    return _written(report, tc.out_dir)
+
+
+def _written(report: dict, out_dir: str | Path) -> Path:
+    out = write_timing(report, out_dir)
+    print((out / "timing.md").read_text())
+    return out

@@ -12,11 +12,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
+from eagle.artifacts import write_report
+from eagle.data.distill import load_distilled, split_rows
 from eagle.data.distill import target_argmax as argmax_next  # any LM's argmax after each position
+from eagle.progress import progress
+from eagle.target import load_target
 
 
 @dataclass(frozen=True)
@@ -106,3 +111,26 @@ def coverage_markdown(report: dict) -> str:
         lines += ["", f"The union {verdict} the {report['baseline']} "
                       f"({report['union_coverage']:.1%} vs {report['models'][report['baseline']]['coverage']:.1%})."]
     return "\n".join(lines) + "\n"
+
+
+def measure_coverage(distill_dir: str | Path, ssms: Sequence[str], baseline: str | None,
+                     threshold: float, out_dir: str | Path, also: Sequence[str] = (),
+                     device: str = "cpu") -> Path:
+    """SpecInfer's boost-tuning report: each SSM's coverage of the held-out rows of the
+    self-distilled data in `distill_dir`, the union of the boost-tuned `ssms` (model folders, in
+    boost-tuning order) and the `baseline` (one SSM trained on all rows for the same budget;
+    None: none), with more models to report in `also`. Writes coverage.json and coverage.md."""
+    criterion = CoverCriterion(threshold)
+    _, splits = load_distilled(distill_dir)
+    ids, argmax, prompt_len = split_rows(splits["validation"], f"{distill_dir} validation")
+    boosted = {f"ssm_{k + 1}": str(p) for k, p in enumerate(ssms)}
+    base = f"baseline ({Path(str(baseline)).parent.name})" if baseline else None
+    models = {**boosted, **({base: str(baseline)} if base else {}),
+              **{Path(str(p)).parent.name: str(p) for p in also}}
+    agree = {}
+    for name, path in progress(models.items(), desc="coverage", unit="model"):
+        model, _ = load_target(path, dtype=torch.float32, device=device, with_tokenizer=False)
+        agree[name] = agreement(model, ids, argmax, prompt_len)
+    report = coverage_report(agree, list(boosted), base, criterion)
+    report["paths"] = models
+    return write_report(out_dir, "coverage", report, coverage_markdown(report))

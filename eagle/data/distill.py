@@ -55,6 +55,7 @@ from eagle.artifacts import SPLITS, Artifact
 from eagle.data import shards
 from eagle.data.shards import shard_ranges
 from eagle.decoding.kv_cache import new_cache
+from eagle.progress import progress as progress_bar
 from eagle.sampling import SamplingPolicy, argmax, check_generator, seeded_generator
 from eagle.target import TargetIdentity, context_length, head_logits, target_forward
 
@@ -244,12 +245,10 @@ def generate_distilled(target: nn.Module, tokenizer, prompts: dict[str, list[lis
         seed: shard s of a split draws from a generator seeded by (seed, split, s).
         target_path: recorded in the metadata.
         overwrite: delete a folder made with another plan (else `DistillError`).
-        progress: show a tqdm bar over the prompts.
+        progress: show progress over the prompts (`eagle.progress`).
     Returns:
         The metadata (also `out_dir/metadata.json`), with "status": "complete".
     """
-    from tqdm.auto import tqdm
-
     unknown = sorted(set(prompts) - set(SPLITS))
     if unknown:
         raise ValueError(f"unknown split(s) {unknown}; prompts are keyed by {list(SPLITS)}")
@@ -295,7 +294,8 @@ def generate_distilled(target: nn.Module, tokenizer, prompts: dict[str, list[lis
     every = [(split, k, a, b) for split in SPLITS for k, (a, b) in enumerate(shard_ranges(len(prompts[split]), shard_size))]
     infos: dict[str, list[dict]] = {s: [] for s in SPLITS}
     skipped = 0
-    with tqdm(total=sum(b - a for _, _, a, b in every), desc="distill", unit="sample", disable=not progress) as bar:
+    total = sum(b - a for _, _, a, b in every)
+    with progress_bar(total=total, desc="distill", unit="sample", disable=not progress) as bar:
         for split, k, a, b in every:
             rows, shard_dir = prompts[split][a:b], out_dir / split / shard_name(k)
             generator = None if policy.greedy else seeded_generator(shard_seed(seed, split, k), device)

@@ -49,6 +49,7 @@ from torch import nn
 from eagle.artifacts import SPLITS, Artifact
 from eagle.data import shards
 from eagle.data.shards import shard_ranges
+from eagle.progress import progress as progress_bar
 from eagle.target import TargetIdentity, context_length, embeddings, target_forward
 
 log = logging.getLogger(__name__)
@@ -210,13 +211,11 @@ def dump_features(model: nn.Module, tokenizer, samples: dict[str, list[dict]], o
         dtype: storage dtype of the features, "bfloat16" or "float16" (or "float32").
         overwrite: delete an existing dump that was made with another plan (else an error);
             refused with several processes (one would delete the others' shards).
-        progress: show a tqdm bar.
+        progress: show progress (`eagle.progress`: a bar on a terminal, lines in a log).
         rank / world_size: this process's share of the shards.
     Returns:
         The metadata (also in `out_dir/metadata.json`): "complete" once every shard is in.
     """
-    from tqdm.auto import tqdm
-
     if not 0 <= rank < world_size:
         raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
     if batch_size < 1:
@@ -264,8 +263,9 @@ def dump_features(model: nn.Module, tokenizer, samples: dict[str, list[dict]], o
              for k, (a, b) in enumerate(shard_ranges(len(samples.get(split, [])), shard_size))]
     mine = [shard for i, shard in enumerate(every) if i % world_size == rank]
     infos: dict[tuple[str, int], dict] = {}
-    with tqdm(total=sum(b - a for _, _, a, b in mine), desc=f"features (rank {rank} of {world_size})"
-              if world_size > 1 else "features", unit="sample", disable=not progress) as bar:
+    desc = f"features (rank {rank} of {world_size})" if world_size > 1 else "features"
+    total = sum(b - a for _, _, a, b in mine)
+    with progress_bar(total=total, desc=desc, unit="sample", disable=not progress) as bar:
         computed = {"tokens": 0, "since": time.time()}  # the bar's tokens/s: this run's forwards only
 
         def advance(rows: list[dict], done: list[int], n: int) -> None:

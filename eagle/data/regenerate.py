@@ -39,6 +39,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from eagle.progress import progress as progress_bar
 from eagle.sampling import SamplingPolicy
 from eagle.target import TargetIdentity
 
@@ -173,7 +174,6 @@ def regenerate(model: nn.Module, tokenizer, conversations: Iterable[dict], out_p
         raise RegenerateError(f"replies must be 'target' (the target writes them) or 'source' (the source's own), "
                               f"got {replies!r}")
     from_source = replies == "source"
-    from tqdm.auto import tqdm
 
     out_path = Path(out_path)
     meta_path = out_path.with_name(out_path.name + ".json")
@@ -202,8 +202,8 @@ def regenerate(model: nn.Module, tokenizer, conversations: Iterable[dict], out_p
     long_prompts = no_reply = 0
     stop = None if from_source else _stop_ids(model, tokenizer)
     # counts every conversation read from the source (`total` of them are asked for), skipped ones too
-    bar = tqdm(total=total, desc="copying the source's replies" if from_source else "regenerating replies",
-               unit="conv", disable=not progress)
+    desc = "copying the source's replies" if from_source else "regenerating replies"
+    bar = progress_bar(total=total, desc=desc, unit="conv", disable=not progress)
 
     def usable() -> Iterator[tuple[str, list[dict], list[str], list[str]]]:
         nonlocal long_prompts, no_reply

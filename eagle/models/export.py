@@ -22,6 +22,11 @@ SGLang; the others warn that their draft distributions will differ). vLLM's and 
 runs silu only, and EAGLE's attention takes head_dim = hidden / heads: the export refuses
 drafters they could not load.
 
+EAGLE's PyPI package builds its rotary embedding with base 10000 whatever the config's
+`rope_theta` says, so the `eagle` export warns for a target of another base (SmolLM2's is
+100000): served by that package, the drafter would rotate its positions wrongly and draft for
+another model.
+
 vLLM's "speculators" format has no EAGLE-1 variant in current vLLM (only EAGLE-3 and later
 are registered), so it is not written. A drafter trained with an fc bias cannot be served by
 vLLM's loader: train with `model.fc_bias=false` for it (`export_drafter` refuses otherwise).
@@ -32,6 +37,7 @@ from __future__ import annotations
 import json
 import os
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -45,6 +51,7 @@ from eagle.models.checkpoint import (
     CheckpointError,
     check_dir,
     dtype_name,
+    load_drafter,
     load_weights,
     module_weights,
     place,
@@ -54,11 +61,12 @@ from eagle.models.checkpoint import (
     write_atomic,
 )
 from eagle.models.drafter import DrafterConfig, EagleDrafter
-from eagle.target import TargetIdentity, embeddings
+from eagle.target import TargetIdentity, embeddings, load_target
 
 FORMATS = ("eagle", "vllm", "sglang")
 ARCHITECTURES = {"eagle": "LlamaForCausalLM", "vllm": "LlamaForCausalLM", "sglang": "LlamaForCausalLMEagle"}
 EAGLE_ROPE_TYPES = ("linear", "dynamic")  # what SafeAILab/EAGLE's config class accepts in rope_scaling
+EAGLE_ROPE_THETA = 10000.0  # the RoPE base EAGLE's PyPI package builds, whatever the config says
 
 
 class ExportError(ValueError):
@@ -111,6 +119,23 @@ def _rope_scaling(cfg: DrafterConfig, fmt: str) -> dict | None:
     return {"rope_type": rope_type, **rope}
 
 
+def rope_theta(cfg: DrafterConfig) -> float:
+    """The drafter's RoPE base, the target's. Transformers 5.x keeps it in `rope_parameters`
+    (a config may have no top-level `rope_theta`), so it is read there first."""
+    return float((cfg.rope_parameters or {}).get("rope_theta", cfg.rope_theta))
+
+
+def _warn_eagle_rope_theta(cfg: DrafterConfig) -> None:
+    """EAGLE's PyPI package ignores `rope_theta`: another base decodes wrongly there."""
+    theta = rope_theta(cfg)
+    if theta != EAGLE_ROPE_THETA:
+        warnings.warn(f"the target's rope_theta is {theta:g}, but EAGLE's PyPI package "
+                      f"(eagle-llm) builds its rotary embedding with base {EAGLE_ROPE_THETA:g} "
+                      "whatever the config says: served by it, this drafter drafts for another "
+                      "model. Serve the vllm or sglang export, or an EAGLE built from its "
+                      "repository", stacklevel=4)
+
+
 def engine_config(drafter: EagleDrafter, fmt: str) -> dict:
     """The one-layer Llama `config.json` engine `fmt` reads for this drafter."""
     cfg = drafter.config
@@ -127,7 +152,7 @@ def engine_config(drafter: EagleDrafter, fmt: str) -> dict:
         "hidden_act": cfg.hidden_act,
         "rms_norm_eps": cfg.rms_norm_eps,
         "max_position_embeddings": cfg.max_position_embeddings,
-        "rope_theta": cfg.rope_theta,
+        "rope_theta": rope_theta(cfg),
         "rope_scaling": _rope_scaling(cfg, fmt),
         "attention_bias": False,  # vLLM and SGLang read attention biases from here or from "bias"
         "mlp_bias": False,
@@ -138,6 +163,7 @@ def engine_config(drafter: EagleDrafter, fmt: str) -> dict:
     }
     if fmt == "eagle":
         config["bias"] = cfg.fc_bias  # EAGLE's key for the fc bias (absent means true)
+        _warn_eagle_rope_theta(cfg)
     transform = drafter.logit_transform  # the target's: the engines read it from the drafter's config
     if transform.scale != 1.0:
         config["logit_scale"] = transform.scale  # vLLM's EAGLE model multiplies by it
@@ -187,6 +213,29 @@ def export_drafter(drafter: EagleDrafter, out_dir: str | os.PathLike, fmt: str =
     else:
         write_atomic(out / WEIGHTS_NAME, lambda p: save_file(state, str(p), metadata={"format": "pt"}))
     write_atomic(out / CONFIG_NAME, lambda p: p.write_text(json.dumps(config, indent=2) + "\n"))
+    return out
+
+
+def export_formats(target: str, drafter: str, formats: Sequence[str] | None,
+                   out_dir: str | os.PathLike, dtype: str | None = None) -> Path:
+    """Write the drafter saved in `drafter` (checked against the target in `target`) in each of
+    `formats`, one folder each under `out_dir`. A format named there that cannot hold it is
+    named with the reason, after the others are written. None writes every format that can
+    hold it and says why it skips the others. Only the target's embeddings and LM head are read
+    (the export's embedding table and logit transform): a 70B target is not loaded whole."""
+    model, tokenizer = load_target(target, weights="head")
+    loaded = load_drafter(drafter, model, tokenizer, str(target), dtype=dtype)
+    out, refused = Path(out_dir), []
+    for fmt in FORMATS if formats is None else formats:
+        try:
+            print(f"[export] {fmt}: {export_drafter(loaded, out / fmt, fmt)}")
+        except ExportError as err:
+            if formats is None:
+                print(f"[export] {fmt}: skipped: {err}")
+            else:
+                refused.append(f"{fmt}: {err}")
+    if refused:
+        raise ExportError("; ".join(refused))
     return out
 
 

@@ -1,6 +1,7 @@
 """Training progress that a log file shows: tqdm on a terminal, plain lines elsewhere.
 
-A tqdm bar redraws one line with carriage returns and only every few batches: written to a
+The rule is `eagle.progress`'s, which every other long loop of the repository follows. A tqdm
+bar redraws one line with carriage returns and only every few batches: written to a
 file, a slow run shows "0/800" for minutes. `LineProgress` prints a full line every
 `every_s` seconds and after each validation instead: step, rate, elapsed time, the time
 still needed, and the bar's metrics. It also says, once, when the run cannot reach its last
@@ -22,6 +23,8 @@ from typing import Any
 
 import lightning as L
 from lightning.pytorch.callbacks import ProgressBar, Timer, TQDMProgressBar
+
+from eagle.progress import clock, on_terminal
 
 # What every training run here printed from Lightning 2.6 and torch 2.13, and why it is noise: the
 # model summary cannot size bf16-mixed weights (it says so, then counts 32 bits), torch deprecates a
@@ -57,12 +60,6 @@ def quiet_lightning() -> Iterator[None]:
             yield
     finally:
         logger.removeFilter(drop)
-
-
-def _clock(seconds: float) -> str:
-    seconds = int(max(seconds, 0))
-    h, rest = divmod(seconds, 3600)
-    return f"{h}h{rest // 60:02d}m" if h else f"{rest // 60}m{rest % 60:02d}s"
 
 
 class LineProgress(ProgressBar):
@@ -106,12 +103,13 @@ class LineProgress(ProgressBar):
         step, total = trainer.global_step, trainer.max_steps
         elapsed = time.monotonic() - self._t0
         rate = (step - self._step0) / elapsed if elapsed > 0 else 0.0
-        parts = [f"step {step}/{total}" if total and total > 0 else f"step {step}", f"elapsed {_clock(elapsed)}"]
+        parts = [f"step {step}/{total}" if total and total > 0 else f"step {step}",
+                 f"elapsed {clock(elapsed)}"]
         left = None
         if rate > 0 and total and total > 0:
             left = (total - step) / rate
             parts.insert(1, f"{rate:.2f} steps/s")
-            parts.append(f"about {_clock(left)} to go")
+            parts.append(f"about {clock(left)} to go")
         metrics = {k: v for k, v in self.get_metrics(trainer, pl_module).items() if k != "v_num"}
         shown = " ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items())
         tag = f" ({event})" if event else ""
@@ -120,17 +118,17 @@ class LineProgress(ProgressBar):
         remaining = timer.time_remaining() if timer is not None else None
         if left is not None and remaining is not None and left > remaining and not self._warned and step > self._step0:
             self._warned = True
-            print(f"[train] warning: at this rate the run needs about {_clock(left)} more, but trainer.max_time "
-                  f"leaves {_clock(remaining)}: it will stop before step {total}, and fail unless "
-                  f"require_planned_steps=false (rerun to resume from last.ckpt, or lower the load / raise "
-                  f"trainer.max_time)", file=sys.stderr, flush=True)
+            print(f"[train] warning: at this rate the run needs about {clock(left)} more, but "
+                  f"trainer.max_time leaves {clock(remaining)}: it will stop before step {total}, "
+                  f"and fail unless require_planned_steps=false (rerun to resume from last.ckpt, "
+                  f"or lower the load / raise trainer.max_time)", file=sys.stderr, flush=True)
 
 
 def progress_bar(kind: str = "auto", refresh_rate: int = 10, every_s: float = 30.0) -> ProgressBar:
     """"tqdm" (a bar, for terminals), "lines" (`LineProgress`, for logs that go to a file) or
     "auto": tqdm when stderr is a terminal, lines otherwise."""
     if kind == "auto":
-        kind = "tqdm" if sys.stderr.isatty() else "lines"
+        kind = "tqdm" if on_terminal() else "lines"
     if kind == "tqdm":
         return TQDMProgressBar(refresh_rate=refresh_rate)
     if kind == "lines":

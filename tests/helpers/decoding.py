@@ -1,12 +1,17 @@
-"""Decoding references: prompts, Hugging Face's greedy output, a random proposer, greedy cases."""
+"""Decoding references: prompts, Hugging Face's greedy output, a random proposer, greedy cases,
+every method by name."""
 
 from __future__ import annotations
 
 import torch
 
+from eagle.bench.methods import METHODS
 from eagle.decoding import DecodeState, DraftTree, Proposer, SpeculativeDecoder
 from eagle.tree import TreeTemplate
 from helpers.models import TREES
+
+# every method by name, and the engine ones also on static caches
+EVERY = list(METHODS) + [f"{name}:static" for name, info in METHODS.items() if info.engine]
 
 
 def tree(name: str) -> TreeTemplate:
