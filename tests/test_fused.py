@@ -1,4 +1,4 @@
-"""The fused kernels (eagle/decoding/fused.py): their products and decoder layers compute what
+"""The fused kernels (eagle/kernels/fused.py): their products and decoder layers compute what
 PyTorch's and Hugging Face's do, a token's logits do not depend on how many tokens its forward
 carries (bitwise), unsupported layers and passes keep their own forward, and switching settings
 restores the model. Greedy decoding on them, for every method family, is in test_kernels.py."""
@@ -13,10 +13,10 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import DynamicCache
 
-from eagle.decoding import fused
 from eagle.decoding.engine import SpeculativeDecoder
-from eagle.decoding.kernels import kernels_of, use_kernels
 from eagle.decoding.masks import causal_mask, tree_attention_mask
+from eagle.kernels import fused
+from eagle.kernels.backends import kernels_of, use_kernels
 from eagle.models.drafter import EagleDrafter
 from helpers.models import make_tiny_model
 
@@ -134,7 +134,7 @@ def test_a_fused_layer_computes_what_the_layer_does(family, mask_kind):
 @pytest.mark.parametrize("past, head_dim", [(37, 40), (70, 64)])  # 40: 2 x 16 + 8 (or 5 x 8) floats
 def test_long_contexts_with_hidden_slots_inside_runs_of_seen_ones(mask_kind, past, head_dim):
     """The kernels take a run of seen slots a vector at a time and the keys' dot products a vector
-    of keys at a time (eagle/decoding/csrc/fused.cpp): contexts of several runs and keys, with a
+    of keys at a time (eagle/kernels/csrc/fused.cpp): contexts of several runs and keys, with a
     slot hidden here and there inside a run, and rows of different lengths."""
     torch.manual_seed(0)
     model = make_tiny_model("llama", num_hidden_layers=1, hidden_size=6 * head_dim, num_attention_heads=6,
@@ -476,7 +476,7 @@ def test_switching_back_restores_the_layers_and_frees_the_packed_weights():
 
 def test_a_build_that_fails_says_why(monkeypatch):
     """No compiler (or no AVX2): kernels=fused is a clear error, and auto leaves it out."""
-    from eagle.decoding import kernels as kernels_module
+    from eagle.kernels import backends as kernels_module
 
     def no_compiler(**kwargs):
         raise RuntimeError("Ninja is required to load C++ extensions")

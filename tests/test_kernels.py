@@ -1,4 +1,4 @@
-"""The linears' kernels (eagle/decoding/kernels.py): oneDNN's packed products compute what
+"""The linears' kernels (eagle/kernels/backends.py): oneDNN's packed products compute what
 `F.linear` does, switch a model in place without changing what it is, step aside for training,
 compile and other dtypes, and decode exactly: greedy output identical to `generate` of the same
 target, for every method family. Which kernels are faster is measured, never asserted here."""
@@ -13,8 +13,9 @@ from torch import nn
 from eagle.bench.precision import faster_kernels
 from eagle.decoding import make_runner
 from eagle.decoding.compile import clone_outputs, compile_static
-from eagle.decoding.fused import FusedBackbone, FusedLayer
-from eagle.decoding.kernels import (
+from eagle.decoding.kv_cache import GrowingCache
+from eagle.decoding.static_cache import StaticKVCache
+from eagle.kernels.backends import (
     SIBLINGS,
     PackedLinear,
     available_kernels,
@@ -25,8 +26,7 @@ from eagle.decoding.kernels import (
     restricted_linear,
     use_kernels,
 )
-from eagle.decoding.kv_cache import GrowingCache
-from eagle.decoding.static_cache import StaticKVCache
+from eagle.kernels.fused import FusedBackbone, FusedLayer
 from eagle.models.drafter import EagleDrafter
 from eagle.models.medusa import MedusaHeads
 from eagle.proposers import (

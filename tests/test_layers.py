@@ -13,7 +13,7 @@ import pytest
 from helpers.models import ROOT
 
 # Lowest first: a module may import its own layer and the layers before it, never one after.
-LAYERS = ["vocabulary", "decoding", "models", "proposers", "data", "training", "bench"]
+LAYERS = ["vocabulary", "kernels", "decoding", "models", "proposers", "data", "training", "bench"]
 PACKAGE = ROOT / "eagle"
 
 

@@ -31,11 +31,11 @@ from torch import nn
 
 from eagle.acceptance import TypicalAcceptance
 from eagle.decoding.engine import Proposer, SpeculativeDecoder, check_fits
-from eagle.decoding.fused import weights_fixed
-from eagle.decoding.kernels import kernels_of, use_kernels
 from eagle.decoding.runners import RUNNERS, make_runner
 from eagle.decoding.stats import DecodeResult, DecodeStats, RoundStats
 from eagle.hardware import auto_dtype, resolve_dtype_name
+from eagle.kernels.backends import kernels_of, use_kernels
+from eagle.kernels.fused import weights_fixed
 from eagle.sampling import SamplingPolicy
 from eagle.target import context_length
 from eagle.tree import resolve_tree

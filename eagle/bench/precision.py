@@ -17,7 +17,7 @@ is kept unless bf16 is faster by a margin (5%): a bf16 verification rounds near-
 differently, so its greedy texts are not float32 vanilla's, and a near-tie in the timing (one
 measured 50.5 against 51.9 ms, LOG.md) would otherwise flip the choice from run to run.
 
-The same holds for the kernels of the linears (`eagle.decoding.kernels`): oneDNN's packed
+The same holds for the kernels of the linears (`eagle.kernels.backends`): oneDNN's packed
 products took SmolLM2's float32 step from ~69 to ~55 ms on an AVX512 AMD EPYC, where MKL's
 few-row products run far below the memory's speed, but another CPU's MKL may be the faster one.
 `faster_kernels` times a 1-token step and a tree's verification with each kernel setting on the
@@ -34,8 +34,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from eagle.decoding.kernels import KERNELS, use_kernels
 from eagle.decoding.kv_cache import crop, new_cache
+from eagle.kernels.backends import KERNELS, use_kernels
 from eagle.target import target_forward
 
 
@@ -118,7 +118,7 @@ def preferred(ms: Mapping[str, float], prefer: str | None = "float32", margin: f
 
 @dataclass(frozen=True)
 class KernelChoice:
-    kernels: str  # the faster setting (eagle.decoding.kernels.KERNELS)
+    kernels: str  # the faster setting (eagle.kernels.backends.KERNELS)
     ms: dict[str, dict[int, float]]  # kernels -> tokens per forward -> median ms
 
     def describe(self) -> str:

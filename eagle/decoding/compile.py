@@ -7,7 +7,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from eagle.decoding.kernels import kernels_of
+from eagle.kernels.backends import kernels_of
 
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # torch.compile modes that capture CUDA graphs
 
@@ -22,7 +22,7 @@ def compile_static(fn: Callable, mode: str | None, module: nn.Module | None = No
     float32 linears run as products on weights packed once. Which packed product Inductor picks
     depends on the row count: MKL's where it is fixed, oneDNN's where it is symbolic. MKL's
     few-row products are fast on some CPUs and 3-4x slower than oneDNN's from 2 rows on others
-    (LOG.md, 2026-12-02 and 2026-12-03), which is what `eagle.decoding.kernels` chooses by
+    (LOG.md, 2026-12-02 and 2026-12-03), which is what `eagle.kernels.backends` chooses by
     measurement: when `module`'s linears run on oneDNN (`kernels_of`), `fn` is compiled with
     dynamic shapes so that its frozen linears do too (one graph serves every row count above 1;
     a single row stays its own graph, where MKL's product is as fast). Otherwise every new shape

@@ -40,9 +40,9 @@ from eagle.acceptance import (
     verify_tree_stochastic,
     verify_tree_typical,
 )
-from eagle.decoding.fused import weights_fixed
 from eagle.decoding.runners import ContextOverflowError, DynamicRunner, TargetRunner
 from eagle.decoding.stats import DecodeResult, DecodeStats, RoundStats
+from eagle.kernels.fused import weights_fixed
 from eagle.sampling import RowProbs, SamplingPolicy, argmax, check_generator
 from eagle.target import context_length, longrope_switch
 from eagle.tree import Tree

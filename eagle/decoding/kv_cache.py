@@ -20,7 +20,7 @@ import functools
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
-from eagle.decoding import fused
+from eagle.kernels import fused
 
 MIN_CAPACITY = 256  # entries a layer's first buffer holds; then it doubles
 
@@ -79,7 +79,7 @@ class GrowingCache(DynamicCache):
 
     def reserve(self, n: int) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor, int] | None:
         """For a forward that writes the cache itself instead of calling `update` once per layer (the
-        fused kernels' loop over the layers, `eagle.decoding.fused`), which then calls `commit(n)`:
+        fused kernels' loop over the layers, `eagle.kernels.fused`), which then calls `commit(n)`:
         every layer's key and value buffers (B, H_kv, capacity, D), the slots (n,) its n new entries
         go to, and how many slots attention then reads. None, with nothing changed, where a layer is
         not ready for that: not created or initialised yet, not a view of its buffer (a method of the

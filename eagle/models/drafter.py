@@ -39,8 +39,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from eagle.decoding.kernels import kernels_of, restricted_linear
 from eagle.decoding.masks import causal_mask
+from eagle.kernels.backends import kernels_of, restricted_linear
 from eagle.target import LogitTransform, TargetIdentity, check_shape, embeddings, lm_head
 
 # what the drafter's fc reads at position t (the module docstring): name -> (feature f_{t-1}, token)
@@ -344,7 +344,7 @@ class EagleDrafter(nn.Module):
             raise ValueError("a draft vocabulary must not repeat a token")
         head = self.lm_head
         ids = ids.to(head.weight.device, torch.long)
-        self._draft_head = (ids, restricted_linear(head, ids))  # runs the head's kernels (eagle.decoding.kernels)
+        self._draft_head = (ids, restricted_linear(head, ids))  # runs the head's kernels (eagle.kernels.backends)
 
     @property
     def draft_vocab(self) -> Tensor | None:

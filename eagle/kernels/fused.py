@@ -1,7 +1,7 @@
 """Fused float32 CPU kernels: a decoder layer in two calls, linears batch-invariant (`kernels=fused`).
 
 A float32 decoding step of SmolLM2-135M on PyTorch's kernels costs ~2.5 memory floors on a
-2-core AMD EPYC even with oneDNN's packed products (`eagle.decoding.kernels`): ~1.7 floors in
+2-core AMD EPYC even with oneDNN's packed products (`eagle.kernels.backends`): ~1.7 floors in
 the products (none reads its weight at the memory's speed) and ~15 ms of small operations and
 Python between them (norms, rotary embedding, SwiGLU, residuals, the cache's writes). llama.cpp's
 float32 step of the same model on the same machine took 1.1 floors: one fused loop per layer. This
@@ -147,7 +147,7 @@ def _wants_grad(params: list[Tensor | None]) -> bool:
 class FusedLinear(nn.Linear):
     """An `nn.Linear` whose float32 inference products on a CPU run the fused kernels' product.
 
-    Not built directly: `eagle.decoding.kernels.use_kernels(model, "fused")` switches an existing
+    Not built directly: `eagle.kernels.backends.use_kernels(model, "fused")` switches an existing
     `nn.Linear` to this class (the same object and parameters; a tied head stays tied).
     """
 

@@ -14,7 +14,7 @@ took 5.0-5.7 ms for 1 row and 4.7-4.9 ms for 4-8 rows (LOG.md, 2026-12-03). Kern
              bf16 linears), for float32 on a CPU. bf16 products already run on oneDNN
              through `F.linear`, and packing them was slower there (SmolLM2 in bf16: a step
              of 43 ms packed against 38 ms), so bf16 keeps `F.linear`;
-  "fused"    our C++ kernels (`eagle.decoding.fused`): packed products and whole decoder layers;
+  "fused"    our C++ kernels (`eagle.kernels.fused`): packed products and whole decoder layers;
   "fused_prefetch"  the same products and floats, each also asking for its weights ahead in
              software (one block of rows: 16 k-steps ahead; more: the blocks share the next chunk):
              a 5-token forward of SmolLM2 from 33.4 to 26.6 ms on a 2-core Intel Xeon, every product
@@ -50,7 +50,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from eagle.decoding import fused
+from eagle.kernels import fused
 
 KERNELS = ("default", "onednn", "fused", "fused_prefetch")
 # the fused kernels' two settings: the same products and floats, "fused_prefetch" also asking for each
@@ -197,7 +197,7 @@ def check_kernels(kernels: str, device: str | torch.device = "cpu") -> str:
 
 def use_kernels(model: nn.Module, kernels: str = "default", release: bool = True) -> nn.Module:
     """Switch every `nn.Linear` of `model` to `kernels` in place (see the module docstring), and
-    on the fused settings every supported decoder layer too (`eagle.decoding.fused`); returns
+    on the fused settings every supported decoder layer too (`eagle.kernels.fused`); returns
     `model`. Switching to another setting frees the packed weights, unless `release` is False (a
     switch back then reuses them: timing the settings in turn); the two fused settings share theirs."""
     check_kernels(kernels, next(model.parameters()).device if kernels != "default" else "cpu")

@@ -1,4 +1,4 @@
-// Fused float32 CPU kernels for a decoding pass of a few rows (eagle/decoding/fused.py says why).
+// Fused float32 CPU kernels for a decoding pass of a few rows (eagle/kernels/fused.py says why).
 //
 // Every output is computed the same way whatever the number of rows beside it: a linear's output
 // y[i, j] is one FMA chain over k = 0..in-1 in one SIMD lane, a row's attention reads its keys in
