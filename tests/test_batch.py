@@ -11,7 +11,7 @@ from eagle.decoding import SpeculativeDecoder, make_runner, runners
 from eagle.decoding import kv_cache as kv
 from eagle.decoding.engine import Proposer
 from eagle.decoding.static_cache import StaticKVCache
-from eagle.kernels.backends import available_kernels, use_kernels
+from eagle.kernels import available_kernels, use_kernels
 from eagle.proposers import DraftLM, TemplateProposer
 from eagle.tree import TreeTemplate
 from helpers.decoding import batch_case, run_batched_greedy, tree

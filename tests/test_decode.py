@@ -18,7 +18,7 @@ from eagle.bench.evalsets import EvalSetError, load_eval_set, spread
 from eagle.bench.methods import METHODS, MethodError, MethodSpec
 from eagle.decoding import ContextOverflowError
 from eagle.decoding.stats import DecodeResult, DecodeStats, RoundStats
-from eagle.kernels.backends import available_kernels
+from eagle.kernels import available_kernels
 from eagle.models.checkpoint import save_medusa
 from eagle.models.medusa import MedusaError, MedusaHeads
 from eagle.sampling import SamplingPolicy
@@ -122,7 +122,7 @@ def test_packed_kernels_apply_to_every_method_and_keep_greedy_texts(models, tmp_
                       "benchmark.dtypes={eagle:float32,medusa:float32}", f"benchmark.methods=[{','.join(names)}]"))
     report = json.loads((out / "results.json").read_text())
     assert report["machine"]["kernels"] == {"float32": "onednn"}
-    assert "Linear kernels (eagle/kernels/backends.py): float32 onednn" in (out / "results.md").read_text()
+    assert "Linear kernels (eagle/kernels): float32 onednn" in (out / "results.md").read_text()
     greedy = report["runs"][0]["methods"]
     for name in names[1:]:
         assert greedy[name]["identical_to_reference"] == 1.0, name

@@ -1,4 +1,4 @@
-"""The linears' kernels (eagle/kernels/backends.py): oneDNN's packed products compute what
+"""The linears' kernels (eagle/kernels/): oneDNN's packed products compute what
 `F.linear` does, switch a model in place without changing what it is, step aside for training,
 compile and other dtypes, and decode exactly: greedy output identical to `generate` of the same
 target, for every method family. Which kernels are faster is measured, never asserted here."""
@@ -12,22 +12,21 @@ from torch import nn
 
 from eagle.bench.precision import faster_kernels
 from eagle.decoding import make_runner
+from eagle.decoding.backend import MARK, PLAIN, backend_of, kernels_of
 from eagle.decoding.compile import clone_outputs, compile_static
 from eagle.decoding.kv_cache import GrowingCache
 from eagle.decoding.static_cache import StaticKVCache
-from eagle.kernels.backends import (
-    SIBLINGS,
-    PackedLinear,
+from eagle.kernels import (
+    BACKENDS,
     available_kernels,
     check_kernels,
     free_memory_bytes,
-    kernels_of,
     packed_bytes,
-    restricted_linear,
     use_kernels,
 )
 from eagle.kernels.fused import FusedBackbone, FusedLayer
-from eagle.models.drafter import EagleDrafter
+from eagle.kernels.onednn import SIBLINGS, PackedLinear
+from eagle.models.drafter import EagleDrafter, restricted_linear
 from eagle.models.medusa import MedusaHeads
 from eagle.proposers import (
     DraftLM,
@@ -165,7 +164,8 @@ def test_training_bf16_and_compile_take_f_linear():
         torch.testing.assert_close(compiled(x.detach()), F.linear(x.detach(), linear.weight, linear.bias))
 
 
-# the packed product a frozen compiled linear runs, by the kernels of its module (eagle.decoding.compile)
+# the packed product a frozen compiled linear runs, by the kernels of its module
+# (eagle.decoding.compile: the backend's `dynamic_compile`)
 FROZEN_OPS = {"default": "torch.ops.mkl._mkl_linear", "onednn": "torch.ops.mkldnn._linear_pointwise"}
 
 
@@ -349,6 +349,24 @@ def test_faster_kernels_leaves_the_model_on_the_faster():
     choice = faster_kernels(model, widths=(1, 4), prefix=8, reps=2, warmup=1, clock=near_tie)
     assert choice.kernels == "default" == kernels_of(model)  # the plainer setting keeps a near-tie
     assert faster_kernels(model, widths=(1,), prefix=8, reps=2, warmup=1, clock=near_tie, margin=0.0).kernels == "onednn"
+
+
+def test_a_switched_model_carries_its_backend_and_the_runner_reads_it():
+    """Each setting's backend object marks the linears it switched; the runtime reads it from
+    the model (`backend_of`), a runner as each decoding call begins; default leaves no mark."""
+    model = make_tiny_model("llama")
+    runner = make_runner("dynamic", model)
+    assert backend_of(model) is PLAIN is runner.backend and kernels_of(model) == "default"
+    for setting in available_kernels("cpu")[1:]:
+        use_kernels(model, setting)
+        assert backend_of(model) is BACKENDS[setting] and kernels_of(model) == setting
+        assert backend_of(model.lm_head).name == setting
+        assert backend_of(model).dynamic_compile == (setting == "onednn")
+        with runner.decoding():
+            assert runner.backend is BACKENDS[setting]
+    use_kernels(model, "default")
+    assert backend_of(model) is PLAIN
+    assert not any(MARK in m.__dict__ for m in model.modules()), "default leaves no mark"
 
 
 def _eagle(target, runner, vocab=False):

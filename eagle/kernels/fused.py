@@ -1,7 +1,7 @@
 """Fused float32 CPU kernels: a decoder layer in two calls, linears batch-invariant (`kernels=fused`).
 
 A float32 decoding step of SmolLM2-135M on PyTorch's kernels costs ~2.5 memory floors on a
-2-core AMD EPYC even with oneDNN's packed products (`eagle.kernels.backends`): ~1.7 floors in
+2-core AMD EPYC even with oneDNN's packed products (`eagle.kernels.onednn`): ~1.7 floors in
 the products (none reads its weight at the memory's speed) and ~15 ms of small operations and
 Python between them (norms, rotary embedding, SwiGLU, residuals, the cache's writes). llama.cpp's
 float32 step of the same model on the same machine took 1.1 floors: one fused loop per layer. This
@@ -109,12 +109,6 @@ def load():
                                "kernels=fused needs a C++ compiler (g++) and ninja") from err
 
 
-def loaded() -> bool:
-    """Whether the extension is already built and loaded in this process: a caller that is only
-    faster with it (`eagle.decoding.kv_cache.keep_path`) does not make a process build it."""
-    return load.cache_info().currsize > 0
-
-
 @functools.cache
 def available() -> bool:
     """Whether the fused kernels can run here (builds them on first call; a failure is not retried)."""
@@ -147,7 +141,7 @@ def _wants_grad(params: list[Tensor | None]) -> bool:
 class FusedLinear(nn.Linear):
     """An `nn.Linear` whose float32 inference products on a CPU run the fused kernels' product.
 
-    Not built directly: `eagle.kernels.backends.use_kernels(model, "fused")` switches an existing
+    Not built directly: `eagle.kernels.use_kernels(model, "fused")` switches an existing
     `nn.Linear` to this class (the same object and parameters; a tied head stays tied).
     """
 
@@ -165,6 +159,19 @@ class FusedLinear(nn.Linear):
             return F.linear(x, self.weight, self.bias)
         bias = None if self.bias is None else self.bias.detach().contiguous()  # the kernel reads `out` floats
         return load().linear(x, self.packed_weight(), self.out_features, bias, self._prefetch)
+
+
+def switch_on(linear: nn.Linear) -> None:
+    """`linear` (a plain `nn.Linear`) to `FusedLinear`, in place: every reference sees it."""
+    linear.__class__ = FusedLinear
+    if not hasattr(linear, "_fused"):  # a packed weight kept by an earlier switch stays
+        linear._fused = None
+
+
+def release(linear: nn.Linear) -> None:
+    """Free the packed weight this setting left on `linear`."""
+    if hasattr(linear, "_fused"):
+        del linear._fused
 
 
 def _norm_weight(norm: nn.Module) -> Tensor | None:
@@ -484,11 +491,6 @@ def weights_fixed(model: nn.Module) -> Iterator[None]:
         for backbone in backbones:
             backbone._fixed -= 1
             backbone._verified = False
-
-
-def setting(linear: FusedLinear) -> str:
-    """The kernel setting a fused linear runs: "fused", or "fused_prefetch"."""
-    return "fused_prefetch" if linear._prefetch else "fused"
 
 
 def fuse_layers(model: nn.Module, prefetch: bool = False) -> int:
