@@ -130,8 +130,9 @@ def keep_path(cache, prefix_len: int, path: list[int], backend: KernelBackend = 
             (`eagle.decoding.backend`; a fused one moves every layer's in one call).
     """
     n_keep = len(path)
-    if path != list(range(n_keep)):  # a chain's accepted prefix is already in place: only crop
-        tensors = [t for layer in cache.layers for t in (layer.keys, layer.values)]  # (B, H_kv, T, D)
+    if path != list(range(n_keep)):  # a chain's accepted prefix is in place already: only crop
+        # every layer's keys and values, (B, H_kv, T, D) each
+        tensors = [t for layer in cache.layers for t in (layer.keys, layer.values)]
         backend.move_slots(tensors, [prefix_len + i for i in path], prefix_len)
     crop(cache, prefix_len + n_keep)
 
