@@ -4,6 +4,7 @@ Layers, each importing only the ones before it (`tests/test_layers.py` checks it
 
     eagle.{sampling, acceptance, tree, target, artifacts, hardware, cli, pipeline}   the vocabulary
     eagle.decoding    the speculative loop, target runners, caches, masks, statistics
+    eagle.kernels     optional CPU kernels (oneDNN, fused C++): a backend behind the runner
     eagle.models      the EAGLE drafter, Medusa heads, checkpoints and exports
     eagle.proposers   drafting methods for the loop
     eagle.data        feature dumps, batches, token streams

@@ -40,8 +40,8 @@ from eagle.artifacts import write_json  # noqa: E402
 from eagle.bench.benchmark import encode_prompt  # noqa: E402
 from eagle.bench.evalsets import load_eval_set  # noqa: E402
 from eagle.bench.methods import MethodContext, build_method  # noqa: E402
-from eagle.decoding.kernels import available_kernels, use_kernels  # noqa: E402
 from eagle.hardware import set_threads  # noqa: E402
+from eagle.kernels import available_kernels, use_kernels  # noqa: E402
 from eagle.models.checkpoint import load_drafter, save_drafter  # noqa: E402
 from eagle.progress import progress  # noqa: E402
 from eagle.sampling import SamplingPolicy  # noqa: E402
@@ -93,7 +93,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--extra", nargs="*", default=[], help="more drafter folders (LABEL=DIR) on the same curve")
     parser.add_argument("--threads", default="auto", help="torch threads: auto (the idle cores) or a number")
-    parser.add_argument("--kernels", default=None, help="the linears' kernels (eagle.decoding.kernels): default, "
+    parser.add_argument("--kernels", default=None,
+                        help="the linears' kernels (eagle.kernels): default, "
                         "onednn, fused or fused_prefetch; by default fused where it builds (a float32 step 2-3x faster on a CPU than "
                         "F.linear: the curve's many decodes take a fraction of the time)")
     parser.add_argument("--out", type=Path, default=None)

@@ -15,8 +15,8 @@ from eagle.bench.methods import MethodError
 from eagle.decoding import SpeculativeDecoder, make_runner, runners
 from eagle.decoding import kv_cache as kv
 from eagle.decoding.engine import Proposer
-from eagle.decoding.kernels import available_kernels, use_kernels
 from eagle.decoding.static_cache import StaticKVCache
+from eagle.kernels import available_kernels, use_kernels
 from eagle.proposers import DraftLM, TemplateProposer
 from eagle.tree import TreeTemplate
 from helpers.configs import decode_cfg

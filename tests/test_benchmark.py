@@ -13,7 +13,7 @@ from eagle.bench.benchmark import tau_by_category
 from eagle.bench.evalsets import load_eval_set
 from eagle.bench.methods import MethodError
 from eagle.decoding import ContextOverflowError
-from eagle.decoding.kernels import available_kernels
+from eagle.kernels import available_kernels
 from eagle.decoding.stats import DecodeResult, DecodeStats, RoundStats
 from helpers.configs import decode_cfg
 from helpers.decoding import EVERY
@@ -106,7 +106,7 @@ def test_packed_kernels_apply_to_every_method_and_keep_greedy_texts(models, tmp_
     report = json.loads((out / "results.json").read_text())
     assert report["machine"]["kernels"] == {"float32": "onednn"}
     table = (out / "results.md").read_text()
-    assert "Linear kernels (eagle/decoding/kernels.py): float32 onednn" in table
+    assert "Linear kernels (eagle/kernels): float32 onednn" in table
     greedy = report["runs"][0]["methods"]
     for name in names[1:]:
         assert greedy[name]["identical_to_reference"] == 1.0, name

@@ -456,7 +456,7 @@ def test_compiled_static_decoding_identical_to_generate(trained_llama, kernels):
     passes changes no token: vanilla and EAGLE, trees and chains, EOS inside a path; with the
     linears frozen onto MKL's packed products or, on oneDNN kernels, onto oneDNN's (compiled with
     dynamic shapes, eagle.decoding.compile)."""
-    from eagle.decoding.kernels import available_kernels, use_kernels
+    from eagle.kernels import available_kernels, use_kernels
 
     if kernels not in available_kernels("cpu"):
         pytest.skip(f"no {kernels} kernels in this PyTorch build")

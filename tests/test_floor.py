@@ -10,8 +10,9 @@ import torch
 
 from eagle.bench import builder
 from eagle.bench import floor as fl
-from eagle.decoding.kernels import kernels_of, use_kernels
+from eagle.decoding.backend import kernels_of
 from eagle.decoding.runners import DynamicRunner, StaticRunner
+from eagle.kernels import use_kernels
 from eagle.tree import Tree
 from helpers.configs import compose_config
 from helpers.models import make_tiny_model

@@ -1,4 +1,4 @@
-"""The fused kernels (eagle/decoding/fused.py): their products and decoder layers compute what
+"""The fused kernels (eagle/kernels/fused.py): their products and decoder layers compute what
 PyTorch's and Hugging Face's do, a token's logits do not depend on how many tokens its forward
 carries (bitwise), unsupported layers and passes keep their own forward, and switching settings
 restores the model. Greedy decoding on them, for every method family, is in test_kernels.py."""
@@ -13,10 +13,10 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import DynamicCache
 
-from eagle.decoding import fused
+from eagle.decoding.backend import PLAIN, kernels_of
 from eagle.decoding.engine import SpeculativeDecoder
-from eagle.decoding.kernels import kernels_of, use_kernels
 from eagle.decoding.masks import causal_mask, tree_attention_mask
+from eagle.kernels import BACKENDS, fused, use_kernels
 from eagle.models.drafter import EagleDrafter
 from helpers.models import make_tiny_model
 
@@ -134,7 +134,7 @@ def test_a_fused_layer_computes_what_the_layer_does(family, mask_kind):
 @pytest.mark.parametrize("past, head_dim", [(37, 40), (70, 64)])  # 40: 2 x 16 + 8 (or 5 x 8) floats
 def test_long_contexts_with_hidden_slots_inside_runs_of_seen_ones(mask_kind, past, head_dim):
     """The kernels take a run of seen slots a vector at a time and the keys' dot products a vector
-    of keys at a time (eagle/decoding/csrc/fused.cpp): contexts of several runs and keys, with a
+    of keys at a time (eagle/kernels/csrc/fused.cpp): contexts of several runs and keys, with a
     slot hidden here and there inside a run, and rows of different lengths."""
     torch.manual_seed(0)
     model = make_tiny_model("llama", num_hidden_layers=1, hidden_size=6 * head_dim, num_attention_heads=6,
@@ -355,9 +355,10 @@ def test_inside_weights_fixed_the_weights_are_checked_once_and_again_in_the_next
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("path", [[0, 2], [0, 1, 3], [0, 2, 3, 6], [0, 5]])
 def test_the_extension_moves_an_accepted_path_as_the_indexing_does(monkeypatch, dtype, path):
+    """The fused backend's `move_slots` (every layer's move in one call of the extension) moves
+    what plain PyTorch's indexing does."""
     from eagle.decoding import kv_cache
 
-    fused.load()  # loaded: `keep_path` takes the extension's move
     g = torch.Generator().manual_seed(len(path))
     caches = [kv_cache.new_cache(max_len=64) for _ in range(2)]
     for layer in range(3):  # 10 committed entries, then a tree of 7
@@ -365,12 +366,10 @@ def test_the_extension_moves_an_accepted_path_as_the_indexing_does(monkeypatch, 
         for cache in caches:
             cache.update(k, v, layer)
     moves = []
-    monkeypatch.setattr(fused, "loaded", lambda: False)
-    kv_cache.keep_path(caches[0], 10, path)  # PyTorch's indexing
-    monkeypatch.setattr(fused, "loaded", lambda: True)
+    kv_cache.keep_path(caches[0], 10, path, PLAIN)  # PyTorch's indexing
     real = fused.load().move_slots
     monkeypatch.setattr(fused.load(), "move_slots", lambda *args: moves.append(1) or real(*args))
-    kv_cache.keep_path(caches[1], 10, path)
+    kv_cache.keep_path(caches[1], 10, path, BACKENDS["fused"])
     assert moves == [1], "one call for every layer"
     for a, b in zip(caches[0].layers, caches[1].layers, strict=True):
         assert a.keys.shape[-2] == 10 + len(path) and torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
@@ -476,7 +475,7 @@ def test_switching_back_restores_the_layers_and_frees_the_packed_weights():
 
 def test_a_build_that_fails_says_why(monkeypatch):
     """No compiler (or no AVX2): kernels=fused is a clear error, and auto leaves it out."""
-    from eagle.decoding import kernels as kernels_module
+    from eagle.kernels import backends as kernels_module
 
     def no_compiler(**kwargs):
         raise RuntimeError("Ninja is required to load C++ extensions")

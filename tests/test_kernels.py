@@ -1,4 +1,4 @@
-"""The linears' kernels (eagle/decoding/kernels.py): oneDNN's packed products compute what
+"""The linears' kernels (eagle/kernels/): oneDNN's packed products compute what
 `F.linear` does, switch a model in place without changing what it is, step aside for training,
 compile and other dtypes, and decode exactly: greedy output identical to `generate` of the same
 target, for every method family. Which kernels are faster is measured, never asserted here."""
@@ -10,24 +10,23 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from eagle.bench.precision import faster_kernels
+from eagle.bench.precision import KernelChoice, faster_kernels, pick_kernels
 from eagle.decoding import make_runner
+from eagle.decoding.backend import MARK, PLAIN, backend_of, kernels_of
 from eagle.decoding.compile import clone_outputs, compile_static
-from eagle.decoding.fused import FusedBackbone, FusedLayer
-from eagle.decoding.kernels import (
-    SIBLINGS,
-    PackedLinear,
+from eagle.decoding.kv_cache import GrowingCache
+from eagle.decoding.static_cache import StaticKVCache
+from eagle.kernels import (
+    BACKENDS,
     available_kernels,
     check_kernels,
     free_memory_bytes,
-    kernels_of,
     packed_bytes,
-    restricted_linear,
     use_kernels,
 )
-from eagle.decoding.kv_cache import GrowingCache
-from eagle.decoding.static_cache import StaticKVCache
-from eagle.models.drafter import EagleDrafter
+from eagle.kernels.fused import FusedBackbone, FusedLayer
+from eagle.kernels.onednn import SIBLINGS, PackedLinear
+from eagle.models.drafter import EagleDrafter, restricted_linear
 from eagle.models.medusa import MedusaHeads
 from eagle.proposers import (
     DraftLM,
@@ -165,7 +164,8 @@ def test_training_bf16_and_compile_take_f_linear():
         torch.testing.assert_close(compiled(x.detach()), F.linear(x.detach(), linear.weight, linear.bias))
 
 
-# the packed product a frozen compiled linear runs, by the kernels of its module (eagle.decoding.compile)
+# the packed product a frozen compiled linear runs, by the kernels of its module
+# (eagle.decoding.compile: the backend's `dynamic_compile`)
 FROZEN_OPS = {"default": "torch.ops.mkl._mkl_linear", "onednn": "torch.ops.mkldnn._linear_pointwise"}
 
 
@@ -302,53 +302,107 @@ def test_a_drafters_reduced_head_follows_every_switch_of_the_targets_kernels():
         torch.testing.assert_close(got, full[:, ids], rtol=1e-5, atol=1e-5)
 
 
-def test_faster_kernels_times_no_forward_right_after_a_switch(monkeypatch):
-    """Each switch of settings is followed by one untimed forward: a switch to the fused kernels from
-    another setting installs their backbone anew, whose first forward checks every layer's weights,
-    which a switch between the two fused settings does not pay."""
-    from eagle.bench import precision
+def _on_forward(model, call):
+    """`call(kernels, tokens)` before each forward of `model`'s decoder body (what a runner
+    runs)."""
+    def hook(module, args, kwargs):
+        call(kernels_of(module), kwargs["input_ids"].shape[-1])
 
+    model.model.register_forward_pre_hook(hook, with_kwargs=True)
+
+
+def _fake_clock(model, cost):
+    """A clock that each forward of `model` advances by `cost(kernels, tokens)` ms: the forward's
+    kernels and the tokens it carries."""
+    now = [0.0]
+    _on_forward(model, lambda kernels, n: now.__setitem__(0, now[0] + cost(kernels, n) / 1000))
+    return lambda: now[0]
+
+
+def test_pick_kernels_lets_the_step_decide_and_the_tree_break_a_tie():
+    """The choice follows the step, which vanilla decoding pays every token: a setting whose
+    tree verification is faster but whose step is slower loses (kernels=auto once chose such a
+    setting, and plain decoding ran slower on it). Steps within the margin tie, and the tree's
+    verification decides, a near-tie of that keeping the plainer setting."""
+    # an AMD EPYC's probe: fused steps faster, fused_prefetch verifies trees faster
+    epyc = {"default": {1: 69.0, 26: 80.0}, "onednn": {1: 55.0, 26: 60.0},
+            "fused": {1: 15.6, 26: 59.4}, "fused_prefetch": {1: 17.9, 26: 45.7}}
+    assert pick_kernels(epyc) == ("fused", "the fastest step")
+    # steps within 5%: the faster tree verification
+    xeon = {"fused": {1: 26.1, 26: 59.4}, "fused_prefetch": {1: 26.3, 26: 45.7}}
+    best, why = pick_kernels(xeon)
+    assert best == "fused_prefetch"
+    assert "steps within 5% of the fastest: fused, fused_prefetch" in why
+    # both within 5%: the plainer (earlier) setting
+    near = {"fused": {1: 26.1, 26: 46.0}, "fused_prefetch": {1: 26.3, 26: 45.7}}
+    assert pick_kernels(near)[0] == "fused"
+    assert pick_kernels({"default": {1: 10.0}, "onednn": {1: 9.7}}) == (
+        "default", "steps within 5% of the fastest: default, onednn; the plainest")
+    assert pick_kernels({"default": {1: 10.0}, "onednn": {1: 9.7}}, margin=0.0)[0] == "onednn"
+    with pytest.raises(ValueError, match="1-token step"):
+        pick_kernels({"default": {26: 1.0}})
+
+
+def test_faster_kernels_times_each_setting_alike_and_leaves_the_model_on_the_choice():
+    """Every setting is timed the same way, in turns: switched on, one untimed step and one
+    untimed tree (what a switch leaves to do), then the timed rounds, each read by the clock
+    and verified through the engine's runner; the medians go to `pick_kernels`, the model is
+    left on its choice with the others' packed weights freed, and the figures are said."""
     model = make_tiny_model("llama")
-    events, now = [], [0.0]
-
-    def clock():
-        events.append("clock")
-        now[0] += 1e-3
-        return now[0]
-
-    real = precision.target_forward
-    monkeypatch.setattr(precision, "target_forward",
-                        lambda m, *a, **k: events.append(kernels_of(m)) or real(m, *a, **k))
-    faster_kernels(model, widths=(1, 4), prefix=8, reps=2, warmup=1, clock=clock)
     settings = available_kernels("cpu")
-    turns = 3 * len(settings)  # (warmup + reps) turns of every setting
-    forwards = [e for e in events if e != "clock"][1:]  # after the prefix's
-    runs = [forwards[i:i + 3] for i in range(0, len(forwards), 3)]  # per turn: 1 untimed + 2 timed widths
-    assert len(forwards) == 3 * turns and [r[0] for r in runs] == list(settings) * 3
-    assert all(len(set(r)) == 1 for r in runs), "each turn's forwards on its own setting"
-    assert events.count("clock") == 2 * 2 * turns, "only the two widths' forwards of a turn are timed"
+    costs = {"default": (4.0, 9.0), "onednn": (2.0, 8.0), "fused": (1.0, 7.0),
+             "fused_prefetch": (1.5, 3.0)}  # (step, tree) ms: the tree is faster on prefetch
+
+    events = []
+    _on_forward(model, lambda kernels, n: events.append((kernels, n)))
+    clock = _fake_clock(model, lambda k, n: costs[k][0 if n == 1 else 1])
+    choice = faster_kernels(model, kernels=settings, prefix=8, rounds=2, turns=2, clock=clock)
+    best = min(settings, key=lambda k: costs[k][0])
+    assert choice.kernels == best == kernels_of(model) and choice.why == "the fastest step"
+    assert choice.ms == {k: {1: pytest.approx(costs[k][0]), 26: pytest.approx(costs[k][1])}
+                         for k in settings}
+    assert choice.rounds == 4
+    rounds = [e for e in events if e[1] != 8]  # the prefills carry the prompt's 8 tokens
+    turn = [(k, n) for k in settings for n in (1, 26) + (1, 1) + (26, 26)]
+    assert rounds == turn * 2, "each turn: every setting in order, 2 untimed and 4 timed rounds"
+    packed = [hasattr(m, "_packed") for m in model.modules() if isinstance(m, nn.Linear)]
+    assert all(packed) if best == "onednn" else not any(packed), "the others' packing is freed"
+    said = choice.describe()
+    assert said.startswith(f"{best}, the fastest step (median of 4 rounds each, measured here: ")
+    for k in settings:
+        assert f"{k} a step {costs[k][0]:.2f} ms, 26 tokens {costs[k][1]:.2f} ms" in said
 
 
-def test_faster_kernels_leaves_the_model_on_the_faster():
+def test_auto_says_each_settings_figures_and_its_choice(monkeypatch, capsys):
+    """kernels=auto prints what it measured for every setting and what it chose, and why."""
+    from eagle.bench import builder
+
+    ms = {"default": {1: 3.0, 26: 5.0}, "fused": {1: 1.0, 26: 4.0}}
+    choice = KernelChoice(kernels="fused", ms=ms, why="the fastest step", rounds=9)
+    monkeypatch.setattr(builder, "faster_kernels", lambda model, kernels: choice)
+    assert builder.choose_kernels(make_tiny_model("llama"), "auto", "cpu", "float32") is choice
+    err = capsys.readouterr().err
+    assert ("[kernels] float32: fused, the fastest step (median of 9 rounds each, measured here: "
+            "default a step 3.00 ms, 26 tokens 5.00 ms; "
+            "fused a step 1.00 ms, 26 tokens 4.00 ms)") in err
+
+
+def test_a_switched_model_carries_its_backend_and_the_runner_reads_it():
+    """Each setting's backend object marks the linears it switched; the runtime reads it from
+    the model (`backend_of`), a runner as each decoding call begins; default leaves no mark."""
     model = make_tiny_model("llama")
-    for fast in ("onednn", "default"):
-        def clock(fast=fast, now=[0.0]):  # noqa: B006 - the fake time: each forward costs 1 ms with the
-            now[0] += 1e-3 if kernels_of(model) == fast else 3e-3  # fast kernels, 3 ms with the others
-            return now[0]
-
-        choice = faster_kernels(model, widths=(1, 4), prefix=8, reps=2, warmup=1, clock=clock)
-        assert choice.kernels == fast and kernels_of(model) == fast
-        packed = [hasattr(m, "_packed") for m in model.modules() if isinstance(m, nn.Linear)]
-        assert all(packed) if fast == "onednn" else not any(packed), "the loser's packed weights are freed"
-        assert choice.ms[fast][4] == pytest.approx(1.0) and "measured here" in choice.describe()
-
-    def near_tie(now=[0.0]):  # noqa: B006 - onednn 3% faster than default: within the margin
-        now[0] += 0.97e-3 if kernels_of(model) == "onednn" else 1e-3
-        return now[0]
-
-    choice = faster_kernels(model, widths=(1, 4), prefix=8, reps=2, warmup=1, clock=near_tie)
-    assert choice.kernels == "default" == kernels_of(model)  # the plainer setting keeps a near-tie
-    assert faster_kernels(model, widths=(1,), prefix=8, reps=2, warmup=1, clock=near_tie, margin=0.0).kernels == "onednn"
+    runner = make_runner("dynamic", model)
+    assert backend_of(model) is PLAIN is runner.backend and kernels_of(model) == "default"
+    for setting in available_kernels("cpu")[1:]:
+        use_kernels(model, setting)
+        assert backend_of(model) is BACKENDS[setting] and kernels_of(model) == setting
+        assert backend_of(model.lm_head).name == setting
+        assert backend_of(model).dynamic_compile == (setting == "onednn")
+        with runner.decoding():
+            assert runner.backend is BACKENDS[setting]
+    use_kernels(model, "default")
+    assert backend_of(model) is PLAIN
+    assert not any(MARK in m.__dict__ for m in model.modules()), "default leaves no mark"
 
 
 def _eagle(target, runner, vocab=False):

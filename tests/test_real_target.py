@@ -15,7 +15,7 @@ import torch
 
 from data_gen.conversations import iter_sharegpt, shipped_sharegpt
 from eagle.decoding import make_runner
-from eagle.decoding.kernels import available_kernels, use_kernels
+from eagle.kernels import available_kernels, use_kernels
 from eagle.models.drafter import EagleDrafter
 from eagle.models.packaged import SIDECAR, SMOLLM2, convert_gguf
 from eagle.proposers import DraftLM, PromptLookupProposer, TemplateProposer, eagle_proposer

@@ -529,7 +529,7 @@ def _compare_texts(results: dict[str, MethodResult], outputs: dict[str, list[lis
 
 def markdown_table(report: dict) -> str:
     kernels = report.get("machine", {}).get("kernels") or {}
-    lines = [("Linear kernels (eagle/decoding/kernels.py): " + ", ".join(
+    lines = [("Linear kernels (eagle/kernels): " + ", ".join(
         f"{dtype} {k if isinstance(k, str) else k['kernels'] + ' (measured faster)'}" for dtype, k in kernels.items())
         + "\n")] if kernels else []
     for run in report["runs"]:

@@ -29,7 +29,7 @@ from eagle.bench.methods import (
     method_settings,
 )
 from eagle.bench.precision import DtypeChoice, KernelChoice, faster_dtype, faster_kernels
-from eagle.decoding.kernels import (
+from eagle.kernels import (
     PACKED_DTYPES,
     available_kernels,
     check_kernels,
@@ -64,7 +64,7 @@ class Methods:
     """Builds methods from their sections' settings; targets and draft LMs are loaded once per
     dtype. `sections`: names of `eagle.bench.methods.SECTIONS`, each a plain mapping of its
     settings (a section or setting left out takes its settings class's default). `target` is the
-    target's folder; `kernels` the linears' setting (a name of `eagle.decoding.kernels.KERNELS`,
+    target's folder; `kernels` the linears' setting (a name of `eagle.kernels.KERNELS`,
     or auto: timed); `runner`, `static_max_len` and `compile_mode` the engine methods' runner
     without a `:RUNNER` suffix, its cache slots and its torch.compile mode (None: eager).
     `tree_dir` holds the named trees (the repository's configs/tree): a tree name is looked up

@@ -7,7 +7,7 @@ tree of n tokens should cost about one step. This module measures both sides on 
 
   bandwidth      `read_bandwidth`: the best of a few streaming reads (a sum) of a buffer several
                  times larger than any cache, with the threads the decoding uses, in 2 MB pages
-                 where the fused kernels' weights are (`eagle.decoding.fused`: a read of 4 KB
+                 where the fused kernels' weights are (`eagle.kernels.fused`: a read of 4 KB
                  pages is ~5% slower, and the floor is the fastest read of the memory);
   floor          the target's weight bytes / that bandwidth (`weight_bytes`);
   roof           a forward of n tokens also does n x 2 x (linear weights) FLOP (`linear_flops`), at
@@ -33,7 +33,7 @@ tree of n tokens should cost about one step. This module measures both sides on 
                  its weights from memory, as the floor assumes.
 
 `decode.py mode=floor` runs it and writes floor.json and floor.md (and the same figures for each
-linear-kernel setting it is asked to compare: `eagle.decoding.kernels`).
+linear-kernel setting it is asked to compare: `eagle.kernels`).
 """
 
 from __future__ import annotations
@@ -49,16 +49,10 @@ import torch
 from torch import nn
 
 from eagle.bench.precision import KernelChoice
-from eagle.decoding import fused
-from eagle.decoding.kernels import (
-    KERNELS,
-    PackedLinear,
-    available_kernels,
-    check_kernels,
-    kernels_of,
-    use_kernels,
-)
+from eagle.decoding.backend import kernels_of
 from eagle.decoding.runners import TargetRunner, make_runner
+from eagle.kernels import KERNELS, available_kernels, check_kernels, fused, use_kernels
+from eagle.kernels.onednn import PackedLinear
 
 FORWARD_TOKENS = (1, 2, 4, 8, 16, 26, 64)  # 26: EAGLE-1's default tree with its root
 
@@ -132,7 +126,7 @@ def peak_gflops(device: str | torch.device = "cpu", size: int = 1024, repeats: i
                 dtype: torch.dtype = torch.float32) -> float:
     """GFLOP/s of the fastest of `repeats` products of `size` rows through a `size` x `size`
     linear in `dtype`, with torch's current threads, under each linear kernel this device has
-    (`eagle.decoding.kernels`; on a 2-core AVX-512 EPYC oneDNN's reached 185 GFLOP/s where
+    (`eagle.kernels`; on a 2-core AVX-512 EPYC oneDNN's reached 185 GFLOP/s where
     `F.linear` reached 133): bound by arithmetic (2 size^3 FLOP on 3 size^2 numbers), the best
     rate the linears can reach here."""
     device = torch.device(device)
@@ -227,7 +221,7 @@ def settings_costs(target: nn.Module, settings: Mapping[str, Setting], tokens: S
 
     def forward(key: tuple) -> float:
         kept, n = runners[key], key[1]
-        with fused.weights_fixed(target):  # as the engine decodes: the fused weights' check comes before, untimed
+        with kept.decoding():  # as the engine decodes: the weights' check comes before, untimed
             sync()
             start = time.perf_counter()
             kept.verify(drafts[n], parents[n])
@@ -282,7 +276,7 @@ def floor_report(target: nn.Module, bandwidth_gb_s: float, costs: Mapping[int, F
 def step_products(model: nn.Module) -> dict[tuple[int, int], list[nn.Linear]]:
     """The products a step of `model` runs on its current kernels, by weight shape (out x in):
     each linear's own, or one per group of siblings sharing a packed product
-    (`eagle.decoding.kernels.SiblingGroup`: their stacked shape, run through any member)."""
+    (`eagle.kernels.onednn.SiblingGroup`: their stacked shape, run through any member)."""
     shapes: dict[tuple[int, int], list[nn.Linear]] = {}
     groups = set()
     for module in model.modules():
@@ -301,7 +295,7 @@ def step_products(model: nn.Module) -> dict[tuple[int, int], list[nn.Linear]]:
 def product_costs(model: nn.Module, rows: Sequence[int] = (1, 2, 8, 26), repeats: int = 3,
                   kernels: Sequence[str] | None = None) -> list[dict]:
     """Milliseconds of one product of n rows through each weight shape a step reads (out x in,
-    `step_products`), with each kernel setting (`eagle.decoding.kernels`; default: every one this
+    `step_products`), with each kernel setting (`eagle.kernels`; default: every one this
     device has): the model's own products of that shape one after another, as a step reads them
     (so mostly from memory), the best of `repeats` such passes divided by their number. The
     model is left on the kernels it had."""

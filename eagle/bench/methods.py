@@ -30,9 +30,8 @@ import torch
 from torch import nn
 
 from eagle.acceptance import TypicalAcceptance
+from eagle.decoding.backend import backend_of
 from eagle.decoding.engine import Proposer, SpeculativeDecoder, check_fits
-from eagle.decoding.fused import weights_fixed
-from eagle.decoding.kernels import kernels_of, use_kernels
 from eagle.decoding.runners import RUNNERS, make_runner
 from eagle.decoding.stats import DecodeResult, DecodeStats, RoundStats
 from eagle.hardware import auto_dtype, resolve_dtype_name
@@ -255,7 +254,8 @@ class HFMethod(Method):
                  self.target.register_forward_hook(self._after)]
         start = time.perf_counter()
         try:
-            with torch.inference_mode(), weights_fixed(self.target):  # as the engine decodes (fused kernels)
+            # the weights stay fixed for the call, as the engine decodes (the target's backend)
+            with torch.inference_mode(), backend_of(self.target).weights_fixed(self.target):
                 out = self.target.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens, eos_token_id=eos,
                                            pad_token_id=pad, **sampling, **self.generate_kwargs)
         finally:
@@ -395,7 +395,7 @@ def _eagle_proposer(ctx: MethodContext, s: EagleSettings, name: str, runner: str
         raise MethodError(f"method {name!r} needs a trained drafter (eagle.drafter=DIR) or, explicitly, "
                           "eagle.random=true")
     drafter.to(next(ctx.target.parameters()).dtype)
-    use_kernels(drafter, kernels_of(ctx.target))  # the drafter's own linears run the target's kernels
+    backend_of(ctx.target).adopt(drafter)  # the drafter's own linears run the target's kernels
     if s.draft_vocab is not None:
         drafter.restrict_vocab(_draft_vocab(s, name, drafter.config.vocab_size))
     compile_mode = ctx.compile_mode if runner == "static" else None
@@ -433,7 +433,7 @@ def _medusa(ctx: MethodContext, info, s: MedusaSettings, name, runner) -> Method
     else:
         raise MethodError(f"method {name!r} needs trained Medusa heads (medusa.heads=DIR) or, explicitly, "
                           f"medusa.random=true")
-    use_kernels(heads, kernels_of(ctx.target))
+    backend_of(ctx.target).adopt(heads)
     typical = TypicalAcceptance(s.typical_eps, s.typical_delta) if info.lossy else None
     return EngineMethod(name, info, ctx, runner, medusa_proposer(heads, template, proposal=s.proposal),
                         tuple(template.parents), typical=typical)

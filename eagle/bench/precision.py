@@ -17,11 +17,17 @@ is kept unless bf16 is faster by a margin (5%): a bf16 verification rounds near-
 differently, so its greedy texts are not float32 vanilla's, and a near-tie in the timing (one
 measured 50.5 against 51.9 ms, LOG.md) would otherwise flip the choice from run to run.
 
-The same holds for the kernels of the linears (`eagle.decoding.kernels`): oneDNN's packed
-products took SmolLM2's float32 step from ~69 to ~55 ms on an AVX512 AMD EPYC, where MKL's
-few-row products run far below the memory's speed, but another CPU's MKL may be the faster one.
-`faster_kernels` times a 1-token step and a tree's verification with each kernel setting on the
-target itself (switched in place) and leaves it on the faster.
+The same holds for the kernels of the linears (`eagle.kernels`): oneDNN's packed products
+or our fused kernels beat `F.linear` by far on some CPUs, and the fused kernels' software
+prefetch helps on some CPUs and slows others (measured: docs/performance.md). `faster_kernels`
+times, with each kernel setting in turn on the target itself (switched in place), what a
+decoding round costs the target: its runner's verification and commit, in the runner's decoding
+scope, of one token (a plain step) and of a tree (the root and 25 draft nodes, EAGLE-1's
+width). A setting runs every method alike, vanilla decoding included, and vanilla's step is the
+baseline of every speedup: so the step decides (`pick_kernels`), and the tree's verification
+only breaks a tie between steps within the margin. A setting that verified trees faster but
+stepped slower once won on the sum of the two and made plain decoding slower, moving every
+speedup of the table.
 """
 
 from __future__ import annotations
@@ -34,9 +40,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from eagle.decoding.kernels import KERNELS, use_kernels
 from eagle.decoding.kv_cache import crop, new_cache
+from eagle.decoding.runners import DynamicRunner
+from eagle.kernels import KERNELS, use_kernels
 from eagle.target import target_forward
+from eagle.tree import TreeTemplate
 
 
 @dataclass(frozen=True)
@@ -116,50 +124,110 @@ def preferred(ms: Mapping[str, float], prefer: str | None = "float32", margin: f
     return fastest
 
 
+# the tree a round verifies while the kernels are timed: the root and 25 draft nodes, the width
+# of EAGLE-1's default tree (its shape changes only the mask)
+PROBE_TREE = tuple(TreeTemplate.static_expansion((5, 4)).parents)
+
+
 @dataclass(frozen=True)
 class KernelChoice:
-    kernels: str  # the faster setting (eagle.decoding.kernels.KERNELS)
-    ms: dict[str, dict[int, float]]  # kernels -> tokens per forward -> median ms
+    kernels: str  # the setting chosen (eagle.kernels.KERNELS)
+    ms: dict[str, dict[int, float]]  # setting -> tokens a round verifies -> median ms of a round
+    why: str = ""  # which figure decided (`pick_kernels`)
+    rounds: int = 0  # timed rounds behind each median
 
     def describe(self) -> str:
-        times = "; ".join(f"{name} " + ", ".join(f"{n} tokens {ms:.1f} ms" for n, ms in by_width.items())
-                          for name, by_width in self.ms.items())
-        return f"{self.kernels} (measured here: {times})"
+        times = "; ".join(f"{name} " + ", ".join(f"{_tokens(n)} {ms:.2f} ms"
+                                                 for n, ms in by.items())
+                          for name, by in self.ms.items())
+        count = f"median of {self.rounds} rounds each, " if self.rounds else ""
+        return f"{self.kernels}, {self.why} ({count}measured here: {times})"
+
+
+def _tokens(n: int) -> str:
+    return "a step" if n == 1 else f"{n} tokens"
+
+
+def pick_kernels(ms: Mapping[str, Mapping[int, float]], margin: float = 0.05) -> tuple[str, str]:
+    """The setting to decode with, and why, from each setting's median ms of a round by tokens
+    it verifies (1: a plain step; more: a tree), the settings in order plainest first.
+
+    The fastest step wins. Settings whose steps are within `margin` of the fastest tie, and
+    their tree verifications decide: the fastest, unless a plainer one is within `margin` of
+    it (the settings round differently, so a near-tie keeps the plainer instead of flipping
+    with the machine's drift). Without a tree's figures, a tie keeps the plainest."""
+    if not ms or any(1 not in by for by in ms.values()):
+        raise ValueError(f"pick_kernels needs each setting's 1-token step, got {dict(ms)}")
+    steps = {name: by[1] for name, by in ms.items()}
+    fastest = min(steps.values())
+    tied = [name for name, step in steps.items() if step <= fastest * (1 + margin)]
+    if len(tied) == 1:
+        return tied[0], "the fastest step"
+    tie = f"steps within {margin:.0%} of the fastest: {', '.join(tied)}"
+    trees = {name: [v for n, v in ms[name].items() if n != 1] for name in tied}
+    if not all(trees.values()):
+        return tied[0], f"{tie}; the plainest"
+    cost = {name: sum(v) for name, v in trees.items()}
+    quickest = min(cost.values())
+    best = next(name for name in tied if cost[name] <= quickest * (1 + margin))
+    if cost[best] == quickest:
+        return best, f"{tie}; the fastest tree verification"
+    return best, f"{tie}; the plainest tree verification within {margin:.0%} of the fastest"
 
 
 @torch.inference_mode()
-def faster_kernels(model: nn.Module, widths: tuple[int, ...] = (1, 26), prefix: int = 128, reps: int = 5,
-                   warmup: int = 2, seed: int = 0, kernels: tuple[str, ...] = KERNELS,
-                   clock: Callable[[], float] = time.perf_counter, margin: float = 0.05) -> KernelChoice:
-    """Time forwards of each of `widths` new tokens after `prefix` cached ones with each kernel
-    setting on `model` (a 1-token step and a tree's verification, by default), and leave `model`
-    on the setting whose medians sum to the least, unless one earlier in `kernels` (the plainer:
-    `default`, then `onednn`, then `fused`, then `fused_prefetch`) is within `margin` of it: a
-    near-tie in 5 repeats would flip from run to run, and the settings round differently. The
-    settings take turns by repeat, as the dtypes do in `faster_dtype`, each switch followed by one
-    untimed forward (a switch to the fused kernels from another setting installs their backbone
-    anew, whose first forward checks every layer's weights: ~1 ms that a switch between the two
-    fused settings does not pay)."""
-    if not kernels or any(w < 1 for w in widths) or prefix < 1:
-        raise ValueError(f"faster_kernels needs kernels, widths >= 1 and prefix >= 1, got {kernels}, {widths}, {prefix}")
+def faster_kernels(model: nn.Module, kernels: tuple[str, ...] = KERNELS,
+                   tree: tuple[int, ...] = PROBE_TREE, prefix: int = 128, rounds: int = 3,
+                   turns: int = 3, seed: int = 0, margin: float = 0.05,
+                   clock: Callable[[], float] = time.perf_counter) -> KernelChoice:
+    """Time decoding rounds of `model` with each of `kernels` and leave it on the one
+    `pick_kernels` chooses; `tree`: the parents of the tree a round verifies.
+
+    Each setting decodes through its own `DynamicRunner` (the engine's default), after a
+    prompt of `prefix` random tokens, inside the runner's decoding scope, as the engine
+    decodes. A round is the runner's verification of the root (a step) or of the root and
+    `tree`, and the commit of the root: what a round costs the target, read by `clock`
+    (seconds; tests pass a fake one) around the two. The settings take turns, `turns` times,
+    so that load on a shared machine falls on all alike; in each turn a setting is switched
+    on (`use_kernels`; the packed weights stay between turns: packing is not timed), runs one
+    untimed step and one untimed tree (what a switch leaves to do: a fused backbone installed
+    anew checks every layer's weights at its first forward; and each shape's first call), then
+    `rounds` timed steps and `rounds` timed trees. Each figure is the median of its
+    turns x rounds."""
+    if not kernels or rounds < 1 or turns < 1 or prefix < 1:
+        raise ValueError(f"faster_kernels needs kernels, rounds, turns and prefix >= 1, got "
+                         f"{kernels}, {rounds}, {turns}, {prefix}")
     device = next(model.parameters()).device
     g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, int(model.config.vocab_size), (1, prefix + max(widths)), generator=g).to(device)
-    cache = new_cache(prefix + max(widths))
-    target_forward(model, ids[:, :prefix], cache, logits_slice=slice(-1, None))
-    times: dict[str, dict[int, list[float]]] = {k: {w: [] for w in widths} for k in kernels}
-    for rep in range(warmup + reps):
+    vocab = int(model.config.vocab_size)
+    prompt = torch.randint(0, vocab, (1, prefix), generator=g).to(device)
+    width = len(tree)
+    drafts = torch.randint(0, vocab, (1, width), generator=g).to(device)  # the root and the tree
+    max_len = prefix + turns * 2 * (rounds + 1) + width + 1
+    runners: dict[str, DynamicRunner] = {}
+    times: dict[str, dict[int, list[float]]] = {k: {1: [], width: []} for k in kernels}
+
+    def round_ms(runner: DynamicRunner, n: int) -> float:
+        t0 = clock()
+        runner.verify(drafts[:, :n], [tree[:n]])
+        runner.commit([[0]])  # the root: each round commits one token, as a step does
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return 1000 * (clock() - t0)
+
+    for _ in range(turns):
         for name in kernels:
-            use_kernels(model, name, release=False)  # packed weights stay between turns: packing is not timed
-            target_forward(model, ids[:, prefix:prefix + 1], cache)  # untimed: what a switch leaves to do
-            crop(cache, prefix)
-            for width in widths:
-                ms = _forward_ms(model, ids[:, prefix:prefix + width], cache, prefix, clock)
-                if rep >= warmup:
-                    times[name][width].append(ms)
-    ms = {name: {w: statistics.median(t) for w, t in by_width.items()} for name, by_width in times.items()}
-    total = {name: sum(by_width.values()) for name, by_width in ms.items()}
-    fastest = min(total.values())
-    best = next(name for name in kernels if total[name] <= fastest * (1 + margin))
-    use_kernels(model, best)  # on default, the packed weights are freed
-    return KernelChoice(kernels=best, ms=ms)
+            use_kernels(model, name, release=False)
+            if name not in runners:
+                runners[name] = DynamicRunner(model)
+                runners[name].prefill(prompt, max_len)
+            runner = runners[name]
+            with runner.decoding():
+                for n in (1, width):
+                    round_ms(runner, n)  # untimed: what the switch left to do, the shape's first
+                for n in (1, width):
+                    times[name][n] += [round_ms(runner, n) for _ in range(rounds)]
+    ms = {name: {n: statistics.median(t) for n, t in by.items()} for name, by in times.items()}
+    best, why = pick_kernels(ms, margin)
+    use_kernels(model, best)  # the others' packed weights are freed
+    return KernelChoice(kernels=best, ms=ms, why=why, rounds=turns * rounds)

@@ -1,6 +1,7 @@
 """The decoding runtime: one speculative loop for every method (`engine`), the target runners
 that keep its KV (`runners`: growing or static), the draft models' caches (`draft_cache`),
-attention masks (`masks`), per-round statistics (`stats`) and compilation (`compile`).
+attention masks (`masks`), per-round statistics (`stats`), compilation (`compile`), and the
+interface to an optional kernel backend (`backend`; the kernels live in `eagle.kernels`).
 
 Imports only the vocabulary at the top of `eagle` (sampling, acceptance, tree, target).
 """

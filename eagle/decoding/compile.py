@@ -7,7 +7,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from eagle.decoding.kernels import kernels_of
+from eagle.decoding.backend import backend_of
 
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # torch.compile modes that capture CUDA graphs
 
@@ -21,12 +21,12 @@ def compile_static(fn: Callable, mode: str | None, module: nn.Module | None = No
     On a CPU the weights are frozen (Inductor's `freezing`): the passes only decode, and frozen
     float32 linears run as products on weights packed once. Which packed product Inductor picks
     depends on the row count: MKL's where it is fixed, oneDNN's where it is symbolic. MKL's
-    few-row products are fast on some CPUs and 3-4x slower than oneDNN's from 2 rows on others
-    (LOG.md, 2026-12-02 and 2026-12-03), which is what `eagle.decoding.kernels` chooses by
-    measurement: when `module`'s linears run on oneDNN (`kernels_of`), `fn` is compiled with
-    dynamic shapes so that its frozen linears do too (one graph serves every row count above 1;
-    a single row stays its own graph, where MKL's product is as fast). Otherwise every new shape
-    compiles a new graph, never a dynamic one.
+    few-row products are fast on some CPUs and several times slower than oneDNN's from 2 rows on
+    others, which is what the kernel backends choose by measurement (`eagle.kernels`). A module
+    whose backend asks for it (`backend_of(module).dynamic_compile`: the oneDNN backend) is
+    compiled with dynamic shapes, so that its frozen linears run on oneDNN too (one graph serves
+    every row count above 1; a single row stays its own graph, where MKL's product is as fast).
+    Otherwise every new shape compiles a new graph, never a dynamic one.
 
     Dynamo decides whether parameters are frozen constants from Inductor's global `freezing` flag
     when it traces (torch 2.13 ignores a `freezing` compile option there), so every call runs with
@@ -46,7 +46,7 @@ def compile_static(fn: Callable, mode: str | None, module: nn.Module | None = No
     from torch._inductor import list_mode_options
 
     on_cpu = module is not None and next(module.parameters()).device.type == "cpu"
-    dynamic = on_cpu and kernels_of(module) == "onednn"
+    dynamic = on_cpu and backend_of(module).dynamic_compile
     compiled = torch.compile(fn, dynamic=dynamic, options=list_mode_options(mode) or None)
     if on_cpu:
         def frozen(*args):

@@ -40,7 +40,6 @@ from eagle.acceptance import (
     verify_tree_stochastic,
     verify_tree_typical,
 )
-from eagle.decoding.fused import weights_fixed
 from eagle.decoding.runners import ContextOverflowError, DynamicRunner, TargetRunner
 from eagle.decoding.stats import DecodeResult, DecodeStats, RoundStats
 from eagle.sampling import RowProbs, SamplingPolicy, argmax, check_generator
@@ -222,7 +221,7 @@ class SpeculativeDecoder:
             one `DecodeResult` per prompt, in order; a sequence that finishes (EOS, its
             max_new_tokens) leaves the batch, so its time is the time it took until then.
         """
-        with weights_fixed(self.target):  # fused kernels: the weights are checked for changes once a call
+        with self.runner.decoding():  # the weights stay fixed for the call (the runner's backend)
             return self._generate_batch(prompts, max_new_tokens, generator, on_commit)
 
     def _generate_batch(self, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int],

@@ -20,7 +20,7 @@ import functools
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
-from eagle.decoding import fused
+from eagle.decoding.backend import PLAIN, KernelBackend
 
 MIN_CAPACITY = 256  # entries a layer's first buffer holds; then it doubles
 
@@ -79,7 +79,7 @@ class GrowingCache(DynamicCache):
 
     def reserve(self, n: int) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor, int] | None:
         """For a forward that writes the cache itself instead of calling `update` once per layer (the
-        fused kernels' loop over the layers, `eagle.decoding.fused`), which then calls `commit(n)`:
+        fused kernels' loop over the layers, `eagle.kernels.fused`), which then calls `commit(n)`:
         every layer's key and value buffers (B, H_kv, capacity, D), the slots (n,) its n new entries
         go to, and how many slots attention then reads. None, with nothing changed, where a layer is
         not ready for that: not created or initialised yet, not a view of its buffer (a method of the
@@ -119,28 +119,21 @@ def cache_length(cache) -> int:
     return 0 if cache is None else int(cache.get_seq_length())
 
 
-def keep_path(cache, prefix_len: int, path: list[int]) -> None:
+def keep_path(cache, prefix_len: int, path: list[int], backend: KernelBackend = PLAIN) -> None:
     """Keep the KV of tree nodes `path` (indices into the tree appended after `prefix_len`).
 
     Args:
         cache: a cache holding prefix_len + n tree entries per layer.
         prefix_len: committed length before the tree.
         path: increasing node indices to keep (the accepted root-to-node path).
+        backend: the target's kernel backend, which moves the entries
+            (`eagle.decoding.backend`; a fused one moves every layer's in one call).
     """
     n_keep = len(path)
-    contiguous = path == list(range(n_keep))
-    if not contiguous:  # a chain's accepted prefix is already in place: only crop
-        tensors = [t for layer in cache.layers for t in (layer.keys, layer.values)]  # (B, H_kv, T, D)
-        if fused.loaded() and all(t.device.type == "cpu" and t.stride(-1) == 1 for t in tensors):
-            # in a process on the fused kernels: every layer's move in one call (~0.3 ms a round on SmolLM2)
-            fused.load().move_slots(tensors, [prefix_len + i for i in path], prefix_len)
-        else:
-            src = torch.as_tensor(path, dtype=torch.long) + prefix_len
-            for layer in cache.layers:
-                device = layer.keys.device
-                # gather first (a copy), then write back in place
-                layer.keys[:, :, prefix_len:prefix_len + n_keep] = layer.keys[:, :, src.to(device)]
-                layer.values[:, :, prefix_len:prefix_len + n_keep] = layer.values[:, :, src.to(device)]
+    if path != list(range(n_keep)):  # a chain's accepted prefix is in place already: only crop
+        # every layer's keys and values, (B, H_kv, T, D) each
+        tensors = [t for layer in cache.layers for t in (layer.keys, layer.values)]
+        backend.move_slots(tensors, [prefix_len + i for i in path], prefix_len)
     crop(cache, prefix_len + n_keep)
 
 

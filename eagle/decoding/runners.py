@@ -23,11 +23,13 @@ Both runners give the same tokens: the tests run every exactness test on both.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import torch
 from torch import Tensor, nn
 
+from eagle.decoding.backend import KernelBackend, backend_of
 from eagle.decoding.compile import compile_static
 from eagle.decoding.kv_cache import (
     cache_length,
@@ -52,16 +54,30 @@ class ContextOverflowError(ValueError):
 
 class TargetRunner:
     """Runs the target for the decoding loop over a batch of B sequences (rows; B = 1 when
-    decoding one). `lengths` = tokens in each row's committed cache."""
+    decoding one). `lengths` = tokens in each row's committed cache.
+
+    `backend` is the kernel backend the target runs on (`eagle.decoding.backend`: plain PyTorch
+    unless an optional backend switched the target), read from the target when the runner is
+    made and again as each decoding call begins (`decoding`)."""
 
     lengths: list[int]
     tree_size: int = 0  # draft nodes every verification is padded to (0: any size, unpadded)
+    backend: KernelBackend
 
     def __init__(self, target: nn.Module):
         check_attention_only(target)
         self.target = target
         self.device = next(target.parameters()).device
         self.lengths = []
+        self.backend = backend_of(target)
+
+    @contextmanager
+    def decoding(self) -> Iterator[None]:
+        """The scope of one decoding call (the engine's): the target's backend is read anew (a
+        switch of kernels since is seen) and told that the weights stay fixed inside."""
+        self.backend = backend_of(self.target)
+        with self.backend.weights_fixed(self.target):
+            yield
 
     @property
     def length(self) -> int:
@@ -168,7 +184,7 @@ class DynamicRunner(TargetRunner):
     def commit(self, paths: Sequence[Sequence[int]]) -> None:
         paths = [list(p) for p in paths]
         if len(paths) == 1 and self.lengths[0] == self._prefix:
-            keep_path(self.cache, self._prefix, paths[0])
+            keep_path(self.cache, self._prefix, paths[0], self.backend)
         else:
             keep_paths(self.cache, self._prefix, self.lengths, paths)
         self.lengths = [c + len(p) for c, p in zip(self.lengths, paths)]

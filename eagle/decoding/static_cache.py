@@ -112,7 +112,7 @@ class StaticKVCache:
 
     def reserve(self, n: int) -> tuple[list[Tensor], list[Tensor], Tensor, int] | None:
         """For a forward that writes the cache itself instead of calling `update` once per layer (the
-        fused kernels' loop over the layers, `eagle.decoding.fused`), which then calls `commit(n)`:
+        fused kernels' loop over the layers, `eagle.kernels.fused`), which then calls `commit(n)`:
         every layer's buffers, the slots `prepare` aimed the n new tokens at, and how many slots
         attention reads (all of them, under the mask). None where a layer is not allocated yet (its
         first `update` does it) or `prepare` aimed another number of tokens."""

@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from eagle.decoding.kernels import kernels_of, restricted_linear
+from eagle.decoding.backend import backend_of, kernels_of
 from eagle.decoding.masks import causal_mask
 from eagle.target import LogitTransform, TargetIdentity, check_shape, embeddings, lm_head
 
@@ -187,6 +187,20 @@ def _rope_of(config) -> dict:
 def _first(config, names: tuple[str, ...], default):
     """The first of `names` that `config` sets (not None), else `default`."""
     return next((getattr(config, n) for n in names if getattr(config, n, None) is not None), default)
+
+
+def restricted_linear(head: nn.Module, ids: Tensor) -> nn.Linear:
+    """A linear of `head`'s rows `ids` only (K, H), on the kernels `head` runs
+    (`eagle.decoding.backend`): a drafter's head over a reduced drafting vocabulary."""
+    bias = getattr(head, "bias", None)
+    w = head.weight
+    rows = nn.Linear(w.shape[1], ids.numel(), bias=bias is not None, device=w.device, dtype=w.dtype)
+    with torch.no_grad():
+        rows.weight.copy_(w[ids])
+        if bias is not None:
+            rows.bias.copy_(bias[ids])
+    rows.requires_grad_(False)
+    return backend_of(head).adopt(rows)
 
 
 class EagleDrafter(nn.Module):
@@ -344,7 +358,7 @@ class EagleDrafter(nn.Module):
             raise ValueError("a draft vocabulary must not repeat a token")
         head = self.lm_head
         ids = ids.to(head.weight.device, torch.long)
-        self._draft_head = (ids, restricted_linear(head, ids))  # runs the head's kernels (eagle.decoding.kernels)
+        self._draft_head = (ids, restricted_linear(head, ids))  # runs the head's kernels
 
     @property
     def draft_vocab(self) -> Tensor | None:

@@ -1,4 +1,4 @@
-// Fused float32 CPU kernels for a decoding pass of a few rows (eagle/decoding/fused.py says why).
+// Fused float32 CPU kernels for a decoding pass of a few rows (eagle/kernels/fused.py says why).
 //
 // Every output is computed the same way whatever the number of rows beside it: a linear's output
 // y[i, j] is one FMA chain over k = 0..in-1 in one SIMD lane, a row's attention reads its keys in
@@ -50,7 +50,7 @@ static inline float vsum(vec v) {  // _mm512_reduce_add_ps's tree, spelled out (
 }
 // The horizontal sums of VW vectors at once: lane c of the result is the sum of a[KEY_SLOT[c]]'s
 // lanes by vsum's tree (lanes i + 8, then i + 4, i + 2, i + 1 added), so the same float as its vsum
-// (an addition of two floats is the same in either order; checked on 3.2M random sums, LOG.md).
+// (an addition of two floats is the same in either order; checked on millions of random sums).
 // Each level adds the halves of two vectors side by side.
 constexpr int KEY_SLOT[16] = {0, 2, 1, 3, 8, 10, 9, 11, 4, 6, 5, 7, 12, 14, 13, 15};  // its own inverse
 static inline vec vsum_lanes(const vec* a) {
@@ -153,7 +153,7 @@ int64_t panel_width() { return PW; }
 // would share 4-vector panels unevenly and 2-vector ones less so (576 outputs are 9 panels of 64,
 // which 2 threads share 5 to 4: the thread reading 5/9 of the weight sets the time; 18 of 32
 // share 9 to 9). A panel is never split between threads: two threads reading parts of one panel's
-// lines made the 576-output products 25% slower (the prefetchers fetch the whole panel for each).
+// lines made the 576-output products slower (the prefetchers fetch the whole panel for each).
 static int64_t panel_vectors(int64_t out) {
   const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
   auto busiest = [&](int64_t c) {  // outputs of the most loaded thread
@@ -166,10 +166,10 @@ static int64_t panel_vectors(int64_t out) {
 // A zero-filled float32 tensor in memory that Linux backs with 2 MB pages where it can (transparent
 // huge pages, asked for with madvise: the "madvise" mode most kernels default to gives them to no
 // one else). A stream of a 4 KB-paged weight crosses a page every 64 cache lines, with a TLB miss
-// and the prefetchers stopped at each: products of SmolLM2's packed weights ran 6% faster on 2 MB
-// pages, a streaming read 5% faster (LOG.md). The mapping starts on a 2 MB boundary and ends at the
-// tensor's last 4 KB page, so a last part smaller than 2 MB stays in 4 KB pages: no memory is
-// wasted. Elsewhere (or if the mapping fails) an ordinary tensor.
+// and the prefetchers stopped at each: products of packed weights and a streaming read both ran
+// faster on 2 MB pages. The mapping starts on a 2 MB boundary and ends at the tensor's last 4 KB
+// page, so a last part smaller than 2 MB stays in 4 KB pages: no memory is wasted. Elsewhere (or
+// if the mapping fails) an ordinary tensor.
 torch::Tensor huge_zeros(at::IntArrayRef sizes) {
   const auto options = torch::TensorOptions().dtype(torch::kFloat32);
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
@@ -207,11 +207,11 @@ torch::Tensor pack(torch::Tensor w) {
 }
 
 // How far ahead (in k-steps of a panel) a product of one block of rows with software prefetch asks
-// for its weights. On a 2-core Intel Xeon (AMX) the hardware prefetchers alone left a product of a
-// few rows paying for its arithmetic on top of its reads (5 rows of SmolLM2's layers: 1.4 one-row
-// steps); asking 16 k-steps ahead (2-4 KB of the panel) took a 5-token forward from 33.4 to 26.6 ms.
-// On a 2-core AMD EPYC the same prefetch made every product slower (LOG.md), so it is a kernel
-// setting chosen by timing (`kernels=fused_prefetch`), not built in.
+// for its weights. On an Intel Xeon (AMX) the hardware prefetchers alone left a product of a few
+// rows paying for its arithmetic on top of its reads; asking 16 k-steps ahead (a few KB of the
+// panel) made a few-token forward faster. On an AMD EPYC the same prefetch made every product
+// slower (docs/performance.md), so it is a kernel setting chosen by timing
+// (`kernels=fused_prefetch`), not built in.
 constexpr int64_t PREFETCH_K = 16;
 
 // The bytes of a panel that a product of more rows than one block reads at a time: every block of
@@ -308,7 +308,7 @@ static void panel_all_rows(const float* P, const float* x, int64_t n, int64_t in
   // while the blocks go through one chunk, each asks for its share of the next one's k-steps, spread
   // over its own steps and into L2: the memory streams the next chunk for as long as the arithmetic
   // lasts. Chunks whose first block alone asked for the next one, into L1, were no faster than one
-  // block at a time (LOG.md).
+  // block at a time.
   const int64_t blocks = (n + RB - 1) / RB;
   for (int64_t k0 = 0; k0 < in; k0 += steps) {
     const int64_t k1 = std::min(in, k0 + steps);
@@ -401,8 +401,8 @@ static void rmsnorm(const float* x, const float* w, float eps, float* y, int64_t
 }
 
 // A model's final norm, x (..., d) -> (..., d), as `rmsnorm` runs the layers' norms (PyTorch's six
-// operations on one row cost ~0.17 ms of SmolLM2's step after the weights have evicted their code
-// and data from the caches)
+// operations on one row are slow after the weights have evicted their code and data from the
+// caches)
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps) {
   const int64_t d = x.size(-1);
   TORCH_CHECK(x.scalar_type() == torch::kFloat32 && w.scalar_type() == torch::kFloat32 && w.numel() == d,
@@ -686,11 +686,11 @@ torch::Tensor attention_mlp(torch::Tensor x, torch::Tensor q, torch::Tensor keys
   // Each job: one row and up to 4 heads of one key/value group (GQA: the group's heads read the same
   // keys and values under the same mask): the seen slots found once, each key and value vector read
   // once for all of them, with 4 x heads FMA chains side by side (one head's 4 are bound by the FMA's
-  // latency). With 3-16 new tokens of SmolLM2 the layers ran 6-9% faster than with one head a job
-  // (LOG.md). A few jobs (a 1-token step's: 3 groups) keep one head each, so that the threads share
+  // latency). With a few new tokens the layers ran faster than with one head a job. A few jobs
+  // (a 1-token step's: one per group) keep one head each, so that the threads share
   // them evenly. The jobs go group by group, so that each thread reads the keys and values of about
   // kv_heads / threads groups, not of every group (a layer's come from memory: the weights' stream has
-  // evicted them): 10-13% off the attention of 5-16 new tokens (LOG.md). The work is scheduled for
+  // evicted them), which made the attention of a few new tokens faster. The work is scheduled for
   // throughput without changing any float: a key's score is the same FMA chain and horizontal sum
   // whether it runs alone or beside others, a head's softmax depends only on its own scores, and each
   // output lane sums its values in slot order, so every head's result is bitwise the same whatever
@@ -729,8 +729,8 @@ torch::Tensor attention_mlp(torch::Tensor x, torch::Tensor q, torch::Tensor keys
   auto act = torch::empty({rows, inter}, x.options());
   float *GU = gu.data_ptr<float>(), *ACT = act.data_ptr<float>();
   // SiLU(gate) * up, a vector at a time (vexp: with the norms' sums of squares, also vectors now,
-  // std::exp one float at a time cost ~3% of a step and ~5% of a 5-token forward, LOG.md); e^-g is
-  // capped at e^88, where g / (1 + e^-g) is within 1e-36 of 0
+  // std::exp one float at a time cost a visible share of a step); e^-g is capped at e^88, where
+  // g / (1 + e^-g) is within 1e-36 of 0
   at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / inter), [&](int64_t begin, int64_t end) {
     const vec one = vset1(1.f), cap = vset1(88.f);
     for (int64_t i = begin; i < end; ++i) {
@@ -751,8 +751,9 @@ torch::Tensor attention_mlp(torch::Tensor x, torch::Tensor q, torch::Tensor keys
 // Whether every parameter is still what it was when its layer was packed: `owners[i][names[i]]` (a
 // module's parameter dict) is the object `tensors[i]` (None stays None), with the storage and the
 // version (0 for an inference tensor, which keeps none) recorded in `keys` (2 int64 per entry). One
-// call checks every layer of a model before a forward: the same check in Python costs ~30 us a layer
-// inside a forward, whose weights have just evicted everything else from the caches.
+// call checks every layer of a model before a forward: the same check in Python costs tens of
+// microseconds a layer inside a forward, whose weights have just evicted everything else from the
+// caches.
 bool unchanged(py::list owners, py::list names, py::list tensors, torch::Tensor keys) {
   const size_t n = owners.size();
   TORCH_CHECK(names.size() == n && tensors.size() == n && keys.scalar_type() == torch::kInt64 &&
@@ -771,9 +772,9 @@ bool unchanged(py::list owners, py::list names, py::list tensors, torch::Tensor 
 
 // The entries at slots `src` (increasing, src[i] >= dst + i) of each tensor (B, H, T, D), any dtype,
 // D contiguous, moved to slots dst, dst + 1, ...: a tree verification's accepted path next to the
-// committed prefix in every layer's keys and values (kv_cache.keep_path), one call instead of a
-// gather and a write per tensor (~0.3 ms a round for SmolLM2's 60). In slot order, so a move never
-// overwrites an entry still to be moved.
+// committed prefix in every layer's keys and values (kv_cache.keep_path, through the fused
+// backend's move_slots), one call instead of a gather and a write per tensor. In slot order, so a
+// move never overwrites an entry still to be moved.
 void move_slots(std::vector<torch::Tensor> tensors, std::vector<int64_t> src, int64_t dst) {
   for (size_t i = 0; i < src.size(); ++i)
     TORCH_CHECK(src[i] >= dst + (int64_t)i && (i == 0 || src[i] > src[i - 1]), "move_slots: increasing slots from ", dst, " on");
@@ -830,7 +831,8 @@ static void write_slots(torch::Tensor& buf, const torch::Tensor& k, const torch:
 // A model's decoder layers in one call: the loop over `attention_inputs`, the cache's write and
 // `attention_mlp` of each layer, for caches whose buffers the kernels may write themselves (the
 // static cache's, the growing cache's). Built once from each layer's packed weights; Python's loop
-// over 30 layers, with a call into the cache each, cost ~0.7 ms more of SmolLM2's ~21 ms step (LOG.md).
+// over the layers, with a call into the cache each, cost a visible share more of a small model's
+// step.
 class Layers {
  public:
   // prefetch: every product with software prefetch (kernels=fused_prefetch)
