@@ -13,8 +13,8 @@ from eagle.bench.benchmark import tau_by_category
 from eagle.bench.evalsets import load_eval_set
 from eagle.bench.methods import MethodError
 from eagle.decoding import ContextOverflowError
-from eagle.kernels import available_kernels
 from eagle.decoding.stats import DecodeResult, DecodeStats, RoundStats
+from eagle.kernels import available_kernels
 from helpers.configs import decode_cfg
 from helpers.decoding import EVERY
 from helpers.models import save_tiny_target, small_tokenizer
