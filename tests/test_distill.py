@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import eagle.data.distill as distill_module
-from data_gen.conversations import python_corpus_samples
+from data_gen.conversations import text_samples
 from data_gen.distill import generate
 from eagle.data.distill import (
     DISTILL_META,
@@ -28,7 +28,7 @@ from eagle.target import load_target
 from helpers.configs import compose_config
 from helpers.data import sharegpt_file
 from helpers.decoding import hf_greedy
-from helpers.models import make_tiny_model, small_tokenizer
+from helpers.models import TEXTS, make_tiny_model, small_tokenizer
 from helpers.stats import POLICIES, chi2_pvalue, exact_joint
 
 T1 = SamplingPolicy(temperature=1.0)
@@ -234,17 +234,23 @@ def test_load_refuses_a_missing_incomplete_or_damaged_folder(tmp_path, complete)
 
 
 def test_entry_point_writes_a_loadable_dataset(tmp_path, target_dir, capsys):
+    """prompt_at=start on a text corpus: each prompt is a sample's first tokens."""
     out = tmp_path / "distilled"
-    overrides = ["data_gen=python_corpus", "prompt_at=start", f"target_path={target_dir}", f"out_dir={out}",
-                 "target_dtype=float32", "device=cpu", "max_len=32", "prompt_len=8", "new_tokens=4", "num_prompts.train=6", "num_prompts.validation=2",
-                 "shard_size=4", "batch_size=2", "progress=false", "source.max_files=24", "source.val_fraction=0.25"]
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(TEXTS))
+    overrides = ["data_gen=text", f"source.path={corpus}", "source.val_fraction=0.25",
+                 "prompt_at=start", f"target_path={target_dir}", f"out_dir={out}",
+                 "target_dtype=float32", "device=cpu", "max_len=32", "prompt_len=8", "new_tokens=4",
+                 "num_prompts.train=6", "num_prompts.validation=2", "shard_size=4", "batch_size=2",
+                 "progress=false"]
     meta = generate(compose_config("distill", overrides))
     assert meta["status"] == "complete" and meta["params"]["policy"] == {"temperature": 1.0, "top_k": 0, "top_p": 1.0}
     printed = capsys.readouterr().out
     assert str(out) in printed and "6 train rows, 2 validation rows" in printed
     _, splits = load_distilled(out)
     model, tokenizer = load_target(target_dir)
-    samples = python_corpus_samples(tokenizer, 32, val_fraction=0.25, max_files=24, max_samples=6, max_val_samples=2)
+    samples = text_samples(tokenizer, 32, path=corpus, val_fraction=0.25, max_samples=6,
+                           max_val_samples=2)
     for split, ds in splits.items():
         assert [r["input_ids"][:8] for r in ds] == [s["input_ids"][:8].tolist() for s in samples[split]]
         assert all(len(r["input_ids"]) == 12 == len(r["target_argmax"]) and r["prompt_len"] == 8 for r in ds)

@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 from data_gen.__main__ import generate
 from eagle.data.features import METADATA, FeatureShards, read_metadata
 from helpers.configs import compose_config, compose_train
+from helpers.data import conversations
 from helpers.models import ROOT
 from train import train
 
@@ -86,15 +87,17 @@ def test_a_corrupt_shard_stops_every_process_of_a_ddp_run(tmp_path, target_dir):
     assert not (tmp_path / "runs" / "drafter_test" / "drafter").exists()
 
 
-@pytest.mark.slow  # ~40 s: two target_test runs (one of two processes), the corpus built once
-def test_ddp_target_training_equals_one_process(tmp_path):
-    data = tmp_path / "data"
-    common = ("train.py", "experiment=target_test", f"paths.data_dir={data}", "model.optim.lr=0",
-              "trainer.max_steps=4", "check_baseline=false", "threads=1", "trainer.enable_progress_bar=false",
-              "logger=csv")
+@pytest.mark.slow  # ~30 s: two ssm_test runs, one of two processes
+def test_ddp_lm_training_equals_one_process(tmp_path, target_dir, distilled_dir):
+    """A causal LM (SpecInfer's SSM) fine-tuned under DDP: the same validation, twice the tokens,
+    one export."""
+    common = ("train.py", "experiment=ssm_test", f"data.datamodule.distill_dir={distilled_dir}",
+              f"data.datamodule.tokenizer_path={target_dir}", f"model.init_from={target_dir}",
+              "model.optim.lr=0", "trainer.max_steps=4", "threads=1",
+              "trainer.enable_progress_bar=false", "logger=csv")
     run(*common, f"paths.runs_dir={tmp_path / 'one'}")
     out = run(*common, f"paths.runs_dir={tmp_path / 'two'}", "trainer=cpu_ddp").stdout
-    one, two = (json.loads((tmp_path / r / "target_test" / "model" / "eagle_target.json").read_text())
+    one, two = (json.loads((tmp_path / r / "ssm_test" / "model" / "eagle_target.json").read_text())
                 for r in ("one", "two"))
     assert two["val/loss"] == pytest.approx(one["val/loss"], rel=1e-6)
     assert two["tokens_seen"] == 2 * one["tokens_seen"] and two["processes"] == 2
@@ -129,9 +132,9 @@ def test_the_export_takes_the_strategys_gathered_weights(tmp_path, target_dir, f
 
 
 def dump_overrides(target_dir: Path, out: Path) -> list[str]:
-    return ["data_gen=python_corpus", f"target_path={target_dir}", f"out_dir={out}", "target_dtype=float32", "device=cpu", "threads=1",
-            "max_len=32", "shard_size=4", "batch_size=2", "progress=false", "source.max_files=24",
-            "source.val_fraction=0.25", "source.max_samples=16", "source.max_val_samples=8"]
+    return conversations(f"target_path={target_dir}", f"out_dir={out}", "target_dtype=float32",
+                         "device=cpu", "threads=1", "max_len=32", "shard_size=4", "batch_size=2",
+                         "progress=false", "source.max_samples=16", "source.max_val_samples=8")
 
 
 def assert_same_dump(a: Path, b: Path) -> None:
@@ -164,7 +167,7 @@ def test_a_dump_split_over_ranks_equals_one_process(tmp_path, target_dir):
     assert_same_dump(tmp_path / "one", split)
     with pytest.raises(ValueError, match="overwrite=true is refused with several processes"):
         generate(compose_config("data_gen", [*dump_overrides(target_dir, split), "rank=0", "world_size=2",
-                                             "max_len=16", "overwrite=true"]))
+                                             "max_len=24", "overwrite=true"]))
 
 
 def test_two_concurrent_processes_write_one_dump(tmp_path, target_dir):

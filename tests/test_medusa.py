@@ -197,7 +197,7 @@ def test_shifted_labels_alignment():
 
 
 def test_medusa_configs_compose():
-    for name in ("medusa_tiny", "medusa_test"):
+    for name in ("medusa_smollm2", "medusa_test"):
         cfg = compose_train([f"experiment={name}", "paths.root_dir=/nowhere"])
         OmegaConf.resolve(cfg)
         assert cfg.task_name == name
@@ -206,9 +206,9 @@ def test_medusa_configs_compose():
         # Medusa-1's recipe
         assert (m.optim.lr, m.optim.weight_decay, m.optim.schedule, m.num_layers) == (1e-3, 0.0, "cosine", 1)
         assert cfg.data.datamodule._target_ == "eagle.training.datamodules.FeatureDataModule"
-    tiny = compose_train(["experiment=medusa_tiny", "paths.root_dir=/nowhere"])
-    assert tiny.model.target_path == "/nowhere/runs/target_tiny/model"
-    assert tiny.model.num_heads >= tree("medusa_default").depth
+    smol = compose_train(["experiment=medusa_smollm2", "paths.root_dir=/nowhere"])
+    assert smol.model.target_path == "/nowhere/runs/smollm2/model"
+    assert smol.model.num_heads >= tree("medusa_default").depth
 
 
 def medusa_cfg(tmp_path: Path, target_dir: Path, features_dir: Path, *overrides: str):

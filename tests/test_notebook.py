@@ -1,4 +1,6 @@
-"""notebooks/feature_error.ipynb runs end to end on a tiny random run laid out like `make demo-tiny`'s."""
+"""notebooks/feature_error.ipynb runs end to end on a tiny random run: its target, features and
+drafter named through the notebook's parameters, its ablations and benchmarks where `make
+ablations` and `make demo` put theirs."""
 
 from __future__ import annotations
 
@@ -11,34 +13,40 @@ import pytest
 
 from data_gen.__main__ import generate
 from helpers.configs import compose_config, compose_train
+from helpers.data import conversations
 from helpers.models import ROOT, save_tiny_target, small_tokenizer
 from train import train
 
 NOTEBOOK = ROOT / "notebooks" / "feature_error.ipynb"
+# the run's folders under RUNS, given to the notebook as FEATURE_ERROR_<key> (its defaults: the
+# demo's)
+RUN = {"TARGET": "target/model", "FEATURES": "data/features/target-conversations",
+       "DRAFTER": "drafter/drafter"}
 
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory) -> Path:
-    """target_tiny/model, its features, drafter_tiny, the two ablation drafters and a benchmark,
-    all tiny (random target, a few drafter steps), at the paths the notebook reads by default."""
+    """A target, its features, a drafter (at RUN's paths), three ablation drafters and two
+    benchmarks, all tiny (random target, a few drafter steps)."""
     runs = tmp_path_factory.mktemp("runs")
-    target = save_tiny_target(runs / "target_tiny" / "model", small_tokenizer())
-    generate(compose_config("data_gen", [
-        "data_gen=python_corpus", f"target_path={target}", f"out_dir={runs / 'data/features/target_tiny-python_stdlib'}",
-        "target_dtype=float32", "device=cpu", "max_len=32", "shard_size=8", "batch_size=4", "progress=false",
-        "source.max_files=24", "source.val_fraction=0.25", "source.max_samples=16", "source.max_val_samples=4"]))
-    for task, inputs, noise in (("drafter_tiny", "shifted", 0.1), ("ablations/eagle1", "shifted", 0.1),
+    target = save_tiny_target(runs / RUN["TARGET"], small_tokenizer())
+    features = runs / RUN["FEATURES"]
+    generate(compose_config("data_gen", conversations(
+        f"target_path={target}", f"out_dir={features}", "target_dtype=float32", "device=cpu",
+        "max_len=32", "shard_size=8", "batch_size=4", "progress=false", "source.max_samples=16",
+        "source.max_val_samples=4")))
+    for task, inputs, noise in (("drafter", "shifted", 0.1), ("ablations/eagle1", "shifted", 0.1),
                                 ("ablations/no_noise", "shifted", 0.0), ("ablations/token_only", "token", 0.1)):
         train(compose_train([
             "experiment=drafter_test", f"paths.runs_dir={runs}", f"task_name={task}", f"model.inputs={inputs}",
             f"model.target_path={target}", f"model.noise={noise}", "logger=csv", "trainer.max_steps=2",
-            f"data.datamodule.features_dir={runs / 'data/features/target_tiny-python_stdlib'}"]))
+            f"data.datamodule.features_dir={features}"]))
     prompts = runs / "prompts.jsonl"
     prompts.write_text("\n".join(json.dumps({"prompt": t}) for t in ("def f(x):", "class A:")))
     from decode import decode
 
     decode(compose_config("decode", [
-        f"target={target}", f"eagle.drafter={runs / 'drafter_tiny/drafter'}", f"paths.runs_dir={runs}",
+        f"target={target}", f"eagle.drafter={runs / RUN['DRAFTER']}", f"paths.runs_dir={runs}",
         "max_new_tokens=12", "mode=benchmark", f"benchmark.eval_sets=[{prompts}]",
         "benchmark.methods=[vanilla,eagle]", f"benchmark.out_dir={runs / 'bench/run1'}"]))
     decode(compose_config("decode", [
@@ -53,8 +61,7 @@ def test_feature_error_notebook_runs_end_to_end(tiny_run, tmp_path, monkeypatch)
 
     figures = tmp_path / "figures"
     monkeypatch.setenv("FEATURE_ERROR_RUNS", str(tiny_run))
-    for key, sub in (("TARGET", "target_tiny/model"), ("FEATURES", "data/features/target_tiny-python_stdlib"),
-                     ("DRAFTER", "drafter_tiny/drafter")):
+    for key, sub in RUN.items():
         monkeypatch.setenv(f"FEATURE_ERROR_{key}", sub)
     monkeypatch.setenv("FEATURE_ERROR_MAX_SAMPLES", "8")
     monkeypatch.setenv("FEATURE_ERROR_FIGURES", str(figures))
@@ -93,18 +100,15 @@ ABLATION_RUNS = {
                        {"self_distilled": "smollm2-sharegpt-selfdistilled-t1",
                         "self_distilled_greedy": "smollm2-sharegpt-selfdistilled",
                         "sharegpt_replies": "smollm2-sharegpt-source"}),
-    "eagle_ablation_tiny": ("drafter_tiny", 250, "ablations_tiny", "target_tiny-python_stdlib",
-                            {"self_distilled": "target_tiny-distilled-t1",
-                             "self_distilled_greedy": "target_tiny-distilled-greedy"}),
 }
 
 
 @pytest.mark.parametrize("experiment", list(ABLATION_RUNS))
 @pytest.mark.parametrize("name", list(ABLATION_FACTORS))
 def test_each_ablation_differs_from_eagle1_in_one_factor_only(experiment, name):
-    """Every option of configs/ablation/ is the base drafter's recipe (SmolLM2's demo drafter, or the
-    toy's), shortened alike, with exactly the factor it names changed (same seed, steps and
-    everything else), in runs/<ablations>/<name>."""
+    """Every option of configs/ablation/ is the base drafter's recipe (SmolLM2's demo drafter),
+    shortened alike, with exactly the factor it names changed (same seed, steps and everything
+    else), in runs/<ablations>/<name>."""
     from omegaconf import OmegaConf
 
     def cfg(*overrides):
@@ -114,8 +118,6 @@ def test_each_ablation_differs_from_eagle1_in_one_factor_only(experiment, name):
         return c
 
     base_name, steps, folder, base_data, dumps = ABLATION_RUNS[experiment]
-    if ABLATION_FACTORS[name][2] and ABLATION_FACTORS[name][2] not in dumps:
-        pytest.skip(f"{experiment} has no {name} data (the toy's corpus prompts are not chat)")
     base = cfg(f"experiment={base_name}")
     if name in LOSS_FACTORS and base["model"].get(LOSS_FACTORS[name][0]) == LOSS_FACTORS[name][1]:
         pytest.skip(f"{base_name} already trains with this loss")

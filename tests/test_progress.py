@@ -10,6 +10,7 @@ import pytest
 
 from eagle.progress import LineBar, clock, on_terminal, progress
 from helpers.configs import compose_config
+from helpers.data import conversations
 
 
 class Timer:
@@ -78,11 +79,10 @@ def test_the_feature_dump_writes_lines_into_a_log(target_dir, tmp_path, capfd):
     """`python -m data_gen` with its progress on, output to a file: plain lines."""
     from data_gen.__main__ import generate
 
-    generate(compose_config("data_gen", [
-        "data_gen=python_corpus", f"target_path={target_dir}", f"out_dir={tmp_path / 'dump'}",
-        "target_dtype=float32", "device=cpu", "max_len=32", "shard_size=8", "batch_size=4",
-        "progress=true", "source.max_files=24", "source.val_fraction=0.25", "source.max_samples=8",
-        "source.max_val_samples=4"]))
+    generate(compose_config("data_gen", conversations(
+        f"target_path={target_dir}", f"out_dir={tmp_path / 'dump'}", "target_dtype=float32",
+        "device=cpu", "max_len=32", "shard_size=8", "batch_size=4", "progress=true",
+        "source.max_samples=8", "source.max_val_samples=4")))
     err = capfd.readouterr().err  # transformers' own loading bar may be there too: not ours
     (line,) = [ln for ln in err.split("\n") if "features" in ln]
     assert line.startswith("[features] (end) 12/12 sample") and "tokens/s" in line

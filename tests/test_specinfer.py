@@ -13,7 +13,6 @@ import datasets
 import pytest
 import torch
 
-from data_gen.distill import generate as distill
 from decode import decode
 from eagle.bench.methods import MethodContext, MethodError, build_method
 from eagle.data.coverage import (
@@ -31,8 +30,17 @@ from helpers.configs import compose_config, compose_train
 from helpers.models import TREES, save_tiny_target
 from train import train
 
-SMALL_LM = ["model.model_config.hidden_size=32", "model.model_config.intermediate_size=64",
-            "model.model_config.num_attention_heads=4", "model.model_config.num_key_value_heads=2"]
+# the draft LM's shape (draft_dir), stated: an SSM's model_config instead of init_from's own
+SMALL_LM = dict(model_type="llama", hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                tie_word_embeddings=False)
+
+
+def model_config(**changes) -> str:
+    """`SMALL_LM` with `changes` as a Hydra override of model.model_config."""
+    fields = ",".join(f"{k}:{str(v).lower() if isinstance(v, bool) else v}"
+                      for k, v in {**SMALL_LM, **changes}.items())
+    return f"model.model_config={{{fields}}}"
 
 
 # ------------------------------------------------------------------------------ coverage
@@ -56,19 +64,8 @@ def test_coverage_report_by_hand():
         CoverCriterion(0.0)
 
 
-@pytest.fixture(scope="module")
-def distilled(tmp_path_factory, target_dir) -> Path:
-    """target_dir's own continuations of a few stdlib prompts (8 + 8 tokens per row)."""
-    out = tmp_path_factory.mktemp("distill") / "rows"
-    distill(compose_config("distill", [
-        "data_gen=python_corpus", "prompt_at=start", f"target_path={target_dir}", f"out_dir={out}", "target_dtype=float32", "device=cpu", "max_len=32",
-        "prompt_len=8", "new_tokens=8", "num_prompts.train=24", "num_prompts.validation=6", "batch_size=8",
-        "progress=false", "source.max_files=24", "source.val_fraction=0.25"]))
-    return out
-
-
-def test_agreement_is_one_for_the_target_itself(distilled, target_dir):
-    _, splits = load_distilled(distilled)
+def test_agreement_is_one_for_the_target_itself(distilled_dir, target_dir):
+    _, splits = load_distilled(distilled_dir)
     ids, argmax = torch.tensor(splits["train"]["input_ids"]), torch.tensor(splits["train"]["target_argmax"])
     target, _ = load_target(target_dir, dtype=torch.float32)
     assert torch.equal(agreement(target, ids, argmax, 8, batch_size=5), torch.ones(len(ids)))
@@ -107,41 +104,46 @@ def noisy_dir(tmp_path_factory, target_dir) -> Path:
     return out
 
 
-def datamodule(distilled, target_dir, covered_by=(), threshold=0.5):
-    dm = DistilledDataModule(distilled, target_dir, batch_size=4, covered_by=covered_by, threshold=threshold)
+def datamodule(distilled_dir, target_dir, covered_by=(), threshold=0.5):
+    dm = DistilledDataModule(distilled_dir, target_dir, batch_size=4, covered_by=covered_by,
+                             threshold=threshold)
     dm.setup()
     return dm
 
 
-def test_rows_covered_by_earlier_ssms_are_left_out(distilled, target_dir, noisy_dir):
-    full = datamodule(distilled, target_dir)
+def test_rows_covered_by_earlier_ssms_are_left_out(distilled_dir, target_dir, noisy_dir):
+    full = datamodule(distilled_dir, target_dir)
     assert full.rows["train"].shape == (24, 16) and full.describe()["train_rows"] == 24
-    _, splits = load_distilled(distilled)
+    _, splits = load_distilled(distilled_dir)
     ids, argmax = torch.tensor(splits["train"]["input_ids"]), torch.tensor(splits["train"]["target_argmax"])
     noisy, _ = load_target(noisy_dir, dtype=torch.float32)
     agree = agreement(noisy, ids, argmax, 8)
     threshold = float(agree.median())  # about half the rows covered
-    kept = datamodule(distilled, target_dir, [str(noisy_dir)], threshold)
+    kept = datamodule(distilled_dir, target_dir, [str(noisy_dir)], threshold)
     want = ids[agree < threshold]
     assert 0 < len(want) < 24 and torch.equal(kept.rows["train"], want)
     assert len(kept.rows["validation"]) == 6  # validation keeps every row
     with pytest.raises(ValueError, match="cover every training row"):
-        datamodule(distilled, target_dir, [str(target_dir)])  # the target covers all of its own rows
+        datamodule(distilled_dir, target_dir, [str(target_dir)])  # the target covers all its rows
 
 
-def ssm_overrides(tmp_path, distilled, target_dir, draft_dir, task, experiment="ssm_boost_tiny"):
-    """experiment=ssm_boost_tiny names the SSM's shape (SMALL_LM); ssm_boost (SmolLM2's) takes the
-    draft LM's own config."""
-    return [f"experiment={experiment}", f"task_name={task}", f"paths.runs_dir={tmp_path}",
-            f"data.datamodule.distill_dir={distilled}", f"data.datamodule.tokenizer_path={target_dir}",
-            f"model.init_from={draft_dir}", "trainer.max_steps=6", "trainer.val_check_interval=3",
-            "check_baseline=false", "trainer.enable_progress_bar=false",
-            *(SMALL_LM if experiment == "ssm_boost_tiny" else [])]
+def ssm_overrides(tmp_path, distilled_dir, target_dir, draft_dir, task, *extra):
+    """experiment=ssm_boost (SmolLM2's), on the tiny target's rows and draft LM."""
+    return ["experiment=ssm_boost", f"task_name={task}", f"paths.runs_dir={tmp_path}",
+            f"data.datamodule.distill_dir={distilled_dir}",
+            f"data.datamodule.tokenizer_path={target_dir}", f"model.init_from={draft_dir}",
+            "trainer.max_steps=6", "trainer.val_check_interval=3", "check_baseline=false",
+            "trainer.enable_progress_bar=false", *extra]
 
 
-@pytest.mark.parametrize("experiment", ["ssm_boost_tiny", "ssm_boost"])
-def test_ssm_boost_trains_from_the_draft_lm(tmp_path, distilled, target_dir, draft_dir, experiment):
-    metrics = train(compose_train(ssm_overrides(tmp_path, distilled, target_dir, draft_dir, "ssm_1", experiment)))
+@pytest.mark.parametrize("shape", ["init_from's", "stated"])
+def test_ssm_boost_trains_from_the_draft_lm(tmp_path, distilled_dir, target_dir, draft_dir, shape):
+    """The SSM's shape: the draft LM's own config (model_config null, as ssm_boost says), or
+    stated in model_config, which the draft LM's weights fit."""
+    extra = [model_config()] if shape == "stated" else []
+    cfg = compose_train(ssm_overrides(tmp_path, distilled_dir, target_dir, draft_dir, "ssm_1",
+                                      *extra))
+    metrics = train(cfg)
     assert metrics["steps"] == 6
     ssm, _ = load_target(tmp_path / "ssm_1" / "model", dtype=torch.float32)
     draft, _ = load_target(draft_dir, dtype=torch.float32)
@@ -154,9 +156,10 @@ def test_ssm_boost_trains_from_the_draft_lm(tmp_path, distilled, target_dir, dra
     assert sidecar["corpus"].startswith("self-distilled:") and sidecar["train_rows"] == 24
 
 
-def test_init_from_a_model_of_another_shape_is_refused(tmp_path, distilled, target_dir, draft_dir):
-    cfg = compose_train(ssm_overrides(tmp_path, distilled, target_dir, draft_dir, "ssm_bad")
-                        + ["model.model_config.num_hidden_layers=3"])
+def test_init_from_a_model_of_another_shape_is_refused(tmp_path, distilled_dir, target_dir,
+                                                       draft_dir):
+    cfg = compose_train(ssm_overrides(tmp_path, distilled_dir, target_dir, draft_dir, "ssm_bad",
+                                      model_config(num_hidden_layers=3)))
     with pytest.raises(ValueError, match="do not fit model_config"):
         train(cfg)
 
@@ -186,10 +189,10 @@ def test_specinfer_merge_method_is_exact_greedy(target_dir, draft_dir):
         build_method("specinfer_merge", ctx, {"specinfer": {"models": []}})
 
 
-def test_coverage_mode_writes_the_report(tmp_path, distilled, target_dir, draft_dir):
+def test_coverage_mode_writes_the_report(tmp_path, distilled_dir, target_dir, draft_dir):
     out = tmp_path / "coverage"
     cfg = compose_config("decode", [
-        "mode=coverage", f"target={target_dir}", f"coverage.distill_dir={distilled}",
+        "mode=coverage", f"target={target_dir}", f"coverage.distill_dir={distilled_dir}",
         f"specinfer.models=[{draft_dir},{target_dir}]", f"coverage.baseline={draft_dir}",
         f"coverage.out_dir={out}", "coverage.threshold=0.5"])
     decode(cfg)
@@ -201,20 +204,20 @@ def test_coverage_mode_writes_the_report(tmp_path, distilled, target_dir, draft_
     assert "union of ssm_1, ssm_2" in (out / "coverage.md").read_text()
 
 
-def test_distilled_rows_feed_the_feature_dump(tmp_path, distilled, target_dir):
+def test_distilled_rows_feed_the_feature_dump(tmp_path, distilled_dir, target_dir):
     """data_gen=distilled: EAGLE's features of the target's own text, the loss on its tokens only."""
     from data_gen.__main__ import generate as dump_features
     from data_gen.conversations import distilled_samples
     from eagle.data.features import open_feature_dump
 
     _, tok = load_target(target_dir)
-    samples = distilled_samples(tok, 64, distilled)
-    _, splits = load_distilled(distilled)
+    samples = distilled_samples(tok, 64, distilled_dir)
+    _, splits = load_distilled(distilled_dir)
     assert [len(samples[s]) for s in ("train", "validation")] == [24, 6]
     first = samples["train"][0]
     assert first["input_ids"].tolist() == splits["train"][0]["input_ids"]
     assert first["loss_mask"].tolist() == [0] * 8 + [1] * 8  # prompt_len 8, then the target's 8 tokens
-    assert distilled_samples(tok, 64, distilled, loss_on="all")["train"][0]["loss_mask"].all()
+    assert distilled_samples(tok, 64, distilled_dir, loss_on="all")["train"][0]["loss_mask"].all()
     # the rows are sampled past an EOS: each sample ends at its continuation's first (not its prompt's)
     import eagle.data.distill as distill_module
 
@@ -224,16 +227,16 @@ def test_distilled_rows_feed_the_feature_dump(tmp_path, distilled, target_dir):
     crafted = ({}, {"train": datasets.Dataset.from_list(rows), "validation": datasets.Dataset.from_list(rows[:1])})
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(distill_module, "load_distilled", lambda path: crafted)
-        cut = distilled_samples(tok, 64, distilled)["train"]
-        whole = distilled_samples(tok, 64, distilled, end_at_eos=False)["train"]
+        cut = distilled_samples(tok, 64, distilled_dir)["train"]
+        whole = distilled_samples(tok, 64, distilled_dir, end_at_eos=False)["train"]
     assert [s["input_ids"].tolist() for s in cut] == [[5, 6, 7, 9, eos], [5, eos, 7, 9, 10], [5, 6, 7, 9]]
     assert cut[0]["loss_mask"].tolist() == [0, 0, 0, 1, 1]
     assert [s["input_ids"].tolist() for s in whole] == [r["input_ids"] for r in rows]
     with pytest.raises(ValueError, match="loss_on"):
-        distilled_samples(tok, 64, distilled, loss_on="prompt")
+        distilled_samples(tok, 64, distilled_dir, loss_on="prompt")
     out = tmp_path / "features"
     dump_features(compose_config("data_gen", [
-        "data_gen=distilled", f"source.path={distilled}", f"target_path={target_dir}", f"out_dir={out}",
-        "target_dtype=float32", "device=cpu", "max_len=64", "progress=false"]))
+        "data_gen=distilled", f"source.path={distilled_dir}", f"target_path={target_dir}",
+        f"out_dir={out}", "target_dtype=float32", "device=cpu", "max_len=64", "progress=false"]))
     meta, dumped = open_feature_dump(out)
     assert len(dumped["train"]) == 24 and len(dumped["validation"]) == 6

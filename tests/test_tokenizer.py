@@ -1,25 +1,14 @@
-"""The built-in byte-level BPE: exact round trips, special tokens, chat template, reuse."""
+"""The tests' small byte-level BPE (tests/helpers/tokenizer.py): exact round trips, the special
+ids of the tiny random models, and a chat template that marks the assistant tokens."""
 
 from __future__ import annotations
 
 import pytest
-from transformers import AutoTokenizer
 
-from data_gen.corpus import build_python_corpus, stdlib_dir
-from data_gen.tokenizer import BOS, EOS, PAD, ROLE_TOKENS, build_tokenizer
 from eagle.target import tokenizer_hash
+from helpers.models import TEXTS, small_tokenizer
+from helpers.tokenizer import BOS, EOS, PAD, ROLE_TOKENS, train_bpe_tokenizer
 
-# Real stdlib files that stress the round trip: non-ASCII text, a file that is not UTF-8
-# (decoded with replacement characters), and \r\n line endings.
-HARD_FILES = [
-    "test/test_unicode.py",
-    "re/_casefix.py",
-    "shlex.py",
-    "pydoc_data/topics.py",
-    "test/encoded_modules/module_koi8_r.py",
-    "lib2to3/tests/data/crlf.py",
-    "json/__init__.py",
-]
 STRINGS = [
     "",
     " ",
@@ -32,42 +21,16 @@ STRINGS = [
 
 
 @pytest.fixture(scope="module")
-def corpus():
-    return build_python_corpus(val_fraction=0.25, max_files=48)
+def tok():
+    return small_tokenizer()
 
 
-@pytest.fixture(scope="module")
-def tokenizer_dir(corpus, tmp_path_factory):
-    path = tmp_path_factory.mktemp("tok") / "tokenizer"
-    build_tokenizer(list(corpus["train"]["text"]), vocab_size=512, save_dir=path)
-    return path
-
-
-@pytest.fixture(scope="module")
-def tok(tokenizer_dir):
-    return AutoTokenizer.from_pretrained(tokenizer_dir)
-
-
-def read(rel: str) -> str:
-    return (stdlib_dir() / rel).read_bytes().decode("utf-8", errors="replace")
-
-
-def test_round_trip_real_files(tok, corpus):
-    present = [rel for rel in HARD_FILES if (stdlib_dir() / rel).exists()]
-    assert len(present) >= 4
-    texts = [read(rel) for rel in present] + list(corpus["validation"]["text"])
-    assert any(any(ord(c) > 127 for c in t) for t in texts)
-    assert any("\ufffd" in t for t in texts) and any("\r\n" in t for t in texts)
-    for text in texts:
+def test_round_trip(tok):
+    for text in [*TEXTS[:3], *STRINGS[:-1]]:
         ids = tok(text)["input_ids"]
         assert ids[0] == tok.bos_token_id
         assert tok.decode(ids, skip_special_tokens=True) == text
         assert tok.decode(ids[1:]) == text
-
-
-def test_round_trip_strings(tok):
-    for text in STRINGS[:-1]:
-        assert tok.decode(tok(text, add_special_tokens=False)["input_ids"]) == text
     # Special-token strings in text map to the special ids; decoding still gives the text.
     text = STRINGS[-1]
     assert tok.decode(tok(text, add_special_tokens=False)["input_ids"]) == text
@@ -79,9 +42,12 @@ def test_special_tokens(tok):
     for token in [PAD, BOS, EOS, *ROLE_TOKENS.values()]:
         ids = tok(token, add_special_tokens=False)["input_ids"]
         assert len(ids) == 1 and ids[0] == tok.convert_tokens_to_ids(token)
-    assert len(tok) == 512
+    assert len(tok) == 300
     assert tok("x")["input_ids"][0] == tok.bos_token_id
     assert tok.decode(tok("x")["input_ids"]) == "<|bos|>x"
+    assert tokenizer_hash(small_tokenizer()) == tokenizer_hash(tok)  # trained deterministically
+    with pytest.raises(ValueError, match="vocab_size"):
+        train_bpe_tokenizer(TEXTS, vocab_size=100)
 
 
 def test_chat_template(tok):
@@ -107,15 +73,3 @@ def test_chat_template(tok):
     assert tok.decode(assistant) == "print(1 + 2)<|eos|>"  # the loss mask: reply and eos
     with pytest.raises(Exception, match="unknown chat role"):
         tok.apply_chat_template([{"role": "tool", "content": "x"}], tokenize=False)
-
-
-def test_reuse_and_mismatch(tokenizer_dir, tok, corpus):
-    texts = list(corpus["train"]["text"])
-    again = build_tokenizer(texts, vocab_size=512, save_dir=tokenizer_dir)  # reloads
-    assert tokenizer_hash(again) == tokenizer_hash(tok)
-    fresh = build_tokenizer(texts, vocab_size=512)  # retrain: deterministic
-    assert tokenizer_hash(fresh) == tokenizer_hash(tok)
-    with pytest.raises(ValueError, match=r"was built with other settings \(vocab_size: 512 -> 1024\)"):
-        build_tokenizer(texts, vocab_size=1024, save_dir=tokenizer_dir)
-    with pytest.raises(ValueError, match="vocab_size"):
-        build_tokenizer(texts, vocab_size=100)

@@ -77,7 +77,7 @@ def make_tiny_model(family: str, seed: int = 0, **overrides) -> torch.nn.Module:
 
 def small_tokenizer():
     """A byte-level BPE of 300 tokens trained on `TEXTS`, with the built-in chat template."""
-    from data_gen.tokenizer import train_bpe_tokenizer
+    from helpers.tokenizer import train_bpe_tokenizer
 
     return train_bpe_tokenizer(TEXTS, vocab_size=300)
 
