@@ -1,10 +1,10 @@
-"""Train a model: the embedded target, a classic draft LM, an EAGLE drafter or Medusa heads.
+"""Train a model: an EAGLE drafter, Medusa heads, a classic draft LM or SpecInfer's SSMs.
 
-    python train.py experiment=target_tiny      # the CPU target on the Python stdlib
-    python train.py experiment=draft_lm_tiny    # a classic draft LM with the same tokenizer
-    python train.py experiment=drafter_tiny     # the EAGLE-1 drafter, on dumped features
-    python train.py experiment=medusa_tiny      # Medusa-1 heads, on the same features
-    python train.py experiment=target_test debug=fdr
+    python train.py experiment=drafter_smollm2    # the EAGLE-1 drafter, on dumped features
+    python train.py experiment=medusa_smollm2     # Medusa-1 heads, on the same features
+    python train.py experiment=draft_lm_smollm2   # a draft LM: the target's first layers, distilled
+    python train.py experiment=ssm_boost          # an SSM, boost-tuned from the draft LM
+    python train.py experiment=drafter_test debug=fdr
 
 Every run is the same three steps: instantiate the `data` and `model` groups and the trainer,
 fit (resuming `ckpt_path`, by default the run's last.ckpt), export the model to

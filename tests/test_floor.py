@@ -25,8 +25,8 @@ def test_weight_bytes_count_a_tied_head_once():
     head = tied.lm_head.weight.numel() * 4
     fp32 = fl.weight_bytes(tied)
     assert fp32 == sum(p.numel() * 4 for p in tied.parameters())  # the table is the head: read whole
-    # untied, a step reads the head whole and one row of the table (it counted the whole table:
-    # 37% more than a step reads on the toy target)
+    # untied, a step reads the head whole and one row of the table (it once counted the whole
+    # table, overstating the step of a small untied model)
     assert fl.weight_bytes(untied) == sum(p.numel() * 4 for p in untied.parameters()) - head + 32 * 4
     assert fl.weight_bytes(untied) - fp32 == 32 * 4
     assert fl.weight_bytes(tied.to(torch.bfloat16)) * 2 == fp32
