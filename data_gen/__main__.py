@@ -1,13 +1,13 @@
 """Hydra entry point of the feature dump: `python -m data_gen [overrides]`.
 
-    python -m data_gen                                   # tiny preset (configs/data_gen.yaml)
+    python -m data_gen                                 # SmolLM2 on ShareGPT (configs/data_gen.yaml)
     python -m data_gen data_gen=sharegpt source.path=conv.json target_path=/models/llama \
         name=llama-sharegpt device=cuda
     python -m data_gen source.max_samples=64 name=quick   # any key of the config
     torchrun --nproc_per_node 8 -m data_gen data_gen=sharegpt ...   # 8 GPUs, one dump
 
 Loads the target (`target_path`), builds the token samples of the chosen source
-(`configs/data_gen/`: python_corpus, sharegpt, text), and writes the features with
+(`configs/data_gen/`: sharegpt, text, distilled), and writes the features with
 `eagle.data.features.dump_features` to `out_dir`. Rerunning an interrupted command resumes it.
 Tests call `generate(cfg)` with a composed config.
 """

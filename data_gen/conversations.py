@@ -9,16 +9,16 @@ text. How training aligns that mask with the drafter's shifted inputs is stated 
 Sources (each returns `{"train": [...], "validation": [...]}`, in a deterministic order):
 - `sharegpt_samples`: ShareGPT JSON / JSONL (`[{"id", "conversations": [{"from", "value"}]}]`),
   rendered with the target tokenizer's own chat template;
-- `python_corpus_samples`: the built-in Python stdlib corpus (`data_gen.corpus`), packed into
-  blocks of max_len tokens, like the target's own training blocks;
-- `text_samples`: any file `datasets` can load that has a text column.
+- `text_samples`: any file `datasets` can load that has a text column;
+- `distilled_samples`: the target's own continuations (`python -m data_gen.distill`).
 
-The Hydra configs in `configs/data_gen/source/` call these with `_partial_: true`; the
+The Hydra configs in `configs/data_gen/` call these with `_partial_: true`; the
 caller adds `tokenizer` and `max_len` (`python -m data_gen` and the online DataModule).
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import logging
@@ -29,7 +29,6 @@ from typing import Any
 
 import numpy as np
 
-from data_gen.corpus import build_python_corpus, stable_unit
 from eagle.artifacts import SPLITS
 
 log = logging.getLogger(__name__)
@@ -269,6 +268,12 @@ def render_conversation(tokenizer, messages: list[dict], max_len: int | None = N
     return ids, mask
 
 
+def stable_unit(text: str, salt: str) -> float:
+    """A number in [0, 1) that depends only on `salt` and `text` (not on PYTHONHASHSEED)."""
+    digest = hashlib.sha256(f"{salt}:{text}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
 def split_of_id(key: str, val_fraction: float) -> str:
     return "validation" if stable_unit(key, "val") < val_fraction else "train"
 
@@ -337,7 +342,7 @@ def pack_documents(tokenizer, docs: Iterable[tuple[str, str]], max_len: int, min
     """Tokenise `(key, text)` documents into samples of at most max_len tokens, all loss tokens.
 
     pack=True: one stream `bos doc eos bos doc eos ...` cut into max_len blocks (the last,
-    shorter block is kept if it has min_len tokens), the way the target was trained.
+    shorter block is kept if it has min_len tokens), the way LMs are pretrained.
     pack=False: each document cut on its own. Stops as soon as max_samples exist.
     """
     eos = tokenizer.eos_token_id
@@ -379,28 +384,6 @@ def pack_documents(tokenizer, docs: Iterable[tuple[str, str]], max_len: int, min
     if pack and len(buf) >= min_len:
         emit(buf, f"{first_key}+{len(samples)}")
     return samples if max_samples is None else samples[:max_samples]
-
-
-def python_corpus_samples(tokenizer, max_len: int, val_fraction: float = 0.05,
-                          max_files: int | None = None, cache_dir: str | Path | None = None,
-                          max_samples: int | None = None, max_val_samples: int | None = None,
-                          pack: bool = True) -> dict[str, list[dict]]:
-    """The built-in Python stdlib corpus (split by file, as the target's) as token samples.
-
-    Files are taken in a hash order of their path (not alphabetical), so a `max_samples`
-    cap still spreads over the whole library. Defaults match `configs/data/python_corpus.yaml`,
-    so drafter validation files are also ones the target never trained on.
-    """
-    corpus = build_python_corpus(val_fraction=val_fraction, max_files=max_files, cache_dir=cache_dir)
-    out = {}
-    for split, cap in (("train", max_samples), ("validation", max_val_samples)):
-        paths, texts = corpus[split]["path"], corpus[split]["text"]
-        order = _documents_in_stable_order(paths)
-        docs = ((paths[i], texts[i]) for i in order)
-        out[split] = pack_documents(tokenizer, docs, max_len, pack=pack, max_samples=cap)
-    log.info("python corpus: %d train, %d validation samples of <= %d tokens",
-             len(out["train"]), len(out["validation"]), max_len)
-    return out
 
 
 def text_samples(tokenizer, max_len: int, path: str | Path | None = None, builder: str | None = None,

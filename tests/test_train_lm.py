@@ -16,8 +16,8 @@ import torch
 from omegaconf import OmegaConf
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from eagle.data.tokens import unigram_cross_entropy
 from eagle.target import load_target
+from eagle.training.datamodules import unigram_cross_entropy
 from eagle.training.draft_lm import truncated_copy
 from eagle.training.lm import CausalLMModule
 from eagle.training.module import StageError, TrainableModule

@@ -1,7 +1,5 @@
 """The data of every training run, as Lightning DataModules.
 
-- `TokenBlockDataModule`: a text corpus, its tokenizer and token streams (built once, then
-  reused from disk), random blocks for training a causal LM from scratch.
 - `FeatureDataModule`: a feature dump (`python -m data_gen`) for a drafter trained offline.
 - `OnlineDataModule`: token samples only; the frozen target computes the features.
 - `DistilledDataModule`: the target's own continuations (`python -m data_gen.distill`) as
@@ -25,7 +23,7 @@ import torch
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import DataLoader
 
-from eagle.artifacts import SPLITS, Artifact
+from eagle.artifacts import SPLITS
 from eagle.data.batches import TokenSamples, collate
 from eagle.data.features import (
     FeatureDumpError,
@@ -34,19 +32,9 @@ from eagle.data.features import (
     samples_fingerprint,
     verify_shard,
 )
-from eagle.data.tokens import (
-    BlockDataset,
-    EpochShuffle,
-    RandomOffsetSampler,
-    corpus_fingerprint,
-    fixed_block_offsets,
-    tokenize_corpus,
-    unigram_cross_entropy,
-)
+from eagle.data.samplers import EpochShuffle
 from eagle.data.vocab import count_tokens
 from eagle.target import TargetIdentity, load_tokenizer, tokenizer_hash
-
-TOKENS_META = "meta.json"
 
 
 def eval_sampler(datamodule: L.LightningDataModule, dataset) -> dict[str, Any]:
@@ -72,7 +60,7 @@ def eval_sampler(datamodule: L.LightningDataModule, dataset) -> dict[str, Any]:
 
 
 def trained_batches(datamodule: L.LightningDataModule) -> tuple[int, int, int] | None:
-    """Where training stands, for the training samplers (`eagle.data.tokens.EpochSampler`):
+    """Where training stands, for the training samplers (`eagle.data.samplers.EpochShuffle`):
     (batches trained, batches per epoch, samples per batch of one process), from the optimizer
     steps taken (exact after a resume, where Lightning's epoch counter may not be); None
     outside a fit. With gradient accumulation an epoch ends on a step of its own (Lightning
@@ -99,100 +87,6 @@ def _sharded(strategy) -> bool:
     from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy, ModelParallelStrategy
 
     return isinstance(strategy, (FSDPStrategy, DeepSpeedStrategy, ModelParallelStrategy))
-
-
-class TokenBlockDataModule(L.LightningDataModule):
-    """Random fixed-length blocks of a tokenised corpus for training, fixed blocks for validation.
-
-    The corpus and the tokenizer come from the two builders (Hydra partials of
-    `data_gen.corpus.build_python_corpus` and `data_gen.tokenizer.build_tokenizer` in the
-    configs), which cache on disk themselves; the corpus is tokenised once into `tokens_dir`
-    (`train.npy`, `validation.npy`) and memory-mapped afterwards, redone when the corpus or the
-    tokenizer changes (an `eagle.artifacts.Artifact` cache).
-
-    Args:
-        corpus: () -> DatasetDict with `train` and `validation` splits (columns `path`, `text`).
-        tokenizer: (texts=..., corpus_fingerprint=...) -> a Hugging Face tokenizer.
-        tokens_dir: where the token streams are cached.
-        block_size: tokens of context per training example (each item holds one more: the
-            last target).
-        batch_size: blocks per batch.
-        val_max_blocks: validate on at most this many blocks, spread evenly over the
-            validation stream (None = all).
-        train_samples_per_epoch: blocks per "epoch" (None = train tokens // block_size); an
-            epoch is only the unit that reseeds the random offsets.
-        num_workers: DataLoader workers.
-        seed: seed of the random training offsets.
-    """
-
-    def __init__(self, corpus: Callable[[], Any], tokenizer: Callable[..., Any], tokens_dir: str | Path,
-                 block_size: int = 256, batch_size: int = 8, val_max_blocks: int | None = None,
-                 train_samples_per_epoch: int | None = None, num_workers: int = 0, seed: int = 0) -> None:
-        super().__init__()
-        self.build_corpus, self.build_tokenizer = corpus, tokenizer
-        self.tokens_dir = Path(tokens_dir)
-        self.block_size, self.batch_size = block_size, batch_size
-        self.val_max_blocks, self.train_samples_per_epoch = val_max_blocks, train_samples_per_epoch
-        self.num_workers, self.seed = num_workers, seed
-        self.tokenizer = None
-        self.meta: dict[str, Any] = {}
-        self.tokens: dict[str, np.ndarray] = {}
-        self.fingerprint = ""
-        self.corpus_name = ""
-
-    def _cache(self) -> Artifact:
-        """The corpus and tokenizer (building or reloading them) and the token cache they define."""
-        corpus = self.build_corpus()
-        self.fingerprint = corpus_fingerprint(corpus)
-        self.corpus_name = corpus["train"].info.description or "custom"
-        self.tokenizer = self.build_tokenizer(texts=list(corpus["train"]["text"]), corpus_fingerprint=self.fingerprint)
-        params = {"tokenizer_hash": tokenizer_hash(self.tokenizer), "corpus_fingerprint": self.fingerprint}
-        cache = Artifact(self.tokens_dir, TOKENS_META, params, "token cache")
-        if not cache.reusable(on_stale="rebuild"):  # built from another tokenizer or corpus: redo it
-            cache.write(**tokenize_corpus(corpus, self.tokenizer, self.tokens_dir))
-        return cache
-
-    def prepare_data(self) -> None:
-        self._cache()  # once, on the first process: the others find it on disk in setup()
-
-    def setup(self, stage: str | None = None) -> None:
-        if self.tokens:
-            return
-        self.meta = self._cache().meta()
-        self.tokens = {s: np.load(self.tokens_dir / f"{s}.npy", mmap_mode="r") for s in SPLITS}
-        self.val_offsets = fixed_block_offsets(self.tokens["validation"].size, self.block_size, self.val_max_blocks)
-
-    @property
-    def sampling(self) -> dict[str, int | None]:
-        """How the training blocks are cut and counted: a resumed run must cut them the same way
-        (`TrainableModule.data_identity`; the sampler places batches by the steps taken)."""
-        return {"block_size": self.block_size, "train_samples_per_epoch": self.train_samples_per_epoch}
-
-    def describe(self) -> dict[str, Any]:
-        """What a model trained on these data records about them."""
-        return {"corpus": self.corpus_name, "corpus_fingerprint": self.fingerprint, "n_files": self.meta["n_files"],
-                "n_tokens": self.meta["n_tokens"], "val_tokens": int(self.val_targets().size)}
-
-    def train_dataloader(self) -> DataLoader:
-        train = BlockDataset(self.tokens["train"], self.block_size)
-        num_samples = self.train_samples_per_epoch or max(1, len(train) // self.block_size)
-        sampler = RandomOffsetSampler(len(train), num_samples, seed=self.seed, progress=partial(trained_batches, self),
-                                      **shard(self))
-        return DataLoader(train, batch_size=self.batch_size, sampler=sampler, num_workers=self.num_workers,
-                          drop_last=True)
-
-    def val_dataloader(self) -> DataLoader:
-        val = BlockDataset(self.tokens["validation"], self.block_size, self.val_offsets)
-        return DataLoader(val, batch_size=self.batch_size, num_workers=self.num_workers, **eval_sampler(self, val))
-
-    def val_targets(self) -> np.ndarray:
-        """Every token the validation loss is computed on, (n_blocks * block_size,)."""
-        val = self.tokens["validation"]
-        return np.concatenate([val[o + 1: o + self.block_size + 1] for o in self.val_offsets])
-
-    def unigram_val_loss(self, vocab_size: int) -> float:
-        """The add-one unigram model's cross-entropy on exactly the validation targets."""
-        return unigram_cross_entropy(self.tokens["train"], self.val_targets(), vocab_size)
 
 
 class SampleDataModule(L.LightningDataModule):
@@ -301,8 +195,7 @@ class OnlineDataModule(SampleDataModule):
         super().__init__(batch_size, num_workers, seed)
         if not callable(source):  # configs/data/online.yaml names no source of its own
             raise ValueError("data=online needs a sample source: add data_gen@_global_=sharegpt "
-                             "source.path=/data/conversations.json (or =text, or =python_corpus for the "
-                             "built-in corpus)")
+                             "source.path=/data/conversations.json (or =text)")
         self.source, self.tokenizer_path, self.max_len = source, tokenizer_path, max_len
         self.tokenizer = None
         self.fingerprint: str | None = None  # the training samples' (as a dump of them would record)
@@ -374,7 +267,7 @@ class DistilledDataModule(L.LightningDataModule):
                                  f"nothing is left for another SSM (raise the threshold or use fewer SSMs)")
         self.rows["train"] = self.rows["train"][keep]
         self.info = {"corpus": f"self-distilled:{self.distill_dir.name}", "corpus_fingerprint": meta["params"]["splits"]["train"]["fingerprint"],
-                     "n_files": 0, "n_tokens": int(self.rows["train"].numel()),
+                     "n_tokens": int(self.rows["train"].numel()),
                      "val_tokens": int(self.rows["validation"][:, 1:].numel()),
                      "train_rows": int(keep.sum()), "all_train_rows": n_train, "covered_by": self.covered_by}
         self.fingerprint = f"{self.info['corpus_fingerprint']}:{self.info['train_rows']}"  # the rows this SSM trains on
@@ -393,6 +286,14 @@ class DistilledDataModule(L.LightningDataModule):
         return DataLoader(val, batch_size=self.batch_size, num_workers=self.num_workers, **eval_sampler(self, val))
 
     def unigram_val_loss(self, vocab_size: int) -> float:
-        """The add-one unigram model of the training rows, on the validation targets."""
+        """The add-one unigram model of the training rows, on the validation targets: the
+        baseline a trained LM must beat."""
         return unigram_cross_entropy(self.rows["train"].numpy().ravel(), self.rows["validation"][:, 1:].numpy().ravel(),
                                      vocab_size)
+
+
+def unigram_cross_entropy(train_tokens: np.ndarray, targets: np.ndarray, vocab_size: int) -> float:
+    """Cross-entropy (nats/token) of `targets` under add-one unigram frequencies of train."""
+    counts = np.bincount(np.asarray(train_tokens, dtype=np.int64), minlength=vocab_size) + 1.0
+    log_p = np.log(counts) - np.log(counts.sum())
+    return float(-log_p[np.asarray(targets, dtype=np.int64)].mean())

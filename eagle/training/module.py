@@ -49,7 +49,7 @@ def plan_in_steps(trainer: L.Trainer, total: int) -> None:
     `trainer.max_time` stops a run inside an epoch, Lightning counts that epoch as finished: a
     resumed run sized in epochs then trains one part-epoch less than planned, on every resume,
     and never reaches its plan. Our training samplers place every batch by the steps taken
-    (`eagle.data.tokens.EpochSampler`), so a plan in steps resumes exactly. Called each time
+    (`eagle.data.samplers.EpochShuffle`), so a plan in steps resumes exactly. Called each time
     fit sets up (before it restores a checkpoint's loops), so every invocation plans alike."""
     if trainer.max_steps is None or trainer.max_steps < 0:
         trainer.fit_loop.epoch_loop.max_steps = total
@@ -122,14 +122,13 @@ class TrainableModule(L.LightningModule):
     def data_identity(self) -> dict[str, Any]:
         """What decides the batch each step takes (the samplers place batches by the steps taken,
         `eagle.training.datamodules.trained_batches`): the samples per batch, gradient accumulation,
-        the shuffling seed, the training data's fingerprint and how its samples are cut (a token
-        stream's blocks), where its data module has them."""
+        the shuffling seed and the training data's fingerprint, where its data module has them."""
         dm = self.trainer.datamodule if self._trainer is not None else None
         if dm is None:
             return {}
         found = {"batch_size": getattr(dm, "batch_size", None), "seed": getattr(dm, "seed", None),
                  "accumulate_grad_batches": self.trainer.accumulate_grad_batches,
-                 "data": getattr(dm, "fingerprint", None), "sampling": getattr(dm, "sampling", None)}
+                 "data": getattr(dm, "fingerprint", None)}
         return {k: v for k, v in found.items() if v is not None}
 
     def check_resume(self, checkpoint: dict[str, Any]) -> None:

@@ -33,7 +33,7 @@ from eagle.progress import clock, on_terminal
 LIGHTNING_NOISE_WARNINGS = (r"Precision \S+ is not supported by the model summary",
                             r"`isinstance\(treespec, LeafSpec\)` is deprecated",
                             # every training sampler resumes mid-epoch by itself, from the
-                            # optimizer steps taken (eagle.data.tokens.EpochSampler), so the
+                            # optimizer steps taken (eagle.data.samplers.EpochShuffle), so the
                             # "unreliable results" this warns of do not happen here
                             r"You're resuming from a checkpoint that ended before the epoch ended")
 LIGHTNING_NOISE_LOGS = ("\N{ELECTRIC LIGHT BULB} Tip: For seamless cloud logging",)
