@@ -238,12 +238,6 @@ class TrainableModule(L.LightningModule):
         """Write the artifact from `state` (this module's full state dict)."""
         raise NotImplementedError
 
-    def sharded(self) -> bool:
-        """Whether the strategy shards the weights over processes (FSDP, DeepSpeed): then no
-        process can run the model alone."""
-        strategy = type(self.trainer.strategy).__name__ if self._trainer is not None else ""
-        return strategy in ("FSDPStrategy", "DeepSpeedStrategy", "ModelParallelStrategy")
-
 
 def _flat(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     """A nested config as {"optim.lr": 0.001, ...}, sequences as lists (a list and a tuple, or an
