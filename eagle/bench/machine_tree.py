@@ -97,7 +97,7 @@ def search_tree(methods: Methods, ts: TreeSearchConfig, compare: Callable[..., P
     probe = resolve_tree(ts.probe, methods.tree_dirs())
     method = methods.build(f"eagle@{ts.probe}", dtype)
     _, tokenizer = methods.target(dtype)
-    sets = [load_eval_set(name) for name in ts.eval_sets]  # each read once (unseen_code scans packages)
+    sets = [load_eval_set(name) for name in ts.eval_sets]  # each read once
     # the search tunes on prompts the benchmark (and the comparison below) does not take, from the same categories
     searched = [p for every in sets for p in select(every, ts.num_prompts, held_out_from=ts.benchmark_prompts)]
     prompts = [encode_prompt(tokenizer, p) for p in searched]
