@@ -44,8 +44,12 @@ def build_trainer(cfg: DictConfig) -> L.Trainer:
     if not cfg.trainer.get("enable_progress_bar", True):
         callbacks = [c for c in callbacks if not isinstance(c, ProgressBar)]
     loggers = [instantiate(c) for c in cfg.get("logger", {}).values() if "_target_" in c]
-    precision = resolve_precision(cfg.trainer.get("precision", "auto"), cfg.trainer.get("accelerator", "cpu"))
-    return instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False, precision=precision)
+    precision = resolve_precision(
+        cfg.trainer.get("precision", "auto"), cfg.trainer.get("accelerator", "cpu")
+    )
+    return instantiate(
+        cfg.trainer, callbacks=callbacks, logger=loggers or False, precision=precision
+    )
 
 
 def train(cfg: DictConfig) -> dict[str, Any]:
@@ -58,12 +62,21 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     run_dir = Path(cfg.paths.run_dir)
     with quiet_lightning():
         trainer = build_trainer(cfg)
-        print(f"[train] {cfg.task_name}: {type(model).__name__}, precision {trainer.precision}, {threads} CPU threads")
-        metrics = fit_and_export(model, datamodule, trainer, out_dir=run_dir / model.artifact,
-                                 ckpt_dir=cfg.paths.ckpt_dir, ckpt_path=cfg.get("ckpt_path"),
-                                 require_planned_steps=bool(cfg.get("require_planned_steps", True)),
-                                 check_baseline=bool(cfg.get("check_baseline", True)),
-                                 config=OmegaConf.to_container(cfg, resolve=True))
+        print(
+            f"[train] {cfg.task_name}: {type(model).__name__}, precision {trainer.precision}, "
+            f"{threads} CPU threads"
+        )
+        metrics = fit_and_export(
+            model,
+            datamodule,
+            trainer,
+            out_dir=run_dir / model.artifact,
+            ckpt_dir=cfg.paths.ckpt_dir,
+            ckpt_path=cfg.get("ckpt_path"),
+            require_planned_steps=bool(cfg.get("require_planned_steps", True)),
+            check_baseline=bool(cfg.get("check_baseline", True)),
+            config=OmegaConf.to_container(cfg, resolve=True),
+        )
     return {**metrics, "run_dir": str(run_dir)}
 
 
@@ -78,8 +91,10 @@ def use_job_folder(cfg: DictConfig) -> None:
         return
     if cfg.trainer.get("devices", 1) not in (1, "1") and "LOCAL_RANK" not in os.environ:
         # Lightning would relaunch the whole sweep command in each extra process
-        raise ValueError("a Hydra sweep cannot launch multi-process jobs: run each job on its own, or the "
-                         "sweep under torchrun with an explicit hydra.sweep.dir (the same folder on every rank)")
+        raise ValueError(
+            "a Hydra sweep cannot launch multi-process jobs: run each job on its own, or the "
+            "sweep under torchrun with an explicit hydra.sweep.dir (the same folder on every rank)"
+        )
     with open_dict(cfg):
         cfg.paths.run_dir = hydra_cfg.runtime.output_dir
 

@@ -37,7 +37,9 @@ def pick_device(name: str, local_rank: int = 0, world_size: int = 1) -> str:
     A plain `cuda` of several processes is this process's GPU too: every rank on `cuda`
     would load its copy of the target onto GPU 0."""
     if name == "auto":
-        return f"cuda:{local_rank % torch.cuda.device_count()}" if torch.cuda.is_available() else "cpu"
+        return (
+            f"cuda:{local_rank % torch.cuda.device_count()}" if torch.cuda.is_available() else "cpu"
+        )
     check_device(name)
     if name == "cuda" and world_size > 1:
         return f"cuda:{local_rank % max(torch.cuda.device_count(), 1)}"
@@ -47,11 +49,15 @@ def pick_device(name: str, local_rank: int = 0, world_size: int = 1) -> str:
 def check_splits(samples: dict, cfg: DictConfig) -> None:
     """Both splits must hold samples: a dump without validation samples trains a drafter that
     cannot be checked (and fails at the start of training, far from the cause)."""
-    for split, hint in (("train", "source.max_samples or the data"),
-                        ("validation", "source.val_fraction or source.max_val_samples")):
+    for split, hint in (
+        ("train", "source.max_samples or the data"),
+        ("validation", "source.val_fraction or source.max_val_samples"),
+    ):
         if not samples.get(split):
-            raise ValueError(f"the source made no {split} samples ({len(samples.get('train', []))} train, "
-                             f"{len(samples.get('validation', []))} validation): raise {hint}")
+            raise ValueError(
+                f"the source made no {split} samples ({len(samples.get('train', []))} train, "
+                f"{len(samples.get('validation', []))} validation): raise {hint}"
+            )
 
 
 def generate(cfg: DictConfig) -> dict:
@@ -59,28 +65,49 @@ def generate(cfg: DictConfig) -> dict:
     set_threads(cfg.get("threads"))
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:  # `???` in the config: e.g. the sharegpt source's path
-        raise ValueError(f"missing config value(s): {', '.join(missing)} (set them on the command line)")
+        raise ValueError(
+            f"missing config value(s): {', '.join(missing)} (set them on the command line)"
+        )
     rank, world_size = int(cfg.rank), int(cfg.world_size)
     device = pick_device(cfg.device, int(os.environ.get("LOCAL_RANK", rank)), world_size)
-    model, tokenizer = load_target(cfg.target_path, dtype=resolve_dtype_name(cfg.target_dtype, device), device=device)
+    model, tokenizer = load_target(
+        cfg.target_path, dtype=resolve_dtype_name(cfg.target_dtype, device), device=device
+    )
     samples = instantiate(cfg.source)(tokenizer=tokenizer, max_len=cfg.max_len)
     check_splits(samples, cfg)
     counts = count_tokens(samples)
-    print(f"samples: {len(samples['train'])} train ({counts['train']:,} tokens), "
-          f"{len(samples['validation'])} validation ({counts['validation']:,} tokens)")
+    print(
+        f"samples: {len(samples['train'])} train ({counts['train']:,} tokens), "
+        f"{len(samples['validation'])} validation ({counts['validation']:,} tokens)"
+    )
     meta = dump_features(
-        model, tokenizer, samples, cfg.out_dir,
-        target_path=str(cfg.target_path), source=OmegaConf.to_container(cfg.source, resolve=True),
-        max_len=cfg.max_len, shard_size=cfg.shard_size, batch_size=cfg.batch_size, dtype=cfg.dtype,
-        overwrite=cfg.overwrite, progress=cfg.progress, rank=rank, world_size=world_size,
+        model,
+        tokenizer,
+        samples,
+        cfg.out_dir,
+        target_path=str(cfg.target_path),
+        source=OmegaConf.to_container(cfg.source, resolve=True),
+        max_len=cfg.max_len,
+        shard_size=cfg.shard_size,
+        batch_size=cfg.batch_size,
+        dtype=cfg.dtype,
+        overwrite=cfg.overwrite,
+        progress=cfg.progress,
+        rank=rank,
+        world_size=world_size,
     )
     if meta["status"] != "complete":
-        print(f"rank {rank} of {world_size}: its shards are written; the dump in {cfg.out_dir} is complete when "
-              f"every rank has finished")
+        print(
+            f"rank {rank} of {world_size}: its shards are written; the dump in {cfg.out_dir} is "
+            "complete when "
+            f"every rank has finished"
+        )
         return meta
     c = meta["counts"]
-    print(f"features: {c['samples']} samples, {c['tokens']:,} tokens, {c['shards']} shards, "
-          f"{c['bytes'] / 2**20:.1f} MiB ({c['bytes_per_token']} B/token) in {cfg.out_dir}")
+    print(
+        f"features: {c['samples']} samples, {c['tokens']:,} tokens, {c['shards']} shards, "
+        f"{c['bytes'] / 2**20:.1f} MiB ({c['bytes_per_token']} B/token) in {cfg.out_dir}"
+    )
     return meta
 
 

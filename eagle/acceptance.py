@@ -67,8 +67,12 @@ def residual(p: Tensor, q: Tensor) -> Tensor:
     return torch.where(mass > 0, pos / mass, p)
 
 
-def node_outcomes(p: Tensor, tokens: Tensor, qs: Tensor,
-                  repeats: Sequence[tuple[Sequence[int], Tensor] | None] | None = None) -> tuple[Tensor, Tensor]:
+def node_outcomes(
+    p: Tensor,
+    tokens: Tensor,
+    qs: Tensor,
+    repeats: Sequence[tuple[Sequence[int], Tensor] | None] | None = None,
+) -> tuple[Tensor, Tensor]:
     """SpecInfer's multi-round rule at one node, in closed form.
 
     Children are tried in order; child i is accepted with probability
@@ -94,11 +98,13 @@ def node_outcomes(p: Tensor, tokens: Tensor, qs: Tensor,
     tokens = tokens.to(p.device)
     owner = None  # draw j's token belongs to child owner[j]; None: one draw per child, in order
     q_draw, x_draw = qs, tokens
-    if repeats is not None:  # the draws in the order they were made: each child, then the repeats drawn after it
+    if (
+        repeats is not None
+    ):  # the draws in the order they were made: each child, then the repeats drawn after it
         owners, rows = [], []
         for i, rep in enumerate(repeats):
             owners.append(i)
-            rows.append(qs[i: i + 1])
+            rows.append(qs[i : i + 1])
             if rep is not None:
                 twins, q_rep = rep
                 if any(not 0 <= j <= i for j in twins):
@@ -142,7 +148,9 @@ def _repeats_of(children: Sequence[int], repeats: Repeats | None) -> list | None
     return out
 
 
-def _outcomes(node_rule: NodeRule, p: Tensor, tokens: Tensor, qs: Tensor, rows) -> tuple[Tensor, Tensor]:
+def _outcomes(
+    node_rule: NodeRule, p: Tensor, tokens: Tensor, qs: Tensor, rows
+) -> tuple[Tensor, Tensor]:
     # rules written for plain trees (the tests' planted bugs) take no repeats
     return node_rule(p, tokens, qs) if rows is None else node_rule(p, tokens, qs, rows)
 
@@ -196,8 +204,9 @@ def tree_outcome_distribution(
             end_prob.append(reach[u])
             end_dist.append(p_nodes[u])
             continue
-        accept, final = _outcomes(node_rule, p_nodes[u], tokens[list(ch)], q_nodes[list(ch)],
-                                  _repeats_of(ch, repeats))
+        accept, final = _outcomes(
+            node_rule, p_nodes[u], tokens[list(ch)], q_nodes[list(ch)], _repeats_of(ch, repeats)
+        )
         for c, a in zip(ch, accept):
             reach[c] = reach[u] * a
         end_prob.append(reach[u] * (1 - accept.sum()))
@@ -229,8 +238,8 @@ def verify_tree_stochastic(
         generator: optional RNG on the device of p_nodes.
         draw: `draw(probs) -> index`, one draw from a distribution: at a node over its m
             children then "none" (m + 1 entries), at the end over the V tokens. Default: one
-            `eagle.sampling.categorical` draw with `generator`. The tests pass one that follows every outcome,
-            so the exact distribution of this code path itself is checked.
+            `eagle.sampling.categorical` draw with `generator`. The tests pass one that follows
+            every outcome, so the exact distribution of this code path itself is checked.
         repeats: node i -> (twin nodes, (r, V) proposals) of draws tried right after node i
             that repeated earlier siblings' tokens (merged trees, `node_outcomes`).
     Returns:
@@ -238,6 +247,7 @@ def verify_tree_stochastic(
         next_token: the correction or bonus token emitted after the path.
     """
     if draw is None:
+
         def draw(probs: Tensor) -> int:
             return int(categorical(probs, generator))
 
@@ -248,8 +258,9 @@ def verify_tree_stochastic(
         if not ch:
             dist = p_nodes[u]  # leaf: every draft on the path accepted, bonus token from p
             break
-        accept, final = _outcomes(node_outcomes, p_nodes[u], tokens[list(ch)], q_nodes[list(ch)],
-                                  _repeats_of(ch, repeats))
+        accept, final = _outcomes(
+            node_outcomes, p_nodes[u], tokens[list(ch)], q_nodes[list(ch)], _repeats_of(ch, repeats)
+        )
         # child i with probability accept[i] (the earlier ones rejected, it accepted), or none
         pick = draw(torch.cat([accept, (1 - accept.sum()).clamp_min(0)[None]]))
         if pick == len(ch):
@@ -259,8 +270,11 @@ def verify_tree_stochastic(
     return path, draw(dist)
 
 
-def longest_accepted_path(children: Sequence[Sequence[int]], accepted: Sequence[bool],
-                          log_p: Sequence[float] | None = None) -> list[int]:
+def longest_accepted_path(
+    children: Sequence[Sequence[int]],
+    accepted: Sequence[bool],
+    log_p: Sequence[float] | None = None,
+) -> list[int]:
     """The longest root-to-node path whose every draft node is accepted.
 
     Args:
@@ -282,8 +296,11 @@ def longest_accepted_path(children: Sequence[Sequence[int]], accepted: Sequence[
         if len(path) > len(best_path) or (len(path) == len(best_path) and score > best_score):
             best_path, best_score = path, score
         u = path[-1]
-        stack.extend((path + [c], score + (log_p[c] if log_p is not None else 0.0))
-                     for c in reversed(children[u]) if accepted[c])
+        stack.extend(
+            (path + [c], score + (log_p[c] if log_p is not None else 0.0))
+            for c in reversed(children[u])
+            if accepted[c]
+        )
     return best_path
 
 

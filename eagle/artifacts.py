@@ -69,7 +69,9 @@ def files_stamp(paths: list[str]) -> dict[str, int]:
         if path.is_file():
             stamps[name] = path.stat().st_mtime_ns
         elif path.is_dir():
-            stamps[name] = max((f.stat().st_mtime_ns for f in path.iterdir() if f.is_file()), default=0)
+            stamps[name] = max(
+                (f.stat().st_mtime_ns for f in path.iterdir() if f.is_file()), default=0
+            )
     return stamps
 
 
@@ -115,7 +117,7 @@ class Artifact:
         return sorted(k for k in set(old) | set(self.params) if old.get(k) != self.params.get(k))
 
     def state(self) -> str:
-        """"absent", "stale", "incomplete" or "complete"."""
+        """One of "absent", "stale", "incomplete" and "complete"."""
         meta = self.meta()
         if meta is None:
             return "absent"
@@ -132,9 +134,11 @@ class Artifact:
         if state == "stale" and on_stale == "error":
             old = self.meta().get("params", {})
             diff = {k: (old.get(k), self.params.get(k)) for k in self.differences()}
-            raise ArtifactError(f"{self.what} in {self.folder} was built with other settings "
-                                f"({', '.join(f'{k}: {a!r} -> {b!r}' for k, (a, b) in diff.items())}): "
-                                f"delete it or point elsewhere")
+            raise ArtifactError(
+                f"{self.what} in {self.folder} was built with other settings "
+                f"({', '.join(f'{k}: {a!r} -> {b!r}' for k, (a, b) in diff.items())}): "
+                f"delete it or point elsewhere"
+            )
         return state == "complete"
 
     def write(self, status: str = "complete", **info: Any) -> dict:
@@ -150,7 +154,11 @@ def stopped_report(path: str | Path, key: Any) -> dict | None:
     "incomplete") and was made with `key` (compared as JSON holds it): a rerun with the same key
     resumes from it. None for no key, no report, a finished one or another key."""
     report = read_json(path) if key is not None else None
-    if not report or report.get("status") != "incomplete" or report.get("resume_key") != json.loads(json.dumps(key)):
+    if (
+        not report
+        or report.get("status") != "incomplete"
+        or report.get("resume_key") != json.loads(json.dumps(key))
+    ):
         return None
     return report
 

@@ -16,9 +16,15 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-USER_ERRORS = (ValueError, FileNotFoundError, RuntimeError)  # the configuration or the files it names
+USER_ERRORS = (
+    ValueError,
+    FileNotFoundError,
+    RuntimeError,
+)  # the configuration or the files it names
 # messages of other libraries that do not say what to change here
-HINTS = {"No supported gpu backend found": "this machine has no GPU: use trainer=cpu, or a CPU preset"}
+HINTS = {
+    "No supported gpu backend found": "this machine has no GPU: use trainer=cpu, or a CPU preset"
+}
 
 
 def _from_config_system(exc: BaseException) -> bool:
@@ -42,7 +48,9 @@ def one_line(exc: BaseException, limit: int = 400) -> str:
     return f"{type(exc).__name__}: {text}"
 
 
-def added_settings(base: Collection[str], overrides: Sequence[str], groups: Collection[str]) -> list[str]:
+def added_settings(
+    base: Collection[str], overrides: Sequence[str], groups: Collection[str]
+) -> list[str]:
     """The top-level settings that `+key=value` overrides add to a config that has no such key.
 
     Hydra refuses `key=value` for a key its config lacks and suggests `+key=value`, which adds it;
@@ -74,10 +82,15 @@ def added_settings(base: Collection[str], overrides: Sequence[str], groups: Coll
 
 
 def appended(override: str, groups: Collection[str]) -> bool:
-    """Whether an override is a `+key=value` that `added_settings` looks at (not `++`, not a group)."""
+    """Whether an override is a `+key=value` that `added_settings` looks at (not `++`, not a group).
+    """
     key = override[1:].split("=", 1)[0]
-    return (override.startswith("+") and not override.startswith("++")
-            and key.split("@")[0].split(".")[0] not in groups and "/" not in key)
+    return (
+        override.startswith("+")
+        and not override.startswith("++")
+        and key.split("@")[0].split(".")[0] not in groups
+        and "/" not in key
+    )
 
 
 def refuse_added_settings(hydra_config: Any, compose: Callable[..., Mapping]) -> None:
@@ -91,11 +104,17 @@ def refuse_added_settings(hydra_config: Any, compose: Callable[..., Mapping]) ->
     base = compose(config_name=name, overrides=[o for o in overrides if not appended(o, groups)])
     new = added_settings(set(base), overrides, groups)
     if new:
-        hints = [f"{key!r} (did you mean {', '.join(map(repr, close))}?)" if (
-            close := difflib.get_close_matches(key, list(base), n=2, cutoff=0.6)) else repr(key) for key in new]
-        raise ValueError(f"unknown setting {', '.join(hints)}: a '+' override adds a key that nothing reads "
-                         f"(Hydra suggests '+' for a name its config lacks); drop the '+' and use a setting of "
-                         f"{name}.yaml")
+        hints = [
+            f"{key!r} (did you mean {', '.join(map(repr, close))}?)"
+            if (close := difflib.get_close_matches(key, list(base), n=2, cutoff=0.6))
+            else repr(key)
+            for key in new
+        ]
+        raise ValueError(
+            f"unknown setting {', '.join(hints)}: a '+' override adds a key that nothing reads "
+            f"(Hydra suggests '+' for a name its config lacks); drop the '+' and use a setting of "
+            f"{name}.yaml"
+        )
 
 
 def run_cli(main: Callable[[], Any], root: str | Path) -> None:
@@ -109,7 +128,11 @@ def run_cli(main: Callable[[], Any], root: str | Path) -> None:
     except Exception as exc:
         if full_error:
             raise
-        cause = exc.__cause__ if type(exc).__name__ == "InstantiationException" and exc.__cause__ else exc
+        cause = (
+            exc.__cause__
+            if type(exc).__name__ == "InstantiationException" and exc.__cause__
+            else exc
+        )
         user = isinstance(cause, USER_ERRORS) or _from_config_system(cause)
         hint = "" if user else " (HYDRA_FULL_ERROR=1 shows the traceback)"
         line = one_line(exc)

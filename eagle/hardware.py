@@ -24,8 +24,16 @@ BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")  # CPU instructions that make bf16 
 
 # nominal memory bandwidth (GB/s) of the GPUs a timing's floor is stated for, by a piece of their
 # name as torch.cuda.get_device_name gives it; the first match counts (PCIe before the plain name)
-GPU_BANDWIDTH_GB_S = (("H200", 4800.0), ("H100 PCIe", 2000.0), ("H100 NVL", 3900.0), ("H100", 3350.0),
-                      ("A100-SXM4-80GB", 2039.0), ("A100 80GB PCIe", 1935.0), ("A100", 1555.0), ("L40S", 864.0))
+GPU_BANDWIDTH_GB_S = (
+    ("H200", 4800.0),
+    ("H100 PCIe", 2000.0),
+    ("H100 NVL", 3900.0),
+    ("H100", 3350.0),
+    ("A100-SXM4-80GB", 2039.0),
+    ("A100 80GB PCIe", 1935.0),
+    ("A100", 1555.0),
+    ("L40S", 864.0),
+)
 
 
 def gpu_bandwidth_gb_s(name: str) -> float | None:
@@ -44,7 +52,9 @@ def cpu_has_fast_bf16() -> bool:
             return any(bool(found.get(flag)) for flag in BF16_CPU_FLAGS)
     try:
         with open("/proc/cpuinfo") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+            flags = next(
+                (line.split(":", 1)[1].split() for line in f if line.startswith("flags")), []
+            )
     except OSError:
         return False
     return any(flag in flags for flag in BF16_CPU_FLAGS)
@@ -55,8 +65,10 @@ def check_device(device: str | torch.device) -> None:
     first tensor moved to it (an `AssertionError: Torch not compiled with CUDA enabled`)."""
     if torch.device(device).type == "cuda" and not torch.cuda.is_available():
         build = "a CPU-only build" if torch.version.cuda is None else "no visible GPU"
-        raise ValueError(f"device={device}, but torch {torch.__version__} sees no CUDA device ({build}): "
-                         "use device=cpu")
+        raise ValueError(
+            f"device={device}, but torch {torch.__version__} sees no CUDA device ({build}): "
+            "use device=cpu"
+        )
 
 
 def fast_bf16(device: str | torch.device = "cpu") -> bool:
@@ -75,8 +87,8 @@ def auto_dtype(device: str | torch.device = "cpu", wide: bool = True) -> str:
     `wide`: the forward scores many tokens at once (a tree verification, a training batch).
     On a CPU, a one-token decode step is memory- and overhead-bound, and fp32 decodes it at
     least as fast as bf16 even with AMX (LOG.md), so narrow work stays in fp32 there. A rule, not
-    a measurement: where it says bf16 on a CPU, `eagle.bench.builder.Methods` measures both dtypes on the target
-    (`eagle.bench.precision.faster_dtype`; a small model can verify faster in fp32).
+    a measurement: where it says bf16 on a CPU, `eagle.bench.builder.Methods` measures both dtypes
+    on the target (`eagle.bench.precision.faster_dtype`; a small model can verify faster in fp32).
     """
     device = torch.device(device)
     if not fast_bf16(device):
@@ -92,7 +104,9 @@ def resolve_dtype_name(name: str, device: str | torch.device = "cpu", wide: bool
 def auto_precision(accelerator: str = "cpu") -> str:
     """Lightning's `precision` for training on `accelerator`: bf16 autocast (fp32 weights and
     optimizer state) where bf16 is fast, full fp32 elsewhere."""
-    device = "cuda" if accelerator in ("gpu", "cuda", "auto") and torch.cuda.is_available() else "cpu"
+    device = (
+        "cuda" if accelerator in ("gpu", "cuda", "auto") and torch.cuda.is_available() else "cpu"
+    )
     return "bf16-mixed" if fast_bf16(device) else "32-true"
 
 
@@ -104,6 +118,7 @@ def resolve_precision(precision: str | int, accelerator: str = "cpu") -> str | i
 def idle_cores(sample_s: float = 0.25) -> float:
     """How many of this process's cores were idle over the last `sample_s` seconds (Linux
     /proc/stat; the whole machine is assumed to be ours elsewhere)."""
+
     def busy_idle() -> tuple[int, int] | None:
         try:
             with open("/proc/stat") as f:
@@ -113,7 +128,9 @@ def idle_cores(sample_s: float = 0.25) -> float:
         idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
         return sum(fields) - idle, idle
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = (
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    )
     first = busy_idle()
     if first is None:
         return float(cores)

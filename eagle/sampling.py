@@ -33,7 +33,9 @@ class SamplingPolicy:
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise ValueError(f"{name} must be a number, got {value!r}")
         if not self.temperature >= 0:  # also rejects NaN
-            raise ValueError(f"temperature must be a number >= 0 (0 means greedy), got {self.temperature}")
+            raise ValueError(
+                f"temperature must be a number >= 0 (0 means greedy), got {self.temperature}"
+            )
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
             raise ValueError(f"top_k must be an integer >= 0 (0 disables), got {self.top_k!r}")
         if not 0 < self.top_p <= 1:
@@ -105,9 +107,9 @@ class RowProbs:
     """`policy.probs` of each row of `logits` (N, V), computed the first time the row is read.
 
     Sampled verification reads p only at the nodes of the accepted path (its children's
-    outcomes, or the bonus token at a leaf), about tau of a tree's N rows. Computing all N costs a softmax per row, and
-    under top-p a sort of the whole vocabulary per row. Indexing takes one integer row.
-    """
+    outcomes, or the bonus token at a leaf), about tau of a tree's N rows. Computing all N costs a
+    softmax per row, and under top-p a sort of the whole vocabulary per row. Indexing takes one
+    integer row."""
 
     def __init__(self, policy: SamplingPolicy, logits: Tensor):
         self.policy, self.logits, self.rows = policy, logits, {}
@@ -166,6 +168,10 @@ def check_generator(generator: torch.Generator | None, device: torch.device) -> 
     if generator is None:
         return
     g = generator.device
-    if g.type != device.type or (g.index is not None and device.index is not None and g.index != device.index):
-        raise ValueError(f"the generator is on {g} but the model on {device}: create it there "
-                         f"(eagle.sampling.seeded_generator(seed, device))")
+    if g.type != device.type or (
+        g.index is not None and device.index is not None and g.index != device.index
+    ):
+        raise ValueError(
+            f"the generator is on {g} but the model on {device}: create it there "
+            f"(eagle.sampling.seeded_generator(seed, device))"
+        )

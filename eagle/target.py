@@ -63,18 +63,28 @@ def load_tokenizer(name_or_path: str | os.PathLike):
 
     name = check_model_dir(name_or_path)
     if Path(name).exists() and not any(
-        (Path(name) / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+        (Path(name) / f).exists()
+        for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
     ):
-        raise TargetError(f"{name} has no tokenizer (tokenizer.json / tokenizer_config.json missing)")
+        raise TargetError(
+            f"{name} has no tokenizer (tokenizer.json / tokenizer_config.json missing)"
+        )
     try:
         return AutoTokenizer.from_pretrained(name)
     except (OSError, ValueError) as err:
-        raise TargetError(f"cannot load the tokenizer of {name}: {str(err).splitlines()[0]}") from err
+        raise TargetError(
+            f"cannot load the tokenizer of {name}: {str(err).splitlines()[0]}"
+        ) from err
 
 
-def load_target(name_or_path: str | os.PathLike, dtype: str | torch.dtype = "float32",
-                device: str | torch.device = "cpu", with_tokenizer: bool = True, weights: str = "all",
-                device_map: str | dict | None = None):
+def load_target(
+    name_or_path: str | os.PathLike,
+    dtype: str | torch.dtype = "float32",
+    device: str | torch.device = "cpu",
+    with_tokenizer: bool = True,
+    weights: str = "all",
+    device_map: str | dict | None = None,
+):
     """Load a causal LM (and its tokenizer) from a local directory or, with access, a hub name.
 
     A multimodal checkpoint (Gemma-3 4B and up, Gemma-4, Llama-4) loads as its language model
@@ -103,14 +113,19 @@ def load_target(name_or_path: str | os.PathLike, dtype: str | torch.dtype = "flo
     extra = {"device_map": device_map} if device_map is not None else {}
     try:
         extra.update(_language_model_only(name))
-        model, info = AutoModelForCausalLM.from_pretrained(name, dtype=resolve_dtype(dtype), output_loading_info=True,
-                                                           **extra)
+        model, info = AutoModelForCausalLM.from_pretrained(
+            name, dtype=resolve_dtype(dtype), output_loading_info=True, **extra
+        )
     except (OSError, ValueError) as err:
         raise TargetError(f"cannot load model {name}: {str(err).splitlines()[0]}") from err
-    missing = sorted(set(info.get("missing_keys") or ()) - set(getattr(model, "_tied_weights_keys", None) or ()))
+    missing = sorted(
+        set(info.get("missing_keys") or ()) - set(getattr(model, "_tied_weights_keys", None) or ())
+    )
     if missing:
-        raise TargetError(f"cannot load model {name}: {len(missing)} of its weights are not in the checkpoint "
-                          f"(e.g. {missing[:3]}); they would start at random")
+        raise TargetError(
+            f"cannot load model {name}: {len(missing)} of its weights are not in the checkpoint "
+            f"(e.g. {missing[:3]}); they would start at random"
+        )
     if device_map is None:
         model.to(device)
     model.eval().requires_grad_(False)
@@ -120,8 +135,11 @@ def load_target(name_or_path: str | os.PathLike, dtype: str | torch.dtype = "flo
 
 # where a multimodal checkpoint keeps its language model's weights, and where the causal LM of its
 # text config wants them (Gemma-3/4's `model.language_model.*`; Llama-4's `language_model.*`)
-LANGUAGE_MODEL_KEYS = {r"^model\.language_model\.": "model.", r"^language_model\.model\.": "model.",
-                       r"^language_model\.lm_head\.": "lm_head."}
+LANGUAGE_MODEL_KEYS = {
+    r"^model\.language_model\.": "model.",
+    r"^language_model\.model\.": "model.",
+    r"^language_model\.lm_head\.": "lm_head.",
+}
 
 
 def _language_model_only(name: str) -> dict:
@@ -163,7 +181,9 @@ def _checkpoint_tensors(folder: Path, keys: list[list[str]]) -> dict[str, Tensor
     found = {}
     for names in keys:
         candidates = [c for n in names for c in (n, n.split(".", 1)[-1])]
-        stored = next((as_text.get(c, c) for c in candidates if c in weight_map or c in as_text), None)
+        stored = next(
+            (as_text.get(c, c) for c in candidates if c in weight_map or c in as_text), None
+        )
         if stored is None:
             return None
         with safe_open(str(folder / weight_map[stored]), framework="pt") as f:
@@ -172,7 +192,8 @@ def _checkpoint_tensors(folder: Path, keys: list[list[str]]) -> dict[str, Tensor
 
 
 def _text_key(key: str) -> str:
-    """A checkpoint's tensor name as the causal LM of its text config names it (`LANGUAGE_MODEL_KEYS`)."""
+    """A checkpoint's tensor name as the causal LM of its text config names it
+    (`LANGUAGE_MODEL_KEYS`)."""
     for pattern, replacement in LANGUAGE_MODEL_KEYS.items():
         key = re.sub(pattern, replacement, key)
     return key
@@ -196,9 +217,15 @@ def load_head_only(name: str, dtype: torch.dtype, device: str | torch.device = "
     for n, p in model.named_parameters(remove_duplicate=False):
         if id(p) in wanted:
             groups.setdefault(id(p), []).append(n)
-    tensors = _checkpoint_tensors(Path(name), list(groups.values())) if Path(name).is_dir() else None
+    tensors = (
+        _checkpoint_tensors(Path(name), list(groups.values())) if Path(name).is_dir() else None
+    )
     if tensors is None:  # not safetensors, or other names: load it all once, keep the head
-        full = dict(load_target(name, dtype=dtype, with_tokenizer=False)[0].named_parameters(remove_duplicate=False))
+        full = dict(
+            load_target(name, dtype=dtype, with_tokenizer=False)[0].named_parameters(
+                remove_duplicate=False
+            )
+        )
         tensors = {names[0]: full[names[0]].data for names in groups.values()}
         del full
     for names in groups.values():
@@ -251,15 +278,20 @@ def check_logits(model: nn.Module, atol: float = 1e-4) -> None:
     on a short random sequence: a family whose final transform this module does not know would
     otherwise be decoded from the wrong distribution (silently: greedy argmaxes may agree)."""
     p = next(model.parameters())
-    ids = torch.randint(0, lm_head(model).weight.shape[0], (1, 8), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(
+        0, lm_head(model).weight.shape[0], (1, 8), generator=torch.Generator().manual_seed(0)
+    )
     ids = ids.to(p.device)
     with torch.no_grad():
         want = model(input_ids=ids).logits.float()
         got = target_forward(model, ids).logits.float()
     err = (got - want).abs().max().item()
     if not err <= atol * max(1.0, want.abs().max().item()):
-        raise TargetError(f"{type(model).__name__}: the LM head of its features differs from its own logits by "
-                          f"{err:.3g}: it transforms its logits in a way eagle.target.LogitTransform does not know")
+        raise TargetError(
+            f"{type(model).__name__}: the LM head of its features differs from its own logits by "
+            f"{err:.3g}: it transforms its logits in a way eagle.target.LogitTransform does not "
+            "know"
+        )
 
 
 def context_length(model: nn.Module) -> int | None:
@@ -277,10 +309,14 @@ def context_length(model: nn.Module) -> int | None:
         # YaRN as Qwen documents it keeps max_position_embeddings at the original length: its
         # frequencies are fixed, so it serves factor x original positions (dynamic NTK does not:
         # past its length its frequencies follow the forward's longest position, a tree's included)
-        original = rope.get("original_max_position_embeddings") or getattr(config, "original_max_position_embeddings", None)
+        original = rope.get("original_max_position_embeddings") or getattr(
+            config, "original_max_position_embeddings", None
+        )
         if rope.get("rope_type") == "yarn" and rope.get("factor") and original:
             limit = max(limit or 0, int(rope["factor"] * original))
-    if getattr(config, "attn_temperature_tuning", False) and 0 in (getattr(config, "no_rope_layers", None) or ()):
+    if getattr(config, "attn_temperature_tuning", False) and 0 in (
+        getattr(config, "no_rope_layers", None) or ()
+    ):
         limit = min(limit or config.floor_scale, config.floor_scale - 1)
     return limit
 
@@ -302,8 +338,11 @@ def longrope_switch(model: nn.Module) -> int | None:
     config = model.config
     for rope in rope_parameters(config):
         if rope.get("rope_type") == "longrope":
-            return int(rope.get("original_max_position_embeddings")
-                       or getattr(config, "original_max_position_embeddings", None) or config.max_position_embeddings)
+            return int(
+                rope.get("original_max_position_embeddings")
+                or getattr(config, "original_max_position_embeddings", None)
+                or config.max_position_embeddings
+            )
     return None
 
 
@@ -320,11 +359,14 @@ def decoder_body(model: nn.Module) -> nn.Module:
     if body is model:
         body = getattr(model, "model", None)
         if not isinstance(body, nn.Module):
-            raise TargetError(f"{type(model).__name__}: no decoder body found (neither base_model nor .model)")
+            raise TargetError(
+                f"{type(model).__name__}: no decoder body found (neither base_model nor .model)"
+            )
     return body
 
 
-# config lists with one entry per decoder layer (sliding or full, rotary or not), and lists of layer indices
+# config lists with one entry per decoder layer (sliding or full, rotary or not), and lists of layer
+# indices
 PER_LAYER = ("layer_types", "no_rope_layers")
 LAYER_INDICES = ("moe_layers",)
 
@@ -342,7 +384,9 @@ def cut_config(config, layers: int):
         elif isinstance(value, list) and key in LAYER_INDICES:
             fields[key] = [i for i in value if i < layers]
     if isinstance(fields.get("per_layer_config"), dict):  # keyed by layer index ("05" or 5)
-        fields["per_layer_config"] = {k: v for k, v in fields["per_layer_config"].items() if int(k) < layers}
+        fields["per_layer_config"] = {
+            k: v for k, v in fields["per_layer_config"].items() if int(k) < layers
+        }
     if fields.get("num_kv_shared_layers"):
         fields["num_kv_shared_layers"] = max(0, fields["num_kv_shared_layers"] - (n - layers))
     return config.__class__.from_dict({**fields, "num_hidden_layers": layers})
@@ -375,17 +419,22 @@ def check_attention_only(model: nn.Module) -> None:
         types = getattr(config, "layer_types", None) or []
     other = sorted(set(types) - set(ATTENTION_LAYERS))
     if other:
-        raise TargetError(f"{type(model).__name__} has layers of type {other}: this engine verifies trees on "
-                          "caches of keys and values per token, dropping the rejected nodes, and knows only the "
-                          f"attention layers {list(ATTENTION_LAYERS[:3])}; a recurrent state (Mamba, linear "
-                          "attention, convolutions) cannot drop them")
+        raise TargetError(
+            f"{type(model).__name__} has layers of type {other}: this engine verifies trees on "
+            "caches of keys and values per token, dropping the rejected nodes, and knows only the "
+            f"attention layers {list(ATTENTION_LAYERS[:3])}; a recurrent state (Mamba, linear "
+            "attention, convolutions) cannot drop them"
+        )
     impl = getattr(config, "_attn_implementation", None)
     if impl not in MASKED_ATTENTION:
         # flash attention takes padding masks only: a tree's 4-D mask would be dropped and every
         # node would see its siblings, silently
-        raise TargetError(f"{type(model).__name__} runs attention_implementation={impl!r}, which does not take "
-                          f"the 4-D tree masks every verification passes: load it with attn_implementation='sdpa' "
-                          f"(or one of {list(MASKED_ATTENTION[1:])})")
+        raise TargetError(
+            f"{type(model).__name__} runs attention_implementation={impl!r}, which does not take "
+            "the 4-D tree masks every verification passes: load it with "
+            "attn_implementation='sdpa' "
+            f"(or one of {list(MASKED_ATTENTION[1:])})"
+        )
 
 
 def lm_head(model: nn.Module) -> nn.Module:
@@ -395,12 +444,18 @@ def lm_head(model: nn.Module) -> nn.Module:
 
 @dataclass
 class TargetOutput:
-    logits: Tensor    # (B, T, V)
+    logits: Tensor  # (B, T, V)
     features: Tensor  # (B, T, H): the hidden state that feeds the LM head
 
 
-def target_forward(model: nn.Module, input_ids: Tensor, cache=None, attention_mask: Tensor | None = None,
-                   position_ids: Tensor | None = None, logits_slice: slice | Tensor | None = None) -> TargetOutput:
+def target_forward(
+    model: nn.Module,
+    input_ids: Tensor,
+    cache=None,
+    attention_mask: Tensor | None = None,
+    position_ids: Tensor | None = None,
+    logits_slice: slice | Tensor | None = None,
+) -> TargetOutput:
     """One forward of the target returning logits and features together.
 
     `logits_slice` restricts the LM head to some positions (prefill needs only the last),
@@ -408,12 +463,19 @@ def target_forward(model: nn.Module, input_ids: Tensor, cache=None, attention_ma
     per row (B,) (right-padded prompts of a batch: each row's last real token; logits (B, 1, V)).
     Features are always returned for every position.
     """
-    out = decoder_body(model)(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                              cache=cache, use_cache=cache is not None)
+    out = decoder_body(model)(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        cache=cache,
+        use_cache=cache is not None,
+    )
     features = out.last_hidden_state  # (B, T, H)
     if isinstance(logits_slice, Tensor):
         rows = torch.arange(features.shape[0], device=features.device)
-        head_in = features[rows, logits_slice.to(features.device)][:, None]  # the last layer's device (device_map)
+        head_in = features[rows, logits_slice.to(features.device)][
+            :, None
+        ]  # the last layer's device (device_map)
     else:
         head_in = features if logits_slice is None else features[:, logits_slice]
     return TargetOutput(logits=head_logits(model, head_in), features=features)
@@ -443,21 +505,31 @@ class TargetIdentity:
     CHECKED = ("hidden_size", "vocab_size", "tokenizer_hash", "lm_head_sha256")
 
     @classmethod
-    def of(cls, model: nn.Module, tokenizer=None, path: str | os.PathLike | None = None,
-           with_lm_head: bool = False) -> TargetIdentity:
+    def of(
+        cls,
+        model: nn.Module,
+        tokenizer=None,
+        path: str | os.PathLike | None = None,
+        with_lm_head: bool = False,
+    ) -> TargetIdentity:
         """The identity of a loaded target (with its LM head's fingerprint if asked: a hash of
         the whole head, worth it for feature dumps and training, not for every load)."""
         cfg = model.config
-        return cls(hidden_size=int(cfg.hidden_size), vocab_size=int(lm_head(model).weight.shape[0]),
-                   model_type=str(cfg.model_type),
-                   tokenizer_hash=tokenizer_hash(tokenizer) if tokenizer is not None else None,
-                   lm_head_sha256=lm_head_fingerprint(model) if with_lm_head else None,
-                   target_path=str(path) if path is not None else str(getattr(cfg, "_name_or_path", "")))
+        return cls(
+            hidden_size=int(cfg.hidden_size),
+            vocab_size=int(lm_head(model).weight.shape[0]),
+            model_type=str(cfg.model_type),
+            tokenizer_hash=tokenizer_hash(tokenizer) if tokenizer is not None else None,
+            lm_head_sha256=lm_head_fingerprint(model) if with_lm_head else None,
+            target_path=str(path) if path is not None else str(getattr(cfg, "_name_or_path", "")),
+        )
 
     @classmethod
     def from_dict(cls, data: dict) -> TargetIdentity:
         if not isinstance(data, dict) or "hidden_size" not in data or "vocab_size" not in data:
-            raise ValueError(f"a target identity needs at least hidden_size and vocab_size, got {data!r}")
+            raise ValueError(
+                f"a target identity needs at least hidden_size and vocab_size, got {data!r}"
+            )
         known = {f for f in cls.__dataclass_fields__}
         return cls(**{k: v for k, v in data.items() if k in known})
 
@@ -480,26 +552,43 @@ class TargetIdentity:
         than the one it was trained against) costs acceptance, not exactness."""
         if head not in ("error", "warn"):
             raise ValueError(f"head must be 'error' or 'warn', got {head!r}")
-        keys = self.CHECKED if head == "error" else tuple(k for k in self.CHECKED if k != "lm_head_sha256")
+        keys = (
+            self.CHECKED
+            if head == "error"
+            else tuple(k for k in self.CHECKED if k != "lm_head_sha256")
+        )
         diff = self.mismatch(target, keys)
         if diff is not None:
-            raise TargetMismatchError(f"{what} was made for another target: {diff} (made for {self.target_path!r}, "
-                                      f"given {target.target_path!r})")
+            raise TargetMismatchError(
+                f"{what} was made for another target: {diff} (made for {self.target_path!r}, "
+                f"given {target.target_path!r})"
+            )
         if head == "warn" and self.mismatch(target, ("lm_head_sha256",)) is not None:
-            warnings.warn(f"{what} was trained against another LM head than this target's (fingerprint "
-                          f"{self.lm_head_sha256} != {target.lm_head_sha256}; made for {self.target_path!r}, given "
-                          f"{target.target_path!r}): decoding stays exact, but expect fewer accepted tokens unless "
-                          "this is the same model", stacklevel=3)
+            warnings.warn(
+                f"{what} was trained against another LM head than this target's (fingerprint "
+                f"{self.lm_head_sha256} != {target.lm_head_sha256}; made for {self.target_path!r}, "
+                "given "
+                f"{target.target_path!r}): decoding stays exact, but expect fewer accepted tokens "
+                "unless "
+                "this is the same model",
+                stacklevel=3,
+            )
         if self.model_type and target.model_type and self.model_type != target.model_type:
-            warnings.warn(f"{what} was made for a {self.model_type} target, this one is {target.model_type}; "
-                          f"the shapes match, using it anyway", stacklevel=3)
+            warnings.warn(
+                f"{what} was made for a {self.model_type} target, this one is {target.model_type}; "
+                f"the shapes match, using it anyway",
+                stacklevel=3,
+            )
 
 
 def check_shape(owner: str, target: dict, **shape: int) -> None:
     """A trained module's record of its target (`TargetIdentity.to_dict()`) must be a dict that
-    agrees with the module's own shape (hidden_size=..., vocab_size=...); raise ValueError otherwise."""
+    agrees with the module's own shape (hidden_size=..., vocab_size=...); raise ValueError
+    otherwise."""
     if not isinstance(target, dict):
-        raise ValueError(f"{owner}: target must be a dict (TargetIdentity.to_dict()), got {target!r}")
+        raise ValueError(
+            f"{owner}: target must be a dict (TargetIdentity.to_dict()), got {target!r}"
+        )
     for key, value in shape.items():
         if key in target and target[key] != value:
             raise ValueError(f"{owner}: {key} {value} disagrees with its target's {target[key]}")
@@ -523,8 +612,14 @@ def tokenizer_hash(tokenizer) -> str:
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is not None:
         state = json.loads(backend.to_str())
-        blob = {k: state.get(k) for k in ("model", "added_tokens", "pre_tokenizer", "post_processor")}
+        blob = {
+            k: state.get(k) for k in ("model", "added_tokens", "pre_tokenizer", "post_processor")
+        }
     else:
-        blob = {"vocab": sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1]),
-                "special": tokenizer.all_special_tokens}
-    return hashlib.sha256(json.dumps(blob, sort_keys=True, ensure_ascii=False).encode()).hexdigest()[:16]
+        blob = {
+            "vocab": sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1]),
+            "special": tokenizer.all_special_tokens,
+        }
+    return hashlib.sha256(
+        json.dumps(blob, sort_keys=True, ensure_ascii=False).encode()
+    ).hexdigest()[:16]

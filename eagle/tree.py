@@ -27,7 +27,8 @@ import torch
 import yaml
 
 RankPath = tuple[int, ...]  # child ranks from the root, e.g. (0, 2)
-MAX_BUDGET_NODES = 20_000  # a probe tree larger than this takes minutes to build and cannot be verified
+# a probe tree larger than this takes minutes to build and cannot be verified
+MAX_BUDGET_NODES = 20_000
 
 
 class TreeError(ValueError):
@@ -59,7 +60,11 @@ class Tree:
     @staticmethod
     def of(parents: Sequence[int] | torch.Tensor) -> Tree:
         """The (cached) tree of a parent list, validated."""
-        return _tree(tuple(parents.tolist() if isinstance(parents, torch.Tensor) else (int(p) for p in parents)))
+        return _tree(
+            tuple(
+                parents.tolist() if isinstance(parents, torch.Tensor) else (int(p) for p in parents)
+            )
+        )
 
     def __len__(self) -> int:
         """Nodes, the root included."""
@@ -67,7 +72,8 @@ class Tree:
 
     @cached_property
     def children(self) -> tuple[tuple[int, ...], ...]:
-        """Each node's children in sibling (index) order (tuples: index tensors with `list(...)`)."""
+        """Each node's children in sibling (index) order (tuples: index tensors with `list(...)`).
+        """
         out: list[list[int]] = [[] for _ in self.parents]
         for i in range(1, len(self.parents)):
             out[self.parents[i]].append(i)
@@ -75,7 +81,8 @@ class Tree:
 
     @cached_property
     def depths(self) -> tuple[int, ...]:
-        """Each node's depth (the root: 0); a node's position id is the committed length + its depth."""
+        """Each node's depth (the root: 0); a node's position id is the committed length + its
+        depth."""
         out = [0] * len(self.parents)
         for i in range(1, len(self.parents)):
             out[i] = out[self.parents[i]] + 1
@@ -103,7 +110,9 @@ class Tree:
             anc[i] |= anc[self.parents[i]]  # parents precede children: row p is already final
         return anc
 
-    def ancestors(self, width: int | None = None, device: torch.device | str | None = None) -> torch.Tensor:
+    def ancestors(
+        self, width: int | None = None, device: torch.device | str | None = None
+    ) -> torch.Tensor:
         """(width, width) bool: node i sees node j iff j is i or an ancestor of i. Padded to
         `width` nodes (default: the tree's own size): a padding node sees only itself and no
         real node sees it."""
@@ -115,7 +124,9 @@ class Tree:
         out[:n, :n] = self._ancestors
         return out.to(device)
 
-    def depth_offsets(self, width: int | None = None, device: torch.device | str | None = None) -> torch.Tensor:
+    def depth_offsets(
+        self, width: int | None = None, device: torch.device | str | None = None
+    ) -> torch.Tensor:
         """(width,) long: each node's depth, padding nodes at depth 0."""
         n = len(self.parents)
         width = n if width is None else width
@@ -239,7 +250,9 @@ class TreeTemplate:
         return cls.from_paths(paths, name or "static<" + ",".join(map(str, ks)) + ">")
 
     @classmethod
-    def rank_budget(cls, max_depth: int, max_rank_sum: int, name: str | None = None) -> TreeTemplate:
+    def rank_budget(
+        cls, max_depth: int, max_rank_sum: int, name: str | None = None
+    ) -> TreeTemplate:
         """Every path of depth <= max_depth whose ranks sum to <= max_rank_sum: the nodes a
         decent drafter is most likely to get accepted. Large, so meant as a probe: measure
         each node's acceptance once, then keep the best subtree (`eagle.tree_search`)."""
@@ -249,8 +262,11 @@ class TreeTemplate:
         # paths of depth d with ranks summing to <= s: C(s + d, d); count before building them
         nodes = sum(math.comb(max_rank_sum + d, d) for d in range(1, max_depth + 1))
         if nodes > MAX_BUDGET_NODES:
-            raise TreeError(f"a budget tree of max_depth {max_depth} and max_rank_sum {max_rank_sum} has {nodes:,} "
-                            f"nodes (at most {MAX_BUDGET_NODES:,}): lower max_depth or max_rank_sum")
+            raise TreeError(
+                f"a budget tree of max_depth {max_depth} and max_rank_sum {max_rank_sum} has "
+                f"{nodes:,} "
+                f"nodes (at most {MAX_BUDGET_NODES:,}): lower max_depth or max_rank_sum"
+            )
         paths: list[RankPath] = []
         frontier: list[RankPath] = [()]
         for _ in range(max_depth):
@@ -275,8 +291,13 @@ class TreeTemplate:
         """
         if not isinstance(cfg, Mapping):
             raise TreeError(f"tree config must be a mapping, got {type(cfg).__name__}")
-        kinds = {"paths": ("paths",), "chain": ("gamma",), "static": ("expansion",),
-                 "budget": ("max_depth", "max_rank_sum"), "none": ()}
+        kinds = {
+            "paths": ("paths",),
+            "chain": ("gamma",),
+            "static": ("expansion",),
+            "budget": ("max_depth", "max_rank_sum"),
+            "none": (),
+        }
         if "kind" not in cfg:
             raise TreeError(f"tree config is missing key 'kind' (one of {sorted(kinds)})")
         kind = cfg["kind"]

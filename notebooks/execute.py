@@ -40,7 +40,10 @@ def main(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     start = time.perf_counter()
     out = execute(args.notebook, args.out, args.timeout)
-    print(f"executed {args.notebook} in {time.perf_counter() - start:.0f}s" + (f" -> {out}" if out else ""))
+    print(
+        f"executed {args.notebook} in {time.perf_counter() - start:.0f}s"
+        + (f" -> {out}" if out else "")
+    )
 
 
 if __name__ == "__main__":

@@ -131,19 +131,23 @@ def closed_form(node_rule=node_outcomes):
     """The outcomes of one verification by the closed form (`tree_outcome_distribution`):
     yields (end node, next token, probability)."""
     def outcomes(parents, toks, p_nodes, q_nodes):
-        end_prob, end_dist = tree_outcome_distribution(parents, toks, p_nodes, q_nodes, node_rule=node_rule)
+        end_prob, end_dist = tree_outcome_distribution(parents, toks, p_nodes, q_nodes,
+                                                       node_rule=node_rule)
         for u, (pu, row) in enumerate(zip(end_prob.tolist(), end_dist.tolist())):
             for y, py in enumerate(row):
                 yield u, y, pu * py
+
     return outcomes
 
 
 def sampler(parents, toks, p_nodes, q_nodes):
     """The outcomes of `verify_tree_stochastic` itself, the code the engine runs: every sequence
     of its draws followed (`enumerate_draws`), with its exact probability."""
+
     def run(draw):
         path, y = verify_tree_stochastic(parents, toks, p_nodes, q_nodes, draw=draw)
         return path[-1], y
+
     for (u, y), prob in enumerate_draws(run).items():
         yield u, y, prob
 
@@ -332,13 +336,19 @@ def test_rows_computed_on_demand_give_the_same_outcomes_and_skip_unvisited_rows(
     parents, V = [-1, 0, 0, 0, 1, 1, 4], 6
     tokens, _, q_nodes = draft_fixture(parents, V, 3, "sampled")
     policy = SamplingPolicy(temperature=0.7, top_p=0.9)
-    logits = torch.randn(len(parents), V, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    logits = torch.randn(
+        len(parents), V, generator=torch.Generator().manual_seed(4), dtype=torch.float64
+    )
     p_nodes = policy.probs(logits)
     skipped = 0
     for seed in range(200):
-        full = verify_tree_stochastic(parents, tokens, p_nodes, q_nodes, torch.Generator().manual_seed(seed))
+        full = verify_tree_stochastic(
+            parents, tokens, p_nodes, q_nodes, torch.Generator().manual_seed(seed)
+        )
         lazy_p = RowProbs(policy, logits)
-        lazy = verify_tree_stochastic(parents, tokens, lazy_p, q_nodes, torch.Generator().manual_seed(seed))
+        lazy = verify_tree_stochastic(
+            parents, tokens, lazy_p, q_nodes, torch.Generator().manual_seed(seed)
+        )
         assert lazy == full
         path = full[0]
         assert set(lazy_p.rows) == set(path)  # p is read at the path's nodes only
@@ -439,14 +449,20 @@ def test_typical_acceptance_hand_computed():
     # eps = 0.2: delta * exp(-H) = 0.106769 binds, and 0.1 falls below it
     assert float(typical_threshold(p, eps=0.2, delta=0.3)) == pytest.approx(0.106769, abs=1e-6)
     assert typical_accept(p, torch.arange(4), 0.2, 0.3).tolist() == [True, True, False, False]
-    # uniform over 4: H = ln 4, exp(-H) = 1/4, threshold min(0.09, 0.075) = 0.075 < 0.25: all typical
+    # uniform over 4: H = ln 4, exp(-H) = 1/4, threshold min(0.09, 0.075) = 0.075 < 0.25: all
+    # typical
     u = torch.full((4,), 0.25, dtype=torch.float64)
     assert float(typical_threshold(u, 0.09, 0.3)) == pytest.approx(0.075)
     assert bool(typical_accept(u, torch.arange(4), 0.09, 0.3).all())
     # temperature 0 (one-hot p): H = 0, threshold min(eps, delta) = 0.09: only the argmax passes
     one_hot = torch.tensor([0.0, 1.0, 0.0, 0.0])
     assert float(entropy(one_hot)) == 0.0
-    assert typical_accept(one_hot, torch.arange(4), 0.09, 0.3).tolist() == [False, True, False, False]
+    assert typical_accept(one_hot, torch.arange(4), 0.09, 0.3).tolist() == [
+        False,
+        True,
+        False,
+        False,
+    ]
     assert bool(typical_accept(p, 2, 0.09, 0.3))
     with pytest.raises(ValueError, match="eps must be in"):
         TypicalAcceptance(eps=0.0)
@@ -464,10 +480,12 @@ def test_typical_tree_takes_the_longest_accepted_path():
     tokens = torch.tensor([9, 0, 1, 2, 3, 0, 2])
     p = torch.full((7, 4), 0.02)
     p[0] = torch.tensor([0.5, 0.4, 0.05, 0.05])  # root: tokens 0 and 1 typical
-    p[1] = torch.tensor([0.1, 0.1, 0.7, 0.1])    # node 1: its child token 2 typical
-    p[2] = torch.tensor([0.02, 0.03, 0.05, 0.9])  # node 2: child token 3 typical, token 0 (node 5) not
-    p[4] = torch.tensor([0.1, 0.1, 0.7, 0.1])    # node 4: child token 2 typical
-    p[6] = torch.tensor([0.1, 0.6, 0.2, 0.1])    # after the path: argmax token 1 is emitted
+    p[1] = torch.tensor([0.1, 0.1, 0.7, 0.1])  # node 1: its child token 2 typical
+    p[2] = torch.tensor(
+        [0.02, 0.03, 0.05, 0.9]
+    )  # node 2: child token 3 typical, token 0 (node 5) not
+    p[4] = torch.tensor([0.1, 0.1, 0.7, 0.1])  # node 4: child token 2 typical
+    p[6] = torch.tensor([0.1, 0.6, 0.2, 0.1])  # after the path: argmax token 1 is emitted
     p[3] = p[5] = torch.tensor([0.25, 0.25, 0.25, 0.25])
     assert verify_tree_typical(parents, tokens, p, 0.09, 0.3) == ([0, 2, 4, 6], 1)
     # equally long paths: the more likely one wins, even second in sibling order (Medusa)
@@ -476,8 +494,9 @@ def test_typical_tree_takes_the_longest_accepted_path():
     p2 = torch.tensor([[0.3, 0.6, 0.1], [0.2, 0.5, 0.3], [0.3, 0.3, 0.4]])
     assert verify_tree_typical(par2, toks2, p2, 0.09, 0.3) == ([0, 2], 2)
     # nothing typical: the root alone, then the argmax
-    assert verify_tree_typical(par2, torch.tensor([9, 2, 2]), torch.tensor([[0.95, 0.04, 0.01]] * 3),
-                               0.09, 0.3) == ([0], 0)
+    assert verify_tree_typical(
+        par2, torch.tensor([9, 2, 2]), torch.tensor([[0.95, 0.04, 0.01]] * 3), 0.09, 0.3
+    ) == ([0], 0)
 
 
 @pytest.mark.parametrize("parents,tokens,argmax,path,nxt", GREEDY_CASES)

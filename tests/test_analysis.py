@@ -1,4 +1,5 @@
-"""eagle.bench.analysis: feature error and agreement by draft depth, tree acceptance from a report."""
+"""eagle.bench.analysis: feature error and agreement by draft depth, tree acceptance from a report.
+"""
 
 from __future__ import annotations
 
@@ -24,8 +25,11 @@ from helpers.models import make_tiny_model
 def batch(features: torch.Tensor, loss_mask: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     b, t, _ = features.shape
     ids = torch.arange(b * t).reshape(b, t) % 7
-    return {"input_ids": ids, "features": features,
-            "loss_mask": torch.ones(b, t, dtype=torch.long) if loss_mask is None else loss_mask}
+    return {
+        "input_ids": ids,
+        "features": features,
+        "loss_mask": torch.ones(b, t, dtype=torch.long) if loss_mask is None else loss_mask,
+    }
 
 
 def test_oracle_drafter_has_zero_error_and_full_agreement():
@@ -52,7 +56,9 @@ def test_error_piles_up_along_a_draft_by_the_lag():
     prof = depth_profile(lambda f, x, p: f, head, [batch(feats)], depth=4, ks=(1,))
     assert prof.l1 == pytest.approx([1.0, 2.0, 3.0, 4.0])
     assert prof.cosine == pytest.approx([1.0] * 4)
-    assert prof.feature_scale == pytest.approx(sum(range(2, t)) / (t - 2))  # targets f_2..f_{t-1}, weighted
+    assert prof.feature_scale == pytest.approx(
+        sum(range(2, t)) / (t - 2)
+    )  # targets f_2..f_{t-1}, weighted
 
 
 def test_opposite_features_never_agree_top1_but_always_top_v():
@@ -84,8 +90,14 @@ def test_drafter_profile_runs_a_real_drafter():
     target = make_tiny_model("llama", seed=0)
     drafter = EagleDrafter.random(target)
     feats = torch.randn(5, 12, target.config.hidden_size)
-    samples = [{"input_ids": torch.randint(0, 50, (12,)), "features": feats[i],
-                "loss_mask": torch.ones(12, dtype=torch.long)} for i in range(5)]
+    samples = [
+        {
+            "input_ids": torch.randint(0, 50, (12,)),
+            "features": feats[i],
+            "loss_mask": torch.ones(12, dtype=torch.long),
+        }
+        for i in range(5)
+    ]
     prof = drafter_profile(drafter, samples, depth=3, ks=(1, 4), max_samples=4, batch_size=3)
     assert prof.counts == [4 * (10 - d + 1) for d in (1, 2, 3)]
     assert all(0 <= a <= 1 for a in prof.agreement[4])
@@ -107,10 +119,18 @@ def test_tree_helpers():
 
 
 def report(by_node):
-    m = {"tau": 2.5, "acceptance_by_depth": [0.6, 0.3], "tree_parents": [-1, 0, 0, 1],
-         "acceptance_by_node": by_node}
-    return {"runs": [{"eval_set": "humaneval", "temperature": 0.0, "methods": {"eagle": m, "vanilla": {}}},
-                     {"eval_set": "humaneval", "temperature": 1.0, "methods": {"vanilla": {}}}]}
+    m = {
+        "tau": 2.5,
+        "acceptance_by_depth": [0.6, 0.3],
+        "tree_parents": [-1, 0, 0, 1],
+        "acceptance_by_node": by_node,
+    }
+    return {
+        "runs": [
+            {"eval_set": "humaneval", "temperature": 0.0, "methods": {"eagle": m, "vanilla": {}}},
+            {"eval_set": "humaneval", "temperature": 1.0, "methods": {"vanilla": {}}},
+        ]
+    }
 
 
 def test_tree_acceptance_from_a_report(tmp_path):

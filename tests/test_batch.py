@@ -104,17 +104,26 @@ def test_a_finished_row_parked_near_the_static_caches_end_stays_inside_it():
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, 96, (n,), generator=g).tolist() for n in (40, 5)]
     budgets, chain = [5, 40], TreeTemplate.chain(5)
-    need = max(len(p) + b for p, b in zip(prompts, budgets)) + chain.num_nodes + 1  # 51: the row of 40 + 5
+    # 51: the row of 40 + 5
+    need = max(len(p) + b for p, b in zip(prompts, budgets)) + chain.num_nodes + 1
     runner = runners.StaticRunner(target, tree_size=chain.num_nodes, max_len=need)
-    decoder = SpeculativeDecoder(target, TemplateProposer(DraftLM(target, cache="static"), chain), eos_token_id=[],
-                                 runner=runner)
+    decoder = SpeculativeDecoder(
+        target,
+        TemplateProposer(DraftLM(target, cache="static"), chain),
+        eos_token_id=[],
+        runner=runner,
+    )
     together = decoder.generate_batch(prompts, budgets)
-    assert together[0].stats.rounds[0].accepted == 5 and len(together[0].tokens) == 5  # cut inside its path
+    assert (
+        together[0].stats.rounds[0].accepted == 5 and len(together[0].tokens) == 5
+    )  # cut inside its path
     for prompt, budget, row in zip(prompts, budgets, together):
         assert decoder.generate(prompt, budget).tokens == row.tokens
 
 
-@pytest.mark.parametrize("kernels,runner", [("default", "dynamic"), ("fused", "dynamic"), ("fused", "static")])
+@pytest.mark.parametrize(
+    "kernels,runner", [("default", "dynamic"), ("fused", "dynamic"), ("fused", "static")]
+)
 def test_a_batch_decodes_as_each_sequence_alone(kernels, runner):
     """One prompt through `generate` and through `generate_batch` beside others: the same text
     and the same rounds (greedy: the same accepted paths); on the fused kernels too, whose rows
@@ -138,7 +147,8 @@ def test_streaming_names_the_row_of_each_block():
     batch, budgets, eos, refs = batch_case(target, n=3)
     blocks: dict[int, list[int]] = {}
     SpeculativeDecoder(target, proposer, eos_token_id=eos, runner=kept).generate_batch(
-        batch, budgets, on_commit=lambda row, block: blocks.setdefault(row, []).extend(block))
+        batch, budgets, on_commit=lambda row, block: blocks.setdefault(row, []).extend(block)
+    )
     assert [blocks[row] for row in range(3)] == refs
 
 
@@ -156,7 +166,10 @@ def test_batch_requests_are_checked_before_decoding():
     with pytest.raises(ValueError, match="generate_batch decodes several"):
         decoder.generate(torch.tensor([[1, 2], [3, 4]]), 4)
     for bad in (96, -1):  # the tiny model's vocabulary: 96 ids
-        with pytest.raises(ValueError, match=rf"prompt 1 holds token ids outside the target's vocabulary of 96: \[{bad}\]"):
+        with pytest.raises(
+            ValueError,
+            match=rf"prompt 1 holds token ids outside the target's vocabulary of 96: \[{bad}\]",
+        ):
             decoder.generate_batch([[1, 2], [3, bad]], 4)
 
 
@@ -165,7 +178,9 @@ def test_a_proposer_without_fork_says_it_cannot_batch():
         name = "single"
 
     assert Single().for_batch(1)[0].name == "single"  # one sequence needs no fork
-    with pytest.raises(NotImplementedError, match="single cannot draft for several sequences at once"):
+    with pytest.raises(
+        NotImplementedError, match="single cannot draft for several sequences at once"
+    ):
         Single().for_batch(2)
 
 
@@ -203,7 +218,9 @@ def test_methods_decode_batches_through_the_registry():
         assert not method.batches and not METHODS[name].engine and not method.static
         with pytest.raises(MethodError, match="decode one sequence at a time"):
             method.generate_batch(batch[:2], 4, SamplingPolicy())
-        assert len(method.generate_batch(batch[:1], 4, SamplingPolicy())) == 1  # a batch of one is one sequence
+        assert (
+            len(method.generate_batch(batch[:1], 4, SamplingPolicy())) == 1
+        )  # a batch of one is one sequence
 
 
 @pytest.mark.parametrize("runner", ["dynamic", "static"])
@@ -219,26 +236,46 @@ def test_one_pass_and_forked_drafting_give_the_same_trees(kind, runner, monkeypa
 
     def build():
         if kind == "eagle":
-            return eagle_proposer(EagleDrafter.random(target, seed=1), tree("eagle_default"), cache=runner)
-        return TemplateProposer(DraftLM(make_tiny_model("mistral", seed=1, num_hidden_layers=1), cache=runner),
-                                tree("eagle_default"))
+            return eagle_proposer(
+                EagleDrafter.random(target, seed=1), tree("eagle_default"), cache=runner
+            )
+        return TemplateProposer(
+            DraftLM(make_tiny_model("mistral", seed=1, num_hidden_layers=1), cache=runner),
+            tree("eagle_default"),
+        )
 
     case = batch_case(target)
     proposer = build()
-    one_pass = run_batched_greedy(target, proposer, make_runner(runner, target, tree_size=proposer.max_nodes),
-                                  case, "one pass")
+    one_pass = run_batched_greedy(
+        target,
+        proposer,
+        make_runner(runner, target, tree_size=proposer.max_nodes),
+        case,
+        "one pass",
+    )
     assert proposer._one_pass
     monkeypatch.setattr(EagleDraftModel if kind == "eagle" else DraftLM, "batches_rows", False)
     proposer = build()
-    forked = run_batched_greedy(target, proposer, make_runner(runner, target, tree_size=proposer.max_nodes),
-                                case, "forks")
+    forked = run_batched_greedy(
+        target, proposer, make_runner(runner, target, tree_size=proposer.max_nodes), case, "forks"
+    )
     assert not proposer._one_pass and proposer._forks
-    assert [[r.path for r in res.stats.rounds] for res in one_pass] == [[r.path for r in res.stats.rounds]
-                                                                         for res in forked]
+    assert [[r.path for r in res.stats.rounds] for res in one_pass] == [
+        [r.path for r in res.stats.rounds] for res in forked
+    ]
 
 
-BATCHED = ["vanilla", "eagle", "draft", "prompt_lookup", "medusa", "specinfer_merge", "hf_generate",
-           "eagle:static", "draft:static"]
+BATCHED = [
+    "vanilla",
+    "eagle",
+    "draft",
+    "prompt_lookup",
+    "medusa",
+    "specinfer_merge",
+    "hf_generate",
+    "eagle:static",
+    "draft:static",
+]
 
 
 def test_a_stopped_batch_run_keeps_the_sizes_it_finished(models, tmp_path, monkeypatch):
@@ -258,11 +295,17 @@ def test_a_stopped_batch_run_keeps_the_sizes_it_finished(models, tmp_path, monke
         return real(label, size, runs)
 
     monkeypatch.setattr(batch, "summarise", stop_on_the_second_size)
-    cfg = decode_cfg(models, tmp_path, "mode=batch",
-                     f"batch.eval_sets=[{models / 'prompts.jsonl'}]",
-                     f"batch.out_dir={out}", "batch.sizes=[2,1]", "batch.num_prompts=2",
-                     "batch.methods=[vanilla,eagle]",
-                     "batch.dtypes={vanilla:float32,eagle:bfloat16}")
+    cfg = decode_cfg(
+        models,
+        tmp_path,
+        "mode=batch",
+        f"batch.eval_sets=[{models / 'prompts.jsonl'}]",
+        f"batch.out_dir={out}",
+        "batch.sizes=[2,1]",
+        "batch.num_prompts=2",
+        "batch.methods=[vanilla,eagle]",
+        "batch.dtypes={vanilla:float32,eagle:bfloat16}",
+    )
     with pytest.raises(KeyboardInterrupt):
         decode(cfg)
     report = json.loads((out / "batch.json").read_text())
@@ -274,8 +317,9 @@ def test_a_stopped_batch_run_keeps_the_sizes_it_finished(models, tmp_path, monke
     assert "B=1" in (out / "batch.md").read_text()
     # rerun as it was: the finished size is kept, only the second one runs
     calls.clear()
-    monkeypatch.setattr(batch, "summarise",
-                        lambda label, size, runs: calls.append(size) or real(label, size, runs))
+    monkeypatch.setattr(
+        batch, "summarise", lambda label, size, runs: calls.append(size) or real(label, size, runs)
+    )
     decode(cfg)
     resumed = json.loads((out / "batch.json").read_text())
     run = resumed["runs"][0]
@@ -300,11 +344,17 @@ def test_batch_mode_measures_every_method_at_each_size(models, tmp_path):
         (trees / f"machine_b{b}.yaml").write_text(f"kind: paths\npaths: {paths}\n")
     out = tmp_path / "batch"
     per_size = f"eagle@{trees}/machine_b{{B}}.yaml"
-    cfg = decode_cfg(models, tmp_path, "mode=batch",
-                     f"batch.eval_sets=[{models / 'prompts.jsonl'}]",
-                     f"batch.out_dir={out}", "batch.sizes=[1,2,3]", "batch.num_prompts=3",
-                     f"batch.methods=[{','.join(BATCHED)},'{per_size}']",
-                     "batch.dtypes={eagle:float32}")
+    cfg = decode_cfg(
+        models,
+        tmp_path,
+        "mode=batch",
+        f"batch.eval_sets=[{models / 'prompts.jsonl'}]",
+        f"batch.out_dir={out}",
+        "batch.sizes=[1,2,3]",
+        "batch.num_prompts=3",
+        f"batch.methods=[{','.join(BATCHED)},'{per_size}']",
+        "batch.dtypes={eagle:float32}",
+    )
     decode(cfg)
     report = json.loads((out / "batch.json").read_text())
     assert report["status"] == "complete" and report["eagle1_table7"]["Vicuna-7B"]["1"] == 2.90
@@ -332,9 +382,14 @@ def test_batch_mode_measures_every_method_at_each_size(models, tmp_path):
 def test_batch_mode_refuses_methods_that_decode_one_sequence(models, tmp_path):
     from decode import decode
 
-    cfg = decode_cfg(models, tmp_path, "mode=batch",
-                     f"batch.eval_sets=[{models / 'prompts.jsonl'}]",
-                     "batch.sizes=[1,2]", "batch.methods=[vanilla,hf_assisted]")
+    cfg = decode_cfg(
+        models,
+        tmp_path,
+        "mode=batch",
+        f"batch.eval_sets=[{models / 'prompts.jsonl'}]",
+        "batch.sizes=[1,2]",
+        "batch.methods=[vanilla,hf_assisted]",
+    )
     with pytest.raises(MethodError, match="'hf_assisted' decodes one sequence at a time"):
         decode(cfg)
     cfg = decode_cfg(models, tmp_path, "mode=batch", "batch.methods=[eagle]")

@@ -46,9 +46,14 @@ def test_save_load_round_trip(tmp_path, target, drafter):
     assert config["architecture"] == "EagleDrafter" and config["format_version"] == 1
     assert config["target"]["tokenizer_hash"] == drafter.config.target["tokenizer_hash"]
     loaded = load_drafter(tmp_path / "d", target, FakeTokenizer(96))
-    assert loaded.config == drafter.config and not loaded.training, "loaded for inference, as load_target loads"
+    assert loaded.config == drafter.config and not loaded.training, (
+        "loaded for inference, as load_target loads"
+    )
     assert torch.equal(outputs(loaded), outputs(drafter))
-    assert load_drafter(tmp_path / "d", target, FakeTokenizer(96), dtype="bfloat16").dtype == torch.bfloat16
+    assert (
+        load_drafter(tmp_path / "d", target, FakeTokenizer(96), dtype="bfloat16").dtype
+        == torch.bfloat16
+    )
 
 
 def test_checkpoint_holds_no_target_tensors(tmp_path, target, drafter):
@@ -63,7 +68,10 @@ def test_mismatched_target_is_refused(tmp_path, drafter):
     save_drafter(drafter, tmp_path / "d")
     where = str(tmp_path / "d")
     wider = make_tiny_model("llama", hidden_size=64)
-    with pytest.raises(TargetMismatchError, match=f"drafter {where} was made for another target: hidden_size 32 != 64"):
+    with pytest.raises(
+        TargetMismatchError,
+        match=f"drafter {where} was made for another target: hidden_size 32 != 64",
+    ):
         load_drafter(where, wider)
     with pytest.raises(TargetMismatchError, match="vocab_size 96 != 80"):
         load_drafter(where, make_tiny_model("llama", vocab_size=80))
@@ -83,14 +91,21 @@ def test_another_lm_head_of_the_same_shapes_is_warned_about(tmp_path, target, dr
     trained = TargetIdentity.of(target, FakeTokenizer(96), "runs/tiny", with_lm_head=True)
     drafter.config = dataclasses.replace(drafter.config, target=trained.to_dict())
     save_drafter(drafter, tmp_path / "d")
-    assert json.loads((tmp_path / "d" / "config.json").read_text())["target"]["lm_head_sha256"] == trained.lm_head_sha256
+    assert (
+        json.loads((tmp_path / "d" / "config.json").read_text())["target"]["lm_head_sha256"]
+        == trained.lm_head_sha256
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         load_drafter(tmp_path / "d", target, FakeTokenizer(96))
-        load_drafter(tmp_path / "d", target.to(torch.bfloat16), FakeTokenizer(96), dtype="float32")  # rounded alike
+        load_drafter(
+            tmp_path / "d", target.to(torch.bfloat16), FakeTokenizer(96), dtype="float32"
+        )  # rounded alike
     target.float()
     other = make_tiny_model("llama", tie_word_embeddings=False, seed=7)
-    with pytest.warns(UserWarning, match=f"trained against another LM head .*{trained.lm_head_sha256} != "):
+    with pytest.warns(
+        UserWarning, match=f"trained against another LM head .*{trained.lm_head_sha256} != "
+    ):
         load_drafter(tmp_path / "d", other, FakeTokenizer(96))
     with pytest.raises(TargetMismatchError, match="tokenizer_hash"):  # still an error
         load_drafter(tmp_path / "d", other, FakeTokenizer(96, extra="x"))
@@ -132,28 +147,37 @@ def test_broken_checkpoints_give_clear_errors(tmp_path, target, drafter):
 # ------------------------------------------------------------------------------ exports
 #
 # What each engine's loader reads, from its source (file and line; the released versions named):
-# - SafeAILab/EAGLE (GitHub main; eagle-llm 1.2.1 on PyPI):
-#   eagle/model/cnets1.py L524 `self.fc = nn.Linear(2 * config.hidden_size, config.hidden_size, bias=bias)`,
-#   L622-623 `self.fc(torch.cat((inputs_embeds, hidden_states), dim=-1))`, L392-400 layer 0 has no
+# - SafeAILab/EAGLE (GitHub main; eagle-llm 1.2.1 on PyPI): eagle/model/cnets1.py L524 `self.fc =
+#   nn.Linear(2 * config.hidden_size, config.hidden_size, bias=bias)`, L622-623
+#   `self.fc(torch.cat((inputs_embeds, hidden_states), dim=-1))`, L392-400 layer 0 has no
 #   input_layernorm; eagle/model/ea_model.py L48-53 `bias = con["bias"]` (absent: True), L119-130
-#   pytorch_model.bin first; eagle-llm 1.2.1 ea_model.py L101-106 `load_state_dict(..., strict=True)`
-#   with `embed_tokens.weight`; eagle/model/configs.py L133-137 `rope_scaling` must hold exactly two fields.
-# - vLLM 0.33.0: vllm/model_executor/models/llama_eagle.py L110-118 `ReplicatedLinear(..., bias=False)` for
-#   fc, L129-130 `self.fc(torch.cat((input_embeds, hidden_states), dim=-1))`, L55-57 layer 0's input norm is
-#   Identity, L187-196 names get a `model.` prefix (`lm_head` aside) and there is no lm_head module;
-#   models/utils.py L442-448 unknown names raise, L458 unexpected `.bias` names are skipped;
-#   transformers_utils/configs/eagle.py L46-53 `architectures` -> "Eagle" + arch; models/registry.py L661
-#   EagleLlamaForCausalLM; models/llama.py L268-270 `attention_bias = ... or getattr(config, "bias", False)`.
-# - SGLang 0.5.23: python/sglang/srt/models/llama_eagle.py L91 `torch.nn.Linear(config.hidden_size * 2,
-#   config.hidden_size)` (always a bias), L101-108 cat((embeds, hidden)), L54-55 layer 0 drops input_layernorm,
-#   L146-150 `model.` prefix and the draft lm_head skipped, L153 `EntryClass = [LlamaForCausalLMEagle]`
-#   matched exactly against `architectures` (models/registry.py L93); models/llama.py L339-341 the same
-#   `"bias"` -> attention-bias rule as vLLM.
+#   pytorch_model.bin first; eagle-llm 1.2.1 ea_model.py L101-106 `load_state_dict(...,
+#   strict=True)` with `embed_tokens.weight`; eagle/model/configs.py L133-137 `rope_scaling` must
+#   hold exactly two fields.
+# - vLLM 0.33.0: vllm/model_executor/models/llama_eagle.py L110-118 `ReplicatedLinear(...,
+#   bias=False)` for fc, L129-130 `self.fc(torch.cat((input_embeds, hidden_states), dim=-1))`,
+#   L55-57 layer 0's input norm is Identity, L187-196 names get a `model.` prefix (`lm_head` aside)
+#   and there is no lm_head module; models/utils.py L442-448 unknown names raise, L458 unexpected
+#   `.bias` names are skipped; transformers_utils/configs/eagle.py L46-53 `architectures` -> "Eagle"
+#   + arch; models/registry.py L661 EagleLlamaForCausalLM; models/llama.py L268-270 `attention_bias
+#   = ... or getattr(config, "bias", False)`.
+# - SGLang 0.5.23: python/sglang/srt/models/llama_eagle.py L91 `torch.nn.Linear(config.hidden_size *
+#   2, config.hidden_size)` (always a bias), L101-108 cat((embeds, hidden)), L54-55 layer 0 drops
+#   input_layernorm, L146-150 `model.` prefix and the draft lm_head skipped, L153 `EntryClass =
+#   [LlamaForCausalLMEagle]` matched exactly against `architectures` (models/registry.py L93);
+#   models/llama.py L339-341 the same `"bias"` -> attention-bias rule as vLLM.
 
-LAYER = {f"layers.0.self_attn.{p}_proj.weight" for p in "qkvo"} | {
-    f"layers.0.mlp.{p}_proj.weight" for p in ("gate", "up", "down")} | {"layers.0.post_attention_layernorm.weight"}
+LAYER = (
+    {f"layers.0.self_attn.{p}_proj.weight" for p in "qkvo"}
+    | {f"layers.0.mlp.{p}_proj.weight" for p in ("gate", "up", "down")}
+    | {"layers.0.post_attention_layernorm.weight"}
+)
 EXPECTED = {  # format: (weights file, tensor names, architectures)
-    "eagle": ("pytorch_model.bin", LAYER | {"fc.weight", "fc.bias", "embed_tokens.weight"}, ["LlamaForCausalLM"]),
+    "eagle": (
+        "pytorch_model.bin",
+        LAYER | {"fc.weight", "fc.bias", "embed_tokens.weight"},
+        ["LlamaForCausalLM"],
+    ),
     "vllm": ("model.safetensors", LAYER | {"fc.weight"}, ["LlamaForCausalLM"]),
     "sglang": ("model.safetensors", LAYER | {"fc.weight", "fc.bias"}, ["LlamaForCausalLMEagle"]),
 }
@@ -182,7 +206,9 @@ def test_each_format_holds_what_its_engine_loads(tmp_path, target, drafter, fmt)
     assert set(state) == names  # no prefix; never lm_head, norm or layers.0.input_layernorm
     h = source.config.hidden_size
     assert state["fc.weight"].shape == (h, 2 * h)
-    assert torch.equal(state["fc.weight"][:, :h], source.fc.weight[:, h:])  # embedding columns first
+    assert torch.equal(
+        state["fc.weight"][:, :h], source.fc.weight[:, h:]
+    )  # embedding columns first
     assert torch.equal(state["fc.weight"][:, h:], source.fc.weight[:, :h])
     own = source.state_dict()
     for name in LAYER:
@@ -190,9 +216,15 @@ def test_each_format_holds_what_its_engine_loads(tmp_path, target, drafter, fmt)
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == architectures and config["model_type"] == "llama"
     assert config["num_hidden_layers"] == 1 and config["attention_bias"] is False
-    assert config["hidden_size"] == h and config["vocab_size"] == 96 and config["tie_word_embeddings"] is False
+    assert (
+        config["hidden_size"] == h
+        and config["vocab_size"] == 96
+        and config["tie_word_embeddings"] is False
+    )
     if fmt == "eagle":
-        assert config["bias"] is True  # explicit: EAGLE defaults to a bias, strict=False leaves a missing one random
+        assert (
+            config["bias"] is True
+        )  # explicit: EAGLE defaults to a bias, strict=False leaves a missing one random
         assert torch.equal(state["embed_tokens.weight"], target.model.embed_tokens.weight)
     else:
         assert config.get("bias") is not True  # vLLM and SGLang read "bias" as attention biases
@@ -225,27 +257,47 @@ def test_the_targets_logit_transform_and_what_an_engine_cannot_build(tmp_path):
     hidden / heads: drafters they would fail to load are refused at export."""
     gemma = make_tiny_model("gemma2", tie_word_embeddings=False)
     drafter = EagleDrafter.random(gemma, FakeTokenizer(96), path="runs/tiny")
-    sglang = json.loads((export_drafter(drafter, tmp_path / "sg", "sglang") / "config.json").read_text())
+    sglang = json.loads(
+        (export_drafter(drafter, tmp_path / "sg", "sglang") / "config.json").read_text()
+    )
     assert sglang["final_logit_softcapping"] == 3.0 and "logit_scale" not in sglang
-    with pytest.warns(UserWarning, match="soft-caps its logits at 3.0; the vllm EAGLE model does not"):
+    with pytest.warns(
+        UserWarning, match="soft-caps its logits at 3.0; the vllm EAGLE model does not"
+    ):
         export_drafter(no_bias_drafter(gemma), tmp_path / "v", "vllm")
     gelu = make_tiny_model("llama", hidden_act="gelu_pytorch_tanh")
-    with pytest.raises(ExportError, match="supports only silu; this drafter's layer uses 'gelu_pytorch_tanh'"):
+    with pytest.raises(
+        ExportError, match="supports only silu; this drafter's layer uses 'gelu_pytorch_tanh'"
+    ):
         export_drafter(no_bias_drafter(gelu), tmp_path / "g", "vllm")
     wide_heads = make_tiny_model("llama", head_dim=16)
-    with pytest.raises(ExportError, match="head_dim = hidden_size / heads = 8, this drafter's is 16"):
+    with pytest.raises(
+        ExportError, match="head_dim = hidden_size / heads = 8, this drafter's is 16"
+    ):
         export_drafter(EagleDrafter.random(wide_heads), tmp_path / "e", "eagle")
 
 
 def test_llama3_rope_scaling_is_kept_except_for_eagles_config_class(tmp_path, target):
-    rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
-    config = dataclasses.replace(EagleDrafter.random(target).config, rope_theta=500000.0, rope_parameters=rope)
+    rope = {
+        "rope_type": "llama3",
+        "rope_theta": 500000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    }
+    config = dataclasses.replace(
+        EagleDrafter.random(target).config, rope_theta=500000.0, rope_parameters=rope
+    )
     drafter = EagleDrafter.on_target(config, target)
-    vllm = json.loads((export_drafter(no_bias_fc(drafter), tmp_path / "v", "vllm") / "config.json").read_text())
+    vllm = json.loads(
+        (export_drafter(no_bias_fc(drafter), tmp_path / "v", "vllm") / "config.json").read_text()
+    )
     assert vllm["rope_scaling"]["rope_type"] == "llama3" and vllm["rope_theta"] == 500000.0
     with pytest.warns(UserWarning, match="accepts rope_scaling types"):
-        eagle = json.loads((export_drafter(drafter, tmp_path / "e", "eagle") / "config.json").read_text())
+        eagle = json.loads(
+            (export_drafter(drafter, tmp_path / "e", "eagle") / "config.json").read_text()
+        )
     assert eagle["rope_scaling"] is None and eagle["rope_theta"] == 500000.0
 
 
@@ -253,6 +305,7 @@ def test_the_eagle_export_warns_of_a_rope_base_eagles_package_ignores(tmp_path):
     """EAGLE's PyPI package rotates with base 10000 whatever `rope_theta` says: the `eagle` export
     of a drafter for a target of another base (SmolLM2: 100000) warns, the others do not. The
     base is read from `rope_parameters`, where transformers 5.x keeps it."""
+
     def rope(theta: float) -> dict:
         return {"rope_parameters": {"rope_type": "default", "rope_theta": theta}}
 
@@ -294,23 +347,33 @@ def test_export_means_what_the_engines_compute(tmp_path, fmt, family):
     source = no_bias_drafter(target) if fmt == "vllm" else drafter
     out = export_drafter(source, tmp_path / fmt, fmt)
     cfg = LlamaConfig.from_pretrained(out)
-    assert cfg.num_hidden_layers == 1 and cfg.rope_parameters["rope_theta"] == source.config.rope_theta
+    assert (
+        cfg.num_hidden_layers == 1 and cfg.rope_parameters["rope_theta"] == source.config.rope_theta
+    )
     state = exported_state(out)
     fc = torch.nn.Linear(2 * cfg.hidden_size, cfg.hidden_size, bias="fc.bias" in state)
     fc.load_state_dict({k.removeprefix("fc."): v for k, v in state.items() if k.startswith("fc.")})
     layer = LlamaDecoderLayer(cfg, layer_idx=0)
     layer.input_layernorm = torch.nn.Identity()
-    layer.load_state_dict({k.removeprefix("layers.0."): v for k, v in state.items() if k.startswith("layers.0.")})
+    layer.load_state_dict(
+        {k.removeprefix("layers.0."): v for k, v in state.items() if k.startswith("layers.0.")}
+    )
     rotary = LlamaRotaryEmbedding(cfg)
 
     g = torch.Generator().manual_seed(0)
     feats, ids = torch.randn(1, 6, 32, generator=g), torch.randint(0, 96, (1, 6), generator=g)
     with torch.no_grad():
-        raw = torch.nn.functional.embedding(ids, target.get_input_embeddings().weight)  # the engines' lookup
+        raw = torch.nn.functional.embedding(
+            ids, target.get_input_embeddings().weight
+        )  # the engines' lookup
         x = fc(torch.cat([raw, feats], -1))  # the engines: cat((inputs_embeds, hidden))
         pos = torch.arange(6)[None]
-        ref = layer(x, attention_mask=causal_mask(0, 6, torch.float32), position_ids=pos,
-                    position_embeddings=rotary(x, pos))
+        ref = layer(
+            x,
+            attention_mask=causal_mask(0, 6, torch.float32),
+            position_ids=pos,
+            position_embeddings=rotary(x, pos),
+        )
         torch.testing.assert_close(source(feats, ids), ref, atol=1e-5, rtol=1e-5)
     if family != "llama":  # and back: the import takes the factor out again
         back = import_eagle(out, target, FakeTokenizer(96))

@@ -57,9 +57,13 @@ class Trees:
     lookup: int  # prompt lookup's draft length
 
 
-FULL = Trees(tree("eagle_default"), tree("chain5"), tree("specinfer_221"), tree("medusa_default"), 5)
+FULL = Trees(
+    tree("eagle_default"), tree("chain5"), tree("specinfer_221"), tree("medusa_default"), 5
+)
 SMALL_TREE = TreeTemplate.from_paths([[0], [1], [0, 0], [0, 1], [1, 0]], name="small")  # depth 2
-SMALL = Trees(SMALL_TREE, TreeTemplate.chain(2), TreeTemplate.static_expansion([2, 1]), SMALL_TREE, 2)
+SMALL = Trees(
+    SMALL_TREE, TreeTemplate.chain(2), TreeTemplate.static_expansion([2, 1]), SMALL_TREE, 2
+)
 
 
 @dataclass(frozen=True)
@@ -71,14 +75,18 @@ class Case:
 
 
 def _draft(target, family: str, seed: int = 1) -> torch.nn.Module:
-    return make_tiny_model(family, seed=seed, num_hidden_layers=1, vocab_size=target.config.vocab_size)
+    return make_tiny_model(
+        family, seed=seed, num_hidden_layers=1, vocab_size=target.config.vocab_size
+    )
 
 
 def _merge(target, family, runner, trees: Trees):
     """SpecInfer's merge: two small LMs (a chain, an expansion) and the target itself as a third
     SSM, so merged paths are accepted deep and the SSMs often repeat each other's tokens."""
-    ssms = [TemplateProposer(DraftLM(_draft(target, family, seed), cache=runner), tpl)
-            for seed, tpl in [(1, trees.chain), (2, trees.expansion)]]
+    ssms = [
+        TemplateProposer(DraftLM(_draft(target, family, seed), cache=runner), tpl)
+        for seed, tpl in [(1, trees.chain), (2, trees.expansion)]
+    ]
     return MergeProposer(ssms + [TemplateProposer(DraftLM(target, cache=runner), trees.chain)])
 
 
@@ -110,28 +118,66 @@ def _medusa_vocab(target, family, runner, trees: Trees):
 PROPOSERS = [
     Case("vanilla", lambda t, f, r, trees: None),
     Case("random", lambda t, f, r, trees: RandomProposer(trees.tree)),
-    Case("prompt_lookup", lambda t, f, r, trees: PromptLookupProposer(num_tokens=trees.lookup, max_ngram=2)),
-    Case("draft_chain", lambda t, f, r, trees: TemplateProposer(DraftLM(_draft(t, f), cache=r), trees.chain)),
-    Case("draft_tree", lambda t, f, r, trees: TemplateProposer(DraftLM(_draft(t, f), cache=r), trees.tree)),
-    Case("draft_tree_topk", lambda t, f, r, trees: TemplateProposer(DraftLM(_draft(t, f), cache=r), trees.tree,
-                                                                    proposal="topk")),
+    Case(
+        "prompt_lookup",
+        lambda t, f, r, trees: PromptLookupProposer(num_tokens=trees.lookup, max_ngram=2),
+    ),
+    Case(
+        "draft_chain",
+        lambda t, f, r, trees: TemplateProposer(DraftLM(_draft(t, f), cache=r), trees.chain),
+    ),
+    Case(
+        "draft_tree",
+        lambda t, f, r, trees: TemplateProposer(DraftLM(_draft(t, f), cache=r), trees.tree),
+    ),
+    Case(
+        "draft_tree_topk",
+        lambda t, f, r, trees: TemplateProposer(
+            DraftLM(_draft(t, f), cache=r), trees.tree, proposal="topk"
+        ),
+    ),
     # the target drafting for itself accepts whole paths: deep, non-contiguous cache compaction
-    Case("oracle_tree", lambda t, f, r, trees: TemplateProposer(DraftLM(t, cache=r), trees.tree), accepts=True),
-    Case("oracle_specinfer", lambda t, f, r, trees: TemplateProposer(DraftLM(t, cache=r), trees.expansion),
-         accepts=True),
-    Case("eagle", lambda t, f, r, trees: eagle_proposer(EagleDrafter.random(t, seed=1), trees.tree, cache=r)),
-    Case("eagle_chain", lambda t, f, r, trees: eagle_proposer(EagleDrafter.random(t, seed=1), trees.chain,
-                                                              cache=r, proposal="topk")),
+    Case(
+        "oracle_tree",
+        lambda t, f, r, trees: TemplateProposer(DraftLM(t, cache=r), trees.tree),
+        accepts=True,
+    ),
+    Case(
+        "oracle_specinfer",
+        lambda t, f, r, trees: TemplateProposer(DraftLM(t, cache=r), trees.expansion),
+        accepts=True,
+    ),
+    Case(
+        "eagle",
+        lambda t, f, r, trees: eagle_proposer(EagleDrafter.random(t, seed=1), trees.tree, cache=r),
+    ),
+    Case(
+        "eagle_chain",
+        lambda t, f, r, trees: eagle_proposer(
+            EagleDrafter.random(t, seed=1), trees.chain, cache=r, proposal="topk"
+        ),
+    ),
     Case("eagle_padded", _eagle_padded, runners=("static",)),
     Case("eagle_vocab", _eagle_vocab),
-    Case("medusa", lambda t, f, r, trees: medusa(MedusaHeads.random(t, trees.medusa.depth, seed=2), trees.medusa)),
+    Case(
+        "medusa",
+        lambda t, f, r, trees: medusa(
+            MedusaHeads.random(t, trees.medusa.depth, seed=2), trees.medusa
+        ),
+    ),
     Case("medusa_vocab", _medusa_vocab),
     Case("specinfer_merge", _merge, accepts=True),
     # EAGLE's tree and prompt lookup's chain merged (eagle_lookup): a 1-token match, so the chain
     # drafts nearly every round and often repeats EAGLE's tokens under the same parent
-    Case("eagle_lookup", lambda t, f, r, trees: MergeProposer([
-        eagle_proposer(EagleDrafter.random(t, seed=1), trees.tree, cache=r),
-        PromptLookupProposer(num_tokens=trees.lookup, max_ngram=2, min_ngram=1)])),
+    Case(
+        "eagle_lookup",
+        lambda t, f, r, trees: MergeProposer(
+            [
+                eagle_proposer(EagleDrafter.random(t, seed=1), trees.tree, cache=r),
+                PromptLookupProposer(num_tokens=trees.lookup, max_ngram=2, min_ngram=1),
+            ]
+        ),
+    ),
 ]
 CASES = [(c, r) for c in PROPOSERS for r in c.runners]
 IDS = [f"{c.name}-{r}" for c, r in CASES]
@@ -139,9 +185,15 @@ IDS = [f"{c.name}-{r}" for c, r in CASES]
 # model's own cache turns static too (the rest differ from their dynamic case only in the target's
 # runner, whose logits the greedy suite checks for every proposer); `make test-slow` runs them all.
 SAMPLED_STATIC = {"draft_tree", "eagle", "eagle_padded", "specinfer_merge", "eagle_lookup"}
-SAMPLED = [pytest.param(c, r, id=f"{c.name}-{r}",
-                        marks=[pytest.mark.slow] if r == "static" and c.name not in SAMPLED_STATIC else [])
-           for c, r in CASES]
+SAMPLED = [
+    pytest.param(
+        c,
+        r,
+        id=f"{c.name}-{r}",
+        marks=[pytest.mark.slow] if r == "static" and c.name not in SAMPLED_STATIC else [],
+    )
+    for c, r in CASES
+]
 
 
 def setup(case: Case, runner: str, target, family: str, trees: Trees):
@@ -154,15 +206,19 @@ def setup(case: Case, runner: str, target, family: str, trees: Trees):
 @pytest.mark.parametrize("case,runner", CASES, ids=IDS)
 def test_greedy_identical_to_generate(case, runner, family):
     target = make_tiny_model(family)
-    proposer, kept = setup(case, runner, target, family, FULL)  # one runner for every prompt: no leaks
-    accepted = run_greedy_cases(target, proposer, kept, greedy_cases(target, 12), f"{family}/{case.name}/{runner}")
+    proposer, kept = setup(
+        case, runner, target, family, FULL
+    )  # one runner for every prompt: no leaks
+    accepted = run_greedy_cases(
+        target, proposer, kept, greedy_cases(target, 12), f"{family}/{case.name}/{runner}"
+    )
     if case.accepts:
         assert accepted > 60, "an oracle should accept long paths"
 
 
-# families of the batched checks: rotary positions, a sliding window crossed by the prompts, windowed
-# and full layers with soft-capped logits, absolute position embeddings, keys and values of two
-# widths (latent attention), chunked layers
+# families of the batched checks: rotary positions, a sliding window crossed by the prompts,
+# windowed and full layers with soft-capped logits, absolute position embeddings, keys and values of
+# two widths (latent attention), chunked layers
 BATCH_FAMILIES = ("llama", "mistral", "gemma2", "gpt2", "deepseek_v3", "llama4_text")
 
 
@@ -179,14 +235,28 @@ def test_batched_greedy_identical_to_generate(case, runner, family):
     results = run_batched_greedy(target, proposer, kept, batch_case(target), label)
     assert len({len(r.stats.rounds) for r in results}) > 2, "rows must finish at different rounds"
     if case.accepts:
-        assert sum(r.accepted for res in results for r in res.stats.rounds) > 20, "an oracle should accept long paths"
-    run_batched_greedy(target, proposer, kept, batch_case(target, n=3, seed=5), label + " (second batch)")
+        assert sum(r.accepted for res in results for r in res.stats.rounds) > 20, (
+            "an oracle should accept long paths"
+        )
+    run_batched_greedy(
+        target, proposer, kept, batch_case(target, n=3, seed=5), label + " (second batch)"
+    )
 
 
 # the sampled batch checks: a proposer of each kind (the others share their machinery), both runners
-SAMPLED_BATCH = [pytest.param(c, r, id=f"{c.name}-{r}") for c, r in CASES
-                 if (c.name, r) in {("vanilla", "dynamic"), ("prompt_lookup", "dynamic"), ("eagle", "dynamic"),
-                                    ("medusa", "dynamic"), ("draft_tree", "static"), ("specinfer_merge", "static")}]
+SAMPLED_BATCH = [
+    pytest.param(c, r, id=f"{c.name}-{r}")
+    for c, r in CASES
+    if (c.name, r)
+    in {
+        ("vanilla", "dynamic"),
+        ("prompt_lookup", "dynamic"),
+        ("eagle", "dynamic"),
+        ("medusa", "dynamic"),
+        ("draft_tree", "static"),
+        ("specinfer_merge", "static"),
+    }
+]
 
 
 @pytest.mark.parametrize("case,runner", SAMPLED_BATCH)
@@ -213,7 +283,9 @@ def test_sampled_tokens_follow_target_distribution(case, runner):
     """4 new tokens after a 3-token prompt: the prefill emits one, so a round that accepts a
     whole depth-2 path emits its bonus token within the sequence."""
     i = PROPOSERS.index(case)
-    policy_name = list(POLICIES)[(i + RUNNERS.index(runner)) % len(POLICIES)]  # every policy, in turn
+    policy_name = list(POLICIES)[
+        (i + RUNNERS.index(runner)) % len(POLICIES)
+    ]  # every policy, in turn
     policy = POLICIES[policy_name]
     target = make_tiny_model("llama", vocab_size=5, seed=3)
     proposer, kept = setup(case, runner, target, "llama", SMALL)
@@ -221,18 +293,26 @@ def test_sampled_tokens_follow_target_distribution(case, runner):
     prompt, n, runs = [1, 3, 2], 4, 800
     counts, rounds = sample_counts(lambda g: decoder.generate(prompt, n, generator=g), runs)
     expected = exact_joint(target, prompt, policy, n)
-    assert set(counts) <= {s for s, pr in expected.items() if pr > 0}, "emitted a sequence of probability 0"
+    assert set(counts) <= {s for s, pr in expected.items() if pr > 0}, (
+        "emitted a sequence of probability 0"
+    )
     pvalue = chi2_pvalue(counts, expected, runs)
     assert pvalue > 1e-3, f"{case.name}/{runner}/{policy_name}: chi2 p-value {pvalue:.2e}"
     if case.name != "vanilla":
         accepted = sum(r.accepted for r in rounds)
-        assert accepted > 0.05 * runs, "drafts must be accepted for the acceptance rule to be exercised"
+        assert accepted > 0.05 * runs, (
+            "drafts must be accepted for the acceptance rule to be exercised"
+        )
     if case.accepts:
-        bonus = sum(r.accepted == 2 and r.committed == 3 for r in rounds)  # a full depth-2 path + its bonus
+        bonus = sum(
+            r.accepted == 2 and r.committed == 3 for r in rounds
+        )  # a full depth-2 path + its bonus
         assert bonus > 0.2 * runs, "full accepts with their bonus token must be emitted"
 
 
-@pytest.mark.parametrize("family,name", [("gemma2", "vanilla"), ("gemma2", "eagle"), ("cohere", "draft_tree")])
+@pytest.mark.parametrize(
+    "family,name", [("gemma2", "vanilla"), ("gemma2", "eagle"), ("cohere", "draft_tree")]
+)
 def test_sampling_follows_a_transformed_distribution(family, name):
     """Gemma-2 soft-caps its logits (here hard: cap 3), Cohere scales them: p is the model's own
     distribution, transform included, for the target and for the drafters that share its head."""

@@ -116,13 +116,16 @@ def test_prefix_method_matches_generation_marks(tokenizer):
     ids_p, mask_p = render_conversation(tokenizer, CONVERSATION, method="prefix")
     assert ids_g.tolist() == ids_p.tolist() and mask_g.tolist() == mask_p.tolist()
     plain = train_bpe_tokenizer(TEXTS, vocab_size=300)
-    plain.chat_template = CHAT_TEMPLATE.replace("{% generation %}", "").replace("{% endgeneration %}", "")
+    plain.chat_template = (CHAT_TEMPLATE.replace("{% generation %}", "")
+                           .replace("{% endgeneration %}", ""))
     ids_a, mask_a = render_conversation(plain, CONVERSATION)  # auto -> prefix
     assert ids_a.tolist() == ids_g.tolist() and mask_a.tolist() == mask_g.tolist()
     with_system = [{"role": "system", "content": "Be brief."}, *CONVERSATION]
     ids_s, mask_s = render_conversation(plain, with_system)
-    assert [tokenizer.decode(ids_s[a:b], skip_special_tokens=False) for a, b in runs(mask_s)] == \
-        ["Hello!<|eos|>", "4<|eos|>"]
+    assert [tokenizer.decode(ids_s[a:b], skip_special_tokens=False) for a, b in runs(mask_s)] == [
+        "Hello!<|eos|>",
+        "4<|eos|>",
+    ]
 
 
 def test_truncation(tokenizer):
@@ -133,25 +136,42 @@ def test_truncation(tokenizer):
 
 def test_sharegpt_roles_and_jsonl(tmp_path, tokenizer):
     records = [
-        {"id": "a", "conversations": [{"from": "gpt", "value": "orphan reply"},
-                                      {"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hey"}]},
+        {
+            "id": "a",
+            "conversations": [
+                {"from": "gpt", "value": "orphan reply"},
+                {"from": "human", "value": "Hi"},
+                {"from": "gpt", "value": "Hey"},
+            ],
+        },
         {"id": "b", "conversations": [{"from": "human", "value": "no reply"}]},
-        {"id": "c", "system": "Be brief.", "conversations": [{"from": "human", "value": "Q"},
-                                                             {"from": "gpt", "value": "A"}]},
+        {
+            "id": "c",
+            "system": "Be brief.",
+            "conversations": [{"from": "human", "value": "Q"}, {"from": "gpt", "value": "A"}],
+        },
     ]
     path = tmp_path / "conv.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in records) + "\n")
     convs = load_sharegpt(path)
     assert [c["id"] for c in convs] == ["a", "c"]  # "b" has no assistant turn
-    assert [m["role"] for m in convs[0]["messages"]] == ["user", "assistant"]  # orphan reply dropped
+    assert [m["role"] for m in convs[0]["messages"]] == [
+        "user",
+        "assistant",
+    ]  # orphan reply dropped
     assert [m["role"] for m in convs[1]["messages"]] == ["system", "user", "assistant"]
-    (tmp_path / "bad.json").write_text(json.dumps([{"id": 1, "conversations": [{"from": "robot", "value": "x"}]}]))
+    (tmp_path / "bad.json").write_text(
+        json.dumps([{"id": 1, "conversations": [{"from": "robot", "value": "x"}]}])
+    )
     with pytest.raises(ValueError, match="unknown speaker 'robot'"):
         load_sharegpt(tmp_path / "bad.json")
     for turn in ("hi", None):  # a turn that is not an object names its record and place
-        (tmp_path / "bad.json").write_text(json.dumps([{"id": "x", "conversations": [{"from": "human", "value": "Q"},
-                                                                                   turn]}]))
-        with pytest.raises(ValueError, match=r"bad.json conversation 'x'.*: turn 1 is .*not an object"):
+        (tmp_path / "bad.json").write_text(
+            json.dumps([{"id": "x", "conversations": [{"from": "human", "value": "Q"}, turn]}])
+        )
+        with pytest.raises(
+            ValueError, match=r"bad.json conversation 'x'.*: turn 1 is .*not an object"
+        ):
             load_sharegpt(tmp_path / "bad.json")
     out = sharegpt_samples(tokenizer, 64, path, val_fraction=0.0)
     assert [s["id"] for s in out["train"]] == ["a", "c"] and out["validation"] == []
@@ -162,8 +182,13 @@ def test_a_conversation_the_template_cannot_mark_is_named(tmp_path, tokenizer, m
     file, the conversation's id and its place, where before it named neither."""
     import data_gen.conversations as conversations
 
-    records = [{"id": name, "conversations": [{"from": "human", "value": "Q"}, {"from": "gpt", "value": reply}]}
-               for name, reply in (("fine", "A"), ("odd-one", "<think>B"))]
+    records = [
+        {
+            "id": name,
+            "conversations": [{"from": "human", "value": "Q"}, {"from": "gpt", "value": reply}],
+        }
+        for name, reply in (("fine", "A"), ("odd-one", "<think>B"))
+    ]
     path = tmp_path / "conv.json"
     path.write_text(json.dumps(records))
     render = conversations.render_conversation
@@ -174,7 +199,10 @@ def test_a_conversation_the_template_cannot_mark_is_named(tmp_path, tokenizer, m
         return render(tok, messages, *args)
 
     monkeypatch.setattr(conversations, "render_conversation", strict)
-    with pytest.raises(ConversationError, match=r"conv.json: conversation 'odd-one' \(record 2\): the chat template"):
+    with pytest.raises(
+        ConversationError,
+        match=r"conv.json: conversation 'odd-one' \(record 2\): the chat template",
+    ):
         sharegpt_samples(tokenizer, 64, path, val_fraction=0.0)
 
 
@@ -182,7 +210,9 @@ def test_cuda_under_several_processes_is_each_processs_own_gpu(monkeypatch):
     from data_gen.__main__ import pick_device
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a machine of 8 GPUs, as far as the choice goes
+    monkeypatch.setattr(
+        torch.cuda, "is_available", lambda: True
+    )  # a machine of 8 GPUs, as far as the choice goes
     assert pick_device("cuda", local_rank=3, world_size=8) == "cuda:3"  # not 8 targets on GPU 0
     assert pick_device("cuda", local_rank=0, world_size=1) == "cuda"
     assert pick_device("cuda:1", local_rank=3, world_size=8) == "cuda:1"  # named: as named
@@ -190,16 +220,26 @@ def test_cuda_under_several_processes_is_each_processs_own_gpu(monkeypatch):
 
 
 def test_truncated_conversations_are_counted_and_reported(tmp_path, tokenizer, caplog):
-    records = [{"id": str(i), "conversations": [{"from": "human", "value": "Hi " * n},
-                                                {"from": "gpt", "value": "Hello there " * 30}]}
-               for i, n in enumerate([1, 1, 1, 60])]
+    records = [
+        {
+            "id": str(i),
+            "conversations": [
+                {"from": "human", "value": "Hi " * n},
+                {"from": "gpt", "value": "Hello there " * 30},
+            ],
+        }
+        for i, n in enumerate([1, 1, 1, 60])
+    ]
     path = tmp_path / "conv.json"
     path.write_text(json.dumps(records))
     with caplog.at_level("WARNING"):
         out = sharegpt_samples(tokenizer, 48, path, val_fraction=0.0)
     assert len(out["train"]) == 3 and max(s["input_ids"].size for s in out["train"]) == 48
     # all are cut; the long question leaves no room for its reply: that sample is dropped
-    assert "4 of 4 conversations were longer than max_len=48 tokens and were cut (1 dropped" in caplog.text
+    assert (
+        "4 of 4 conversations were longer than max_len=48 tokens and were cut (1 dropped"
+        in caplog.text
+    )
     caplog.clear()
     with caplog.at_level("WARNING"):
         sharegpt_samples(tokenizer, 2048, path, val_fraction=0.0)
@@ -210,14 +250,36 @@ def test_a_source_without_validation_samples_is_refused(tmp_path, target_dir):
     """50 conversations at val_fraction 0.02 held out none: the dump used to be written, and
     training failed much later."""
     path = tmp_path / "conv.json"
-    path.write_text(json.dumps([{"id": str(i), "conversations": [{"from": "human", "value": "Hi"},
-                                                                 {"from": "gpt", "value": "Hello"}]}
-                                for i in range(50)]))
+    path.write_text(
+        json.dumps(
+            [
+                {
+                    "id": str(i),
+                    "conversations": [
+                        {"from": "human", "value": "Hi"},
+                        {"from": "gpt", "value": "Hello"},
+                    ],
+                }
+                for i in range(50)
+            ]
+        )
+    )
     with pytest.raises(ValueError, match="made no validation samples .* raise source.val_fraction"):
-        generate(compose_config("data_gen", [f"target_path={target_dir}", f"out_dir={tmp_path / 'd'}",
-                                             "target_dtype=float32", "device=cpu", "progress=false",
-                                             "data_gen=sharegpt", f"source.path={path}",
-                                             "source.val_fraction=0.001"]))
+        generate(
+            compose_config(
+                "data_gen",
+                [
+                    f"target_path={target_dir}",
+                    f"out_dir={tmp_path / 'd'}",
+                    "target_dtype=float32",
+                    "device=cpu",
+                    "progress=false",
+                    "data_gen=sharegpt",
+                    f"source.path={path}",
+                    "source.val_fraction=0.001",
+                ],
+            )
+        )
     assert not (tmp_path / "d").exists()  # refused before anything was written
 
 
@@ -227,7 +289,9 @@ def test_sharegpt_loader_on_fastchat_dummy_conversations(tokenizer):
     assert len(convs) == 500
     assert convs[0]["id"] == "identity_0"
     assert [m["role"] for m in convs[0]["messages"]] == ["user", "assistant", "user", "assistant"]
-    out = sharegpt_samples(tokenizer, 128, path, val_fraction=0.1, max_samples=40, max_val_samples=10)
+    out = sharegpt_samples(
+        tokenizer, 128, path, val_fraction=0.1, max_samples=40, max_val_samples=10
+    )
     assert len(out["train"]) == 40 and len(out["validation"]) == 10
     for s in out["train"] + out["validation"]:
         assert 2 <= s["input_ids"].size <= 128 and s["loss_mask"].sum() > 0
@@ -238,14 +302,22 @@ def test_text_sources(tmp_path, tokenizer):
     samples = pack_documents(tokenizer, [("a", TEXTS[0]), ("b", TEXTS[1])], max_len=8)
     stream = sum((tokenizer(t)["input_ids"] + [tokenizer.eos_token_id] for t in TEXTS[:2]), [])
     assert np.concatenate([s["input_ids"] for s in samples]).tolist() == stream
-    assert all(s["input_ids"].size == 8 for s in samples[:-1]) and all(s["loss_mask"].all() for s in samples)
+    assert all(s["input_ids"].size == 8 for s in samples[:-1]) and all(
+        s["loss_mask"].all() for s in samples
+    )
     path = tmp_path / "docs.jsonl"
     path.write_text("\n".join(json.dumps({"body": t}) for t in TEXTS))
-    out = text_samples(tokenizer, 16, path=path, text_column="body", val_fraction=0.2, max_samples=5)
+    out = text_samples(
+        tokenizer, 16, path=path, text_column="body", val_fraction=0.2, max_samples=5
+    )
     assert len(out["train"]) == 5 and len(out["validation"]) > 0
-    bad = tmp_path / "bad.jsonl"  # a null cell names its file, row and column, not the tokenizer's types
+    bad = (
+        tmp_path / "bad.jsonl"
+    )  # a null cell names its file, row and column, not the tokenizer's types
     bad.write_text("\n".join(json.dumps({"body": t}) for t in [TEXTS[0], None, TEXTS[1]]))
-    with pytest.raises(ValueError, match=r"bad.jsonl: row 1 of split 'train' has NoneType None in column 'body'"):
+    with pytest.raises(
+        ValueError, match=r"bad.jsonl: row 1 of split 'train' has NoneType None in column 'body'"
+    ):
         text_samples(tokenizer, 16, path=bad, text_column="body")
     with pytest.raises(ValueError, match="no text column 'text'.*source.text_column"):
         text_samples(tokenizer, 16, path=path)
@@ -279,22 +351,36 @@ def test_dump_writes_shards_and_metadata(dump, target_dir):
     assert meta["counts"]["samples"] == 13 and meta["counts"]["shards"] == 4
     assert meta["counts"]["bytes_per_token"] > 32 * 2  # bf16 features + ids
     assert [s["rows"] for s in meta["splits"]["train"]["shards"]] == [4, 4, 2]
-    assert sorted(p.name for p in (dump / "train").iterdir()) == ["shard_00000", "shard_00001", "shard_00002"]
+    assert sorted(p.name for p in (dump / "train").iterdir()) == [
+        "shard_00000",
+        "shard_00001",
+        "shard_00002",
+    ]
     # each shard is a plain `datasets` Arrow file
     ds = datasets.Dataset.from_file(str(dump / "train" / "shard_00000" / "data.arrow"))
-    assert len(ds) == 4 and set(ds.column_names) == {"id", "input_ids", "loss_mask", "length", "features"}
+    assert len(ds) == 4 and set(ds.column_names) == {
+        "id",
+        "input_ids",
+        "loss_mask",
+        "length",
+        "features",
+    }
 
 
 def test_dumped_features_equal_target_forward(dump, target_dir):
     model, tokenizer = load_target(target_dir)
     meta, splits = open_feature_dump(dump, identity(model, tokenizer, target_dir))
     assert len(splits["train"]) == 10 and len(splits["validation"]) == 3
-    source = sharegpt_samples(tokenizer, 32, dummy_conversations(), val_fraction=0.25,
-                              max_samples=10, max_val_samples=3)
+    source = sharegpt_samples(
+        tokenizer, 32, dummy_conversations(), val_fraction=0.25, max_samples=10, max_val_samples=3
+    )
     for name, split in splits.items():
         for i in range(len(split)):
             row = split[i]
-            assert row["features"].dtype == torch.bfloat16 and row["features"].shape == (row["input_ids"].numel(), 32)
+            assert row["features"].dtype == torch.bfloat16 and row["features"].shape == (
+                row["input_ids"].numel(),
+                32,
+            )
             with torch.no_grad():
                 ref = target_forward(model, row["input_ids"][None]).features[0]  # unpadded, fp32
             torch.testing.assert_close(row["features"].float(), ref, rtol=1e-2, atol=1e-2)
@@ -306,7 +392,8 @@ def test_dumped_features_equal_target_forward(dump, target_dir):
 
 def test_resume_after_crash_mid_shard(tmp_path, dump, target_dir, monkeypatch):
     out = tmp_path / "dump"
-    # batches of 2, shards of 4: the target "crashes" on its 4th batch, after shard 0 and half of shard 1
+    # batches of 2, shards of 4: the target "crashes" on its 4th batch, after shard 0 and half of
+    # shard 1
     real, calls = features_module.batch_features, []
 
     def crashing(*args, **kwargs):
@@ -361,24 +448,38 @@ def test_shards_are_reused_only_under_their_own_plan(tmp_path, dump, target_dir)
     old_sums = {s["sha256"] for split in old["splits"].values() for s in split["shards"]}
     assert not old_sums & {s["sha256"] for split in new["splits"].values() for s in split["shards"]}
     a, b = FeatureShards(dump, "train"), FeatureShards(out, "train")
-    for i in range(len(a)):  # the same features, stored in float16 (bf16's 3 digits decide the tolerance)
-        torch.testing.assert_close(b[i]["features"].float(), a[i]["features"].float(), rtol=2e-2, atol=2e-2)
+    for i in range(
+        len(a)
+    ):  # the same features, stored in float16 (bf16's 3 digits decide the tolerance)
+        torch.testing.assert_close(
+            b[i]["features"].float(), a[i]["features"].float(), rtol=2e-2, atol=2e-2
+        )
     with pytest.raises(FeatureDumpError, match=r"other settings \(differs in \['compute'\]\)"):
         generate(compose_data_gen(target_dir, out, "dtype=float16", "target_dtype=bfloat16"))
 
 
 def test_the_dump_refuses_samples_past_the_targets_context_and_other_datasets(tmp_path, tokenizer):
     short = save_tiny_target(tmp_path / "short", tokenizer, max_position_embeddings=16)
-    with pytest.raises(FeatureDumpError, match="past the target's context of 16 positions: lower max_len"):
+    with pytest.raises(
+        FeatureDumpError, match="past the target's context of 16 positions: lower max_len"
+    ):
         generate(compose_data_gen(short, tmp_path / "dump"))
-    other = tmp_path / "distilled"  # another kind of dataset in out_dir: overwrite=true must not delete it
+    other = (
+        tmp_path / "distilled"
+    )  # another kind of dataset in out_dir: overwrite=true must not delete it
     other.mkdir()
-    (other / METADATA).write_text(json.dumps({"params": {"format": "eagle-distill/1"}, "status": "complete"}))
+    (other / METADATA).write_text(
+        json.dumps({"params": {"format": "eagle-distill/1"}, "status": "complete"})
+    )
     with pytest.raises(FeatureDumpError, match=r"holds another kind of dataset \(eagle-distill\)"):
         generate(compose_data_gen(short, other, "max_len=16", "overwrite=true"))
     assert (other / METADATA).exists()
-    small = save_tiny_target(tmp_path / "small", tokenizer, vocab_size=200)  # fewer rows than the tokenizer's ids
-    with pytest.raises(FeatureDumpError, match="past the target's 200 embedding rows: .*another tokenizer"):
+    small = save_tiny_target(
+        tmp_path / "small", tokenizer, vocab_size=200
+    )  # fewer rows than the tokenizer's ids
+    with pytest.raises(
+        FeatureDumpError, match="past the target's 200 embedding rows: .*another tokenizer"
+    ):
         generate(compose_data_gen(small, tmp_path / "dump"))
 
 
@@ -387,16 +488,21 @@ def test_the_last_rank_to_finish_leaves_the_dump_complete(tmp_path, target_dir, 
     rank 0 writes "incomplete". Rank 0 looks again after its write, so the dump ends complete
     (it used to read "incomplete" with every shard on disk)."""
     model, tokenizer = load_target(target_dir)
-    samples = sharegpt_samples(tokenizer, 32, dummy_conversations(), val_fraction=0.25,
-                               max_samples=10, max_val_samples=3)
+    samples = sharegpt_samples(
+        tokenizer, 32, dummy_conversations(), val_fraction=0.25, max_samples=10, max_val_samples=3
+    )
     out, real, ran = tmp_path / "dump", features_module.shards.complete_shard, []
     settings = dict(shard_size=4, batch_size=2, progress=False, world_size=2)
 
     def rank1_finishes_meanwhile(shard_dir, fingerprint):
         info = real(shard_dir, fingerprint)
-        if info is None and shard_dir == out / "train" / "shard_00001" and not ran:  # rank 1's, seen missing by rank 0
+        if (
+            info is None and shard_dir == out / "train" / "shard_00001" and not ran
+        ):  # rank 1's, seen missing by rank 0
             ran.append("running")
-            ran[0] = features_module.dump_features(model, tokenizer, samples, out, rank=1, **settings)["status"]
+            ran[0] = features_module.dump_features(
+                model, tokenizer, samples, out, rank=1, **settings
+            )["status"]
         return info
 
     monkeypatch.setattr(features_module.shards, "complete_shard", rank1_finishes_meanwhile)
@@ -435,7 +541,9 @@ def test_corrupt_or_mismatched_dumps_fail_clearly(tmp_path, dump, target_dir):
     with pytest.raises(FeatureDumpError, match="no feature dump"):
         open_feature_dump(tmp_path / "nowhere")
 
-    other = make_tiny_model("llama", seed=1, vocab_size=len(tokenizer))  # same shapes, other weights
+    other = make_tiny_model(
+        "llama", seed=1, vocab_size=len(tokenizer)
+    )  # same shapes, other weights
     with pytest.raises(TargetMismatchError, match="another target: lm_head_sha256"):
         open_feature_dump(dump, identity(other, tokenizer, "other"))
     wider = make_tiny_model("llama", vocab_size=len(tokenizer), hidden_size=64)
@@ -447,13 +555,20 @@ def test_corrupt_or_mismatched_dumps_fail_clearly(tmp_path, dump, target_dir):
 
 
 def test_data_gen_configs_compose():
-    cfg = compose_config("data_gen", ["paths.root_dir=/nowhere"])  # the embedded default: SmolLM2 on ShareGPT
+    cfg = compose_config(
+        "data_gen", ["paths.root_dir=/nowhere"]
+    )  # the embedded default: SmolLM2 on ShareGPT
     assert cfg.out_dir == "/nowhere/runs/data/features/smollm2-sharegpt"
     assert cfg.target_path == "/nowhere/runs/smollm2/model"
-    assert cfg.source._target_ == "data_gen.conversations.sharegpt_samples" and cfg.source.path is None
+    assert (
+        cfg.source._target_ == "data_gen.conversations.sharegpt_samples" and cfg.source.path is None
+    )
     assert cfg.max_len == 2048  # EAGLE-1's
-    for name, fn in (("sharegpt", "sharegpt_samples"), ("text", "text_samples"),
-                     ("distilled", "distilled_samples")):
+    for name, fn in (
+        ("sharegpt", "sharegpt_samples"),
+        ("text", "text_samples"),
+        ("distilled", "distilled_samples"),
+    ):
         cfg = compose_config("data_gen", [f"data_gen={name}", "source.path=x"])
         assert cfg.source._target_ == f"data_gen.conversations.{fn}"
 
@@ -465,10 +580,24 @@ def write_cut_off(path: Path, records: list[dict], cut: int) -> None:
     path.write_text(text[: last + cut])
 
 
-def test_a_truncated_sharegpt_file_gives_its_complete_records_and_says_what_it_dropped(tmp_path, tokenizer, caplog):
-    records = [{"id": str(i), "conversations": [{"from": "human", "value": f"Question {i}"},
-                                                {"from": "gpt", "value": f"Answer {i}"}]} for i in range(6)]
-    for cut in (5, 40, len(json.dumps(records[-1])) - 1):  # inside a key, inside a string, before the brace
+def test_a_truncated_sharegpt_file_gives_its_complete_records_and_says_what_it_dropped(
+    tmp_path, tokenizer, caplog
+):
+    records = [
+        {
+            "id": str(i),
+            "conversations": [
+                {"from": "human", "value": f"Question {i}"},
+                {"from": "gpt", "value": f"Answer {i}"},
+            ],
+        }
+        for i in range(6)
+    ]
+    for cut in (
+        5,
+        40,
+        len(json.dumps(records[-1])) - 1,
+    ):  # inside a key, inside a string, before the brace
         path = tmp_path / f"cut{cut}.json"
         write_cut_off(path, records, cut)
         with pytest.raises(json.JSONDecodeError):
@@ -477,17 +606,28 @@ def test_a_truncated_sharegpt_file_gives_its_complete_records_and_says_what_it_d
         with caplog.at_level("WARNING"):
             convs = load_sharegpt(path)
         assert [c["id"] for c in convs] == ["0", "1", "2", "3", "4"]
-        assert f"{path} is truncated inside record 6" in caplog.text and "read 5 complete records" in caplog.text
+        assert (
+            f"{path} is truncated inside record 6" in caplog.text
+            and "read 5 complete records" in caplog.text
+        )
         assert f"dropped the last {cut} characters" in caplog.text
     out = sharegpt_samples(tokenizer, 64, path, val_fraction=0.0)
     assert [s["id"] for s in out["train"]] == ["0", "1", "2", "3", "4"]
 
 
 def test_a_malformed_record_inside_a_sharegpt_file_is_an_error_naming_it(tmp_path):
-    good = json.dumps({"id": "a", "conversations": [{"from": "human", "value": "Q"}, {"from": "gpt", "value": "A"}]})
+    good = json.dumps(
+        {
+            "id": "a",
+            "conversations": [{"from": "human", "value": "Q"}, {"from": "gpt", "value": "A"}],
+        }
+    )
     path = tmp_path / "bad.json"
     path.write_text(f'[{good}, {{"id": "b", "conversations": [}}, {good}]')
-    with pytest.raises(ConversationError, match=r"bad.json: record 2 is not valid JSON \(Expecting value at character"):
+    with pytest.raises(
+        ConversationError,
+        match=r"bad.json: record 2 is not valid JSON \(Expecting value at character",
+    ):
         load_sharegpt(path)
     path.write_text(f"[{good}, 3]")
     with pytest.raises(ConversationError, match="record 2 is not an object"):
@@ -495,13 +635,23 @@ def test_a_malformed_record_inside_a_sharegpt_file_is_an_error_naming_it(tmp_pat
 
 
 def test_sharegpt_reading_stops_once_the_caps_are_full(tmp_path, tokenizer):
-    """The conversations after the caps are never parsed: a malformed record there is not reached."""
-    records = [{"id": str(i), "conversations": [{"from": "human", "value": "Q"}, {"from": "gpt", "value": "A"}]}
-               for i in range(3)]
+    """The conversations after the caps are never parsed: a malformed record there is not
+    reached."""
+    records = [
+        {
+            "id": str(i),
+            "conversations": [{"from": "human", "value": "Q"}, {"from": "gpt", "value": "A"}],
+        }
+        for i in range(3)
+    ]
     path = tmp_path / "conv.json"
     path.write_text(json.dumps(records)[:-1] + ', {"id": "broken", "conversations": [}]')
     out = sharegpt_samples(tokenizer, 64, path, val_fraction=0.0, max_samples=3, max_val_samples=0)
-    assert [s["id"] for s in out["train"]] == ["0", "1", "2"]  # the record right after the caps is not parsed
+    assert [s["id"] for s in out["train"]] == [
+        "0",
+        "1",
+        "2",
+    ]  # the record right after the caps is not parsed
     with pytest.raises(ConversationError, match="record 4"):
         sharegpt_samples(tokenizer, 64, path, val_fraction=0.0)
 
@@ -513,7 +663,10 @@ def test_the_shipped_sharegpt_file_is_the_default_and_is_read_to_its_cut(tokeniz
     assert path.name == "ShareGPT_V3_unfiltered_cleaned_split.json"
     with caplog.at_level("WARNING"):
         assert sum(1 for _ in iter_json_records(path)) == 17_671
-    assert "is truncated inside record 17672" in caplog.text and "read 17671 complete records" in caplog.text
+    assert (
+        "is truncated inside record 17672" in caplog.text
+        and "read 17671 complete records" in caplog.text
+    )
     out = sharegpt_samples(tokenizer, 64, None, max_samples=3, max_val_samples=1)
     assert len(out["train"]) == 3 and len(out["validation"]) == 1
     assert all(s["loss_mask"].sum() > 0 and s["loss_mask"][0] == 0 for s in out["train"])
@@ -524,7 +677,10 @@ def test_batched_features_are_each_samples_own_hidden_state():
     unpadded forward has, over its own length."""
     model = make_tiny_model("llama")
     g = torch.Generator().manual_seed(0)
-    samples = [{"input_ids": torch.randint(3, model.config.vocab_size, (n,), generator=g).numpy()} for n in (9, 4, 13)]
+    samples = [
+        {"input_ids": torch.randint(3, model.config.vocab_size, (n,), generator=g).numpy()}
+        for n in (9, 4, 13)
+    ]
     got = features_module.batch_features(model, samples, pad_id=0)
     for s, f in zip(samples, got):
         ids = torch.from_numpy(s["input_ids"].astype(np.int64))[None]

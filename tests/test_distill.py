@@ -37,8 +37,9 @@ T1 = SamplingPolicy(temperature=1.0)
 # ------------------------------------------------------------------------------ sampling
 
 
-@pytest.mark.parametrize("family,policy_name", [("llama", "t1"), ("llama", "topk"), ("llama", "topp"),
-                                                ("gemma2", "t1")])
+@pytest.mark.parametrize(
+    "family,policy_name", [("llama", "t1"), ("llama", "topk"), ("llama", "topp"), ("gemma2", "t1")]
+)
 def test_continuations_follow_the_targets_distribution(family, policy_name):
     """Two prompts interleaved in batches of 64 rows, 3 tokens each (a prefill and two cached
     steps): the counts of each prompt's continuations match its exact joint distribution.
@@ -58,7 +59,9 @@ def test_continuations_follow_the_targets_distribution(family, policy_name):
     runs = batches * rows // 2
     for prompt, seen in zip(prompts, counts):
         expected = exact_joint(target, prompt, policy, n)
-        assert set(seen) <= {s for s, p in expected.items() if p > 0}, "sampled a sequence of probability 0"
+        assert set(seen) <= {s for s, p in expected.items() if p > 0}, (
+            "sampled a sequence of probability 0"
+        )
         pvalue = chi2_pvalue(seen, expected, runs)
         assert pvalue > 1e-3, f"{family}/{policy_name}, prompt {prompt}: chi2 p-value {pvalue:.2e}"
 
@@ -121,22 +124,38 @@ def complete(tmp_path_factory, model, tokenizer) -> Path:
 
 def test_rows_hold_prompt_continuation_and_argmax(complete, model):
     meta, splits = load_distilled(complete)
-    assert meta["status"] == "complete" and meta["params"]["new_tokens"] == 5 and meta["params"]["seed"] == 7
+    assert (
+        meta["status"] == "complete"
+        and meta["params"]["new_tokens"] == 5
+        and meta["params"]["seed"] == 7
+    )
     assert meta["tokenizer_hash"] and meta["params"]["target"]["lm_head_sha256"]
     assert {s: meta["splits"][s]["rows"] for s in splits} == {"train": 10, "validation": 3}
-    assert [i["name"] for i in meta["splits"]["train"]["shards"]] == ["shard-00000", "shard-00001", "shard-00002"]
+    assert [i["name"] for i in meta["splits"]["train"]["shards"]] == [
+        "shard-00000",
+        "shard-00001",
+        "shard-00002",
+    ]
     for split, ds in splits.items():
         assert len(ds) == len(PROMPTS[split])
         for prompt, row in zip(PROMPTS[split], ds):
             assert row["prompt_len"] == len(prompt) and row["input_ids"][: len(prompt)] == prompt
             assert len(row["input_ids"]) == len(prompt) + 5 == len(row["target_argmax"])
-            assert row["target_argmax"] == target_argmax(model, torch.tensor([row["input_ids"]]))[0].tolist()
+            assert (
+                row["target_argmax"]
+                == target_argmax(model, torch.tensor([row["input_ids"]]))[0].tolist()
+            )
     # sampled, not greedy: some continuation leaves the argmax path
-    assert any(r["input_ids"][t + 1] != r["target_argmax"][t] for r in splits["train"]
-               for t in range(r["prompt_len"] - 1, len(r["input_ids"]) - 1))
+    assert any(
+        r["input_ids"][t + 1] != r["target_argmax"][t]
+        for r in splits["train"]
+        for t in range(r["prompt_len"] - 1, len(r["input_ids"]) - 1)
+    )
 
 
-def test_an_interrupted_run_resumes_to_the_same_rows(tmp_path, complete, model, tokenizer, monkeypatch):
+def test_an_interrupted_run_resumes_to_the_same_rows(
+    tmp_path, complete, model, tokenizer, monkeypatch
+):
     out = tmp_path / "resumed"
     real = distill_module.write_shard
     calls = []
@@ -144,8 +163,10 @@ def test_an_interrupted_run_resumes_to_the_same_rows(tmp_path, complete, model, 
     def crash_in_second_shard(*args, **kwargs):
         calls.append(args[2].name)
         if len(calls) == 2:  # the second shard dies after its first batch is on disk
+
             def on_batch(n):
                 raise RuntimeError("simulated crash")
+
             kwargs["on_batch"] = on_batch
         return real(*args, **kwargs)
 
@@ -158,7 +179,9 @@ def test_an_interrupted_run_resumes_to_the_same_rows(tmp_path, complete, model, 
         load_distilled(out)
 
     calls.clear()
-    monkeypatch.setattr(distill_module, "write_shard", lambda *a, **k: calls.append(a[2].name) or real(*a, **k))
+    monkeypatch.setattr(
+        distill_module, "write_shard", lambda *a, **k: calls.append(a[2].name) or real(*a, **k)
+    )
     meta = generate_distilled(model, tokenizer, PROMPTS, out, **SETTINGS)
     assert calls == ["shard-00001", "shard-00002", "shard-00000"]  # train 1, 2, then validation 0
     assert meta["status"] == "complete" and meta["counts"]["shards_reused"] == 1
@@ -182,7 +205,9 @@ def test_other_settings_are_refused_unless_overwrite(tmp_path, complete, model, 
     with pytest.raises(DistillError, match=r"differs in \['splits'\]"):
         generate_distilled(model, tokenizer, other_prompts, out, **SETTINGS)
     assert rows(out) == rows(complete)  # untouched
-    meta = generate_distilled(model, tokenizer, PROMPTS, out, **{**SETTINGS, "seed": 8}, overwrite=True)
+    meta = generate_distilled(
+        model, tokenizer, PROMPTS, out, **{**SETTINGS, "seed": 8}, overwrite=True
+    )
     assert meta["params"]["seed"] == 8 and meta["status"] == "complete"
     new = rows(out)
     assert [r["input_ids"][:4] for r in new["train"]] == PROMPTS["train"]
@@ -191,7 +216,9 @@ def test_other_settings_are_refused_unless_overwrite(tmp_path, complete, model, 
 
 def test_continuations_past_the_targets_context_are_refused(tmp_path, tokenizer):
     short = make_tiny_model("llama", max_position_embeddings=8)
-    with pytest.raises(DistillError, match="5 tokens \\+ new_tokens=5 pass the target's context of 8 positions"):
+    with pytest.raises(
+        DistillError, match="5 tokens \\+ new_tokens=5 pass the target's context of 8 positions"
+    ):
         generate_distilled(short, tokenizer, PROMPTS, tmp_path / "out", **SETTINGS)
     assert not (tmp_path / "out").exists()  # refused before anything is written
 
@@ -238,29 +265,53 @@ def test_entry_point_writes_a_loadable_dataset(tmp_path, target_dir, capsys):
     out = tmp_path / "distilled"
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("".join(TEXTS))
-    overrides = ["data_gen=text", f"source.path={corpus}", "source.val_fraction=0.25",
-                 "prompt_at=start", f"target_path={target_dir}", f"out_dir={out}",
-                 "target_dtype=float32", "device=cpu", "max_len=32", "prompt_len=8", "new_tokens=4",
-                 "num_prompts.train=6", "num_prompts.validation=2", "shard_size=4", "batch_size=2",
-                 "progress=false"]
+    overrides = [
+        "data_gen=text",
+        f"source.path={corpus}",
+        "source.val_fraction=0.25",
+        "prompt_at=start",
+        f"target_path={target_dir}",
+        f"out_dir={out}",
+        "target_dtype=float32",
+        "device=cpu",
+        "max_len=32",
+        "prompt_len=8",
+        "new_tokens=4",
+        "num_prompts.train=6",
+        "num_prompts.validation=2",
+        "shard_size=4",
+        "batch_size=2",
+        "progress=false",
+    ]
     meta = generate(compose_config("distill", overrides))
-    assert meta["status"] == "complete" and meta["params"]["policy"] == {"temperature": 1.0, "top_k": 0, "top_p": 1.0}
+    assert meta["status"] == "complete" and meta["params"]["policy"] == {
+        "temperature": 1.0,
+        "top_k": 0,
+        "top_p": 1.0,
+    }
     printed = capsys.readouterr().out
     assert str(out) in printed and "6 train rows, 2 validation rows" in printed
     _, splits = load_distilled(out)
     model, tokenizer = load_target(target_dir)
-    samples = text_samples(tokenizer, 32, path=corpus, val_fraction=0.25, max_samples=6,
-                           max_val_samples=2)
+    samples = text_samples(
+        tokenizer, 32, path=corpus, val_fraction=0.25, max_samples=6, max_val_samples=2
+    )
     for split, ds in splits.items():
-        assert [r["input_ids"][:8] for r in ds] == [s["input_ids"][:8].tolist() for s in samples[split]]
-        assert all(len(r["input_ids"]) == 12 == len(r["target_argmax"]) and r["prompt_len"] == 8 for r in ds)
+        assert [r["input_ids"][:8] for r in ds] == [
+            s["input_ids"][:8].tolist() for s in samples[split]
+        ]
+        assert all(
+            len(r["input_ids"]) == 12 == len(r["target_argmax"]) and r["prompt_len"] == 8
+            for r in ds
+        )
     # a second command with the same settings (same prompts, same plan) reuses every shard
     assert generate(compose_config("distill", overrides))["counts"]["shards_reused"] == 3
 
 
 def test_prompts_at_start_or_before_the_first_reply():
     """prompt_at=start takes a sample's first tokens; prompt_at=reply the tokens that end its first
-    user turn (just before the first loss token), every prompt of one length, shorter ones skipped."""
+    user turn (just before the first loss token), every prompt of one length, shorter ones skipped.
+    """
     import numpy as np
 
     from data_gen.distill import prompts_of
@@ -271,10 +322,14 @@ def test_prompts_at_start_or_before_the_first_reply():
         return {"input_ids": np.arange(100, 100 + n, dtype=np.int32), "loss_mask": mask}
 
     samples = {"train": [sample(20, 9), sample(20, 4), sample(6, 6)], "validation": [sample(12, 5)]}
-    assert prompts_of(samples, 5, "start") == {"train": [list(range(100, 105))] * 3,
-                                               "validation": [list(range(100, 105))]}
+    assert prompts_of(samples, 5, "start") == {
+        "train": [list(range(100, 105))] * 3,
+        "validation": [list(range(100, 105))],
+    }
     reply = prompts_of(samples, 5, "reply")
-    assert reply["train"] == [list(range(104, 109))]  # a 4-token first turn and a reply-less sample skipped
+    assert reply["train"] == [
+        list(range(104, 109))
+    ]  # a 4-token first turn and a reply-less sample skipped
     assert reply["validation"] == [list(range(100, 105))]
     with pytest.raises(ValueError, match="prompt_at"):
         prompts_of(samples, 5, "middle")
@@ -286,13 +341,32 @@ def test_entry_point_distils_replies_to_sharegpt_prompts(tmp_path, target_dir):
     source = sharegpt_file(tmp_path / "src.json", n=8)
     out = tmp_path / "replies"
     _, tokenizer = load_target(target_dir)
-    header = tokenizer.apply_chat_template([{"role": "user", "content": "x"}], add_generation_prompt=True,
-                                           tokenize=True, return_dict=True)["input_ids"]
+    header = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "x"}],
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=True,
+    )["input_ids"]
     tail = header[-3:]  # the last tokens of any rendered first turn with its generation prompt
-    meta = generate(compose_config("distill", [
-        f"source.path={source}", "source.val_fraction=0.25", f"target_path={target_dir}", f"out_dir={out}",
-        "target_dtype=float32", "device=cpu", "prompt_len=6", "new_tokens=4", "num_prompts.train=8",
-        "num_prompts.validation=8", "batch_size=4", "progress=false"]))
+    meta = generate(
+        compose_config(
+            "distill",
+            [
+                f"source.path={source}",
+                "source.val_fraction=0.25",
+                f"target_path={target_dir}",
+                f"out_dir={out}",
+                "target_dtype=float32",
+                "device=cpu",
+                "prompt_len=6",
+                "new_tokens=4",
+                "num_prompts.train=8",
+                "num_prompts.validation=8",
+                "batch_size=4",
+                "progress=false",
+            ],
+        )
+    )
     assert meta["status"] == "complete"
     _, splits = load_distilled(out)
     rows = [r for ds in splits.values() for r in ds]

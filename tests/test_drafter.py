@@ -143,8 +143,14 @@ def test_config_from_target(family):
     target = make_tiny_model(family, num_key_value_heads=1, rope_theta=2500.0, rms_norm_eps=1e-5)
     cfg = DrafterConfig.from_target(target, FakeTokenizer(96), path="runs/tiny")
     tc = target.config
-    assert (cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads, cfg.num_key_value_heads,
-            cfg.head_dim, cfg.vocab_size) == (32, 64, 4, 1, 8, 96)
+    assert (
+        cfg.hidden_size,
+        cfg.intermediate_size,
+        cfg.num_attention_heads,
+        cfg.num_key_value_heads,
+        cfg.head_dim,
+        cfg.vocab_size,
+    ) == (32, 64, 4, 1, 8, 96)
     assert cfg.rope_theta == 2500.0 and cfg.rms_norm_eps == 1e-5 and cfg.hidden_act == tc.hidden_act
     assert cfg.max_position_embeddings == tc.max_position_embeddings
     assert cfg.target["model_type"] == family and cfg.target["target_path"] == "runs/tiny"
@@ -165,7 +171,9 @@ def test_config_from_a_target_whose_layers_differ():
     base, which a Llama layer runs."""
     gemma3 = make_tiny_model("gemma3_text")  # layers: sliding (base 1e4), full (base 1e6)
     cfg = DrafterConfig.from_target(gemma3, FakeTokenizer(96))
-    assert cfg.rope_parameters == {"rope_type": "default", "rope_theta": 1e6} and cfg.rope_theta == 1e6
+    assert (
+        cfg.rope_parameters == {"rope_type": "default", "rope_theta": 1e6} and cfg.rope_theta == 1e6
+    )
     gemma4 = make_tiny_model("gemma4_text")  # head_dim 8 sliding, 16 full (the last layer)
     cfg = DrafterConfig.from_target(gemma4, FakeTokenizer(96))
     assert gemma4.config.rope_parameters["full_attention"]["partial_rotary_factor"] < 1
@@ -173,7 +181,10 @@ def test_config_from_a_target_whose_layers_differ():
     d = EagleDrafter.random(gemma4)
     g = torch.Generator().manual_seed(0)
     feats, ids = torch.randn(1, 6, 32, generator=g), torch.randint(0, 96, (1, 6), generator=g)
-    assert d.layers[0].self_attn.q_proj.weight.shape == (4 * 16, 32) and torch.isfinite(d(feats, ids)).all()
+    assert (
+        d.layers[0].self_attn.q_proj.weight.shape == (4 * 16, 32)
+        and torch.isfinite(d(feats, ids)).all()
+    )
 
 
 def test_incremental_decoding_with_cache_equals_full_forward():
@@ -184,7 +195,7 @@ def test_incremental_decoding_with_cache_equals_full_forward():
         full = d(feats, ids)
         cache, parts, at = d.new_cache(), [], 0
         for n in (3, 1, 4, 2):  # chunks of several tokens and single tokens
-            parts.append(d(feats[:, at:at + n], ids[:, at:at + n], cache=cache))
+            parts.append(d(feats[:, at : at + n], ids[:, at : at + n], cache=cache))
             at += n
     assert cache.get_seq_length() == 10
     torch.testing.assert_close(torch.cat(parts, 1), full, atol=1e-5, rtol=1e-5)
@@ -196,7 +207,10 @@ def test_tree_mask_forward_equals_sequential_paths():
     parents, depths = tpl.parents, tpl.depths
     g = torch.Generator().manual_seed(2)
     prefix, n = 6, tpl.num_nodes
-    pf, pids = torch.randn(1, prefix, 32, generator=g), torch.randint(0, 96, (1, prefix), generator=g)
+    pf, pids = (
+        torch.randn(1, prefix, 32, generator=g),
+        torch.randint(0, 96, (1, prefix), generator=g),
+    )
     tf, tids = torch.randn(1, n, 32, generator=g), torch.randint(0, 96, (1, n), generator=g)
     visible = tpl.buffers().attn_mask[1:, 1:]  # (n, n) among the draft nodes
     with torch.no_grad():
@@ -221,20 +235,36 @@ def test_tree_mask_forward_equals_sequential_paths():
 def draft_model(cache: str, drafter, template: TreeTemplate) -> EagleDraftModel:
     """dynamic | static | padded: static with every pass padded to one shape, as compiled
     (here run eagerly, so the padding is tested without compiling)."""
-    kv = draft_cache("dynamic" if cache == "dynamic" else "static", drafter.llama_config, drafter.dtype,
-                     drafter.device)
-    return EagleDraftModel(drafter, kv, pass_shape=pass_shape(template) if cache == "padded" else None)
+    kv = draft_cache(
+        "dynamic" if cache == "dynamic" else "static",
+        drafter.llama_config,
+        drafter.dtype,
+        drafter.device,
+    )
+    return EagleDraftModel(
+        drafter, kv, pass_shape=pass_shape(template) if cache == "padded" else None
+    )
 
 
 def eagle_setup(cache: str, target, drafter, template: TreeTemplate, proposal: str = "topk"):
     """(proposer, target runner): both caches growing, or both static."""
-    proposer = TemplateProposer(draft_model(cache, drafter, template), template, proposal=proposal, name="eagle")
-    return proposer, make_runner("dynamic" if cache == "dynamic" else "static", target, tree_size=template.num_nodes)
+    proposer = TemplateProposer(
+        draft_model(cache, drafter, template), template, proposal=proposal, name="eagle"
+    )
+    return proposer, make_runner(
+        "dynamic" if cache == "dynamic" else "static", target, tree_size=template.num_nodes
+    )
 
 
 def test_pass_shape_fits_every_pass_of_a_round():
-    assert pass_shape(tree("eagle_default")) == (6, 10)  # catch-up of 6; depths feed 4, 4, 1, 1 of 10 expanded
-    assert pass_shape(tree("chain5")) == (6, 6)  # the catch-up sees up to 6 entries; 4 nodes expanded
+    assert pass_shape(tree("eagle_default")) == (
+        6,
+        10,
+    )  # catch-up of 6; depths feed 4, 4, 1, 1 of 10 expanded
+    assert pass_shape(tree("chain5")) == (
+        6,
+        6,
+    )  # the catch-up sees up to 6 entries; 4 nodes expanded
 
 
 def test_padded_passes_of_a_deep_chain_fit_the_draft_cache_to_the_last_token():
@@ -248,14 +278,29 @@ def test_padded_passes_of_a_deep_chain_fit_the_draft_cache_to_the_last_token():
     texts = []
     for cache in ("static", "padded"):
         proposer = TemplateProposer(draft_model(cache, d, chain), chain, name="eagle")
-        runner = StaticRunner(target, tree_size=8, max_len=5 + 40 + 8 + 1)  # the request's exact size
-        texts.append(SpeculativeDecoder(target, proposer, eos_token_id=[], runner=runner).generate([5, 6, 7, 8, 9], 40).tokens)
+        runner = StaticRunner(
+            target, tree_size=8, max_len=5 + 40 + 8 + 1
+        )  # the request's exact size
+        texts.append(
+            SpeculativeDecoder(target, proposer, eos_token_id=[], runner=runner)
+            .generate([5, 6, 7, 8, 9], 40)
+            .tokens
+        )
     assert len(texts[1]) == 40 and texts[1] == texts[0]
 
 
-@pytest.mark.parametrize("cache,inputs", [("dynamic", "shifted"), ("static", "shifted"), ("padded", "shifted"),
-                                          ("dynamic", "unshifted"), ("padded", "unshifted"),
-                                          ("dynamic", "feature"), ("static", "token")])
+@pytest.mark.parametrize(
+    "cache,inputs",
+    [
+        ("dynamic", "shifted"),
+        ("static", "shifted"),
+        ("padded", "shifted"),
+        ("dynamic", "unshifted"),
+        ("padded", "unshifted"),
+        ("dynamic", "feature"),
+        ("static", "token"),
+    ],
+)
 def test_tree_drafting_equals_sequential_evaluation_with_parent_features(cache, inputs):
     """Every drafted node's f_hat equals a plain causal drafter run over the committed
     tokens (with the target's true features) and then the node's path (each node fed its
@@ -296,7 +341,9 @@ def test_tree_drafting_equals_sequential_evaluation_with_parent_features(cache, 
         hidden, logits = {0: root_hidden}, {0: root_logits}
         depth_calls = [nodes for nodes in proposer.expanded_by_depth[1:] if nodes]
         assert len(depth_calls) == len(calls["step"])
-        for nodes, (parent_hidden, (out_logits, out_hidden)) in zip(depth_calls, calls["step"], strict=True):
+        for nodes, (parent_hidden, (out_logits, out_hidden)) in zip(
+            depth_calls, calls["step"], strict=True
+        ):
             for j, v in enumerate(nodes):
                 assert torch.equal(parent_hidden[j], hidden[tpl.parents[v]])
                 hidden[v], logits[v] = out_hidden[j], out_logits[j]
@@ -304,7 +351,9 @@ def test_tree_drafting_equals_sequential_evaluation_with_parent_features(cache, 
                 while u > 0:
                     path.insert(0, u)
                     u = tpl.parents[u]
-                feats = torch.cat([features, torch.stack([hidden[tpl.parents[u]] for u in path])[None]], 1)
+                feats = torch.cat(
+                    [features, torch.stack([hidden[tpl.parents[u]] for u in path])[None]], 1
+                )
                 seq = torch.cat([committed, drafted.tokens[[u - 1 for u in path]][None]], 1)
                 ref = d(feats, seq[:, 1:], prev_ids=seq[:, :-1])[0, -1]
                 torch.testing.assert_close(out_hidden[j], ref, atol=1e-4, rtol=1e-4)
@@ -318,7 +367,9 @@ def test_tree_drafting_equals_sequential_evaluation_with_parent_features(cache, 
     proposer.propose = spy_propose
     model.catch_up, model.step = spy_catch_up, spy_step
     prompt = prompts(4, 96)[3]
-    runner = make_runner("dynamic" if cache == "dynamic" else "static", target, tree_size=tpl.num_nodes)
+    runner = make_runner(
+        "dynamic" if cache == "dynamic" else "static", target, tree_size=tpl.num_nodes
+    )
     res = SpeculativeDecoder(target, proposer, eos_token_id=[], runner=runner).generate(prompt, 12)
     assert res.tokens == hf_greedy(target, prompt, 12, None)
     assert len(checked) == len(res.stats.rounds) > 3
@@ -368,12 +419,16 @@ def test_sampled_children_record_the_proposals_they_were_drawn_from(cache):
             for i, k in enumerate(kids):
                 want = q.clone()
                 want[toks[:i]] = 0
-                torch.testing.assert_close(drafted.q[k - 1], want / want.sum(), rtol=1e-5, atol=1e-7)
+                torch.testing.assert_close(
+                    drafted.q[k - 1], want / want.sum(), rtol=1e-5, atol=1e-7
+                )
         rounds.append(1)
         return drafted
 
     model.catch_up, model.step, proposer.propose = spy_catch_up, spy_step, spy_propose
-    runner = make_runner("dynamic" if cache == "dynamic" else "static", target, tree_size=tpl.num_nodes)
+    runner = make_runner(
+        "dynamic" if cache == "dynamic" else "static", target, tree_size=tpl.num_nodes
+    )
     decoder = SpeculativeDecoder(target, proposer, policy, eos_token_id=[], runner=runner)
     decoder.generate(prompts(3, 96)[2], 20, generator=torch.Generator().manual_seed(0))
     assert len(rounds) > 3
@@ -395,19 +450,26 @@ def test_greedy_identical_with_accepting_drafter_and_eos_inside_path(trained_lla
         for prompt in prompts(8, 96, seed=9):
             blocks: list[list[int]] = []
             free = SpeculativeDecoder(target, proposer, eos_token_id=[], runner=runner).generate(
-                prompt, 32, on_commit=blocks.append)
-            assert free.tokens == hf_greedy(target, prompt, 32, None), f"{name}: prompt of {len(prompt)}"
+                prompt, 32, on_commit=blocks.append
+            )
+            assert free.tokens == hf_greedy(target, prompt, 32, None), (
+                f"{name}: prompt of {len(prompt)}"
+            )
             # a token that first appears inside an accepted path, not at its end
             at, eos = 0, None
             for block in blocks:
                 for j, tok in enumerate(block[:-1]):
-                    if eos is None and tok not in free.tokens[:at + j]:
+                    if eos is None and tok not in free.tokens[: at + j]:
                         eos = tok
                 at += len(block)
             if eos is None:
                 continue
-            res = SpeculativeDecoder(target, proposer, eos_token_id=eos, runner=runner).generate(prompt, 32)
-            assert res.tokens == hf_greedy(target, prompt, 32, eos), f"{name}: prompt of {len(prompt)}, eos {eos}"
+            res = SpeculativeDecoder(target, proposer, eos_token_id=eos, runner=runner).generate(
+                prompt, 32
+            )
+            assert res.tokens == hf_greedy(target, prompt, 32, eos), (
+                f"{name}: prompt of {len(prompt)}, eos {eos}"
+            )
             last = res.stats.rounds[-1]
             assert last.committed < last.accepted + 1  # the accepted path was cut at the EOS
             inside += 1
@@ -441,11 +503,15 @@ def test_drafter_cache_holds_committed_context_only(trained_llama, cache):
     def spy_accept(state, tree_, path):
         accept(state, tree_, path)
         new = state.new_features.shape[1]  # the block just committed, fed at the next catch-up
-        assert model.cache.length == len(state.tokens) - 1 - new, "branch KV left in the drafter cache"
+        assert model.cache.length == len(state.tokens) - 1 - new, (
+            "branch KV left in the drafter cache"
+        )
         seen.append(len(path))
 
     model.catch_up, proposer.accept = spy_catch_up, spy_accept
-    SpeculativeDecoder(target, proposer, eos_token_id=[], runner=runner).generate(prompts(3, 96)[2], 40)
+    SpeculativeDecoder(target, proposer, eos_token_id=[], runner=runner).generate(
+        prompts(3, 96)[2], 40
+    )
     assert len(seen) > 5 and max(seen) > 2  # several rounds, some accepting deep paths
 
 
@@ -470,7 +536,12 @@ def test_compiled_static_decoding_identical_to_generate(trained_llama, kernels):
             proposer = eagle_proposer(drafter, template, cache="static", compile_mode="default")
             runner = StaticRunner(target, tree_size=template.num_nodes, compile_mode="default")
             run_greedy_cases(target, proposer, runner, cases, f"compiled/{kernels}/{name}")
-        run_greedy_cases(target, None, StaticRunner(target, compile_mode="default"), cases,
-                         f"compiled/{kernels}/vanilla")
+        run_greedy_cases(
+            target,
+            None,
+            StaticRunner(target, compile_mode="default"),
+            cases,
+            f"compiled/{kernels}/vanilla",
+        )
     finally:
         use_kernels(target, "default"), use_kernels(drafter, "default")

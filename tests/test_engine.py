@@ -22,7 +22,8 @@ def test_oracle_accepts_full_depth_and_cache_has_no_branch_trace(cache):
     tokens: rejected branches left nothing in it (and the static cache erased nothing: stale
     slots past the committed length are only hidden)."""
     target = make_tiny_model("llama")
-    # the oracle accepts rank-0 paths (nodes 1, 5, 13, ...: moved down in the cache) and rejects the rest
+    # the oracle accepts rank-0 paths (nodes 1, 5, 13, ...: moved down in the cache) and rejects the
+    # rest
     proposer = TemplateProposer(DraftLM(target, cache=cache), tree("eagle_default"))
     runner = make_runner(cache, target, tree_size=proposer.max_nodes)
     decoder = SpeculativeDecoder(target, proposer, eos_token_id=[], runner=runner)
@@ -39,7 +40,14 @@ def test_oracle_accepts_full_depth_and_cache_has_no_branch_trace(cache):
             for got, want in zip(runner.committed_kv(layer), clean.committed_kv(layer)):
                 torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
         if cache == "static":  # the rejected nodes' KV is still there, hidden by the mask
-            stale.append(bool(runner.cache.keys[0][:, :, runner.length:runner.length + tree_.size].abs().sum() > 0))
+            stale.append(
+                bool(
+                    runner.cache.keys[0][:, :, runner.length : runner.length + tree_.size]
+                    .abs()
+                    .sum()
+                    > 0
+                )
+            )
         checked.append(len(path))
         return out
 
@@ -77,7 +85,10 @@ def test_growing_cache_holds_what_hugging_faces_cache_holds(monkeypatch):
         for a, b in zip(ours.layers, ref.layers):
             torch.testing.assert_close(a.keys, b.keys, rtol=0, atol=0)
             torch.testing.assert_close(a.values, b.values, rtol=0, atol=0)
-    assert ours.layers[0].keys.untyped_storage().data_ptr() == ours.layers[0]._keys_buf.untyped_storage().data_ptr()
+    assert (
+        ours.layers[0].keys.untyped_storage().data_ptr()
+        == ours.layers[0]._keys_buf.untyped_storage().data_ptr()
+    )
     # a known max_len caps the buffer at what the sequence needs, and a longer sequence still fits
     capped = kv_cache.new_cache(max_len=10)
     for n in (3, 4, 3):
@@ -89,7 +100,8 @@ def test_growing_cache_holds_what_hugging_faces_cache_holds(monkeypatch):
 
 def test_a_growing_cache_lets_a_writer_fill_its_buffers_only_when_every_layer_is_ready():
     """`reserve` / `commit` (the fused kernels' loop writes the buffers itself): the same cache as
-    `update` would make; no buffers where a layer is missing, replaced, of another length or full."""
+    `update` would make; no buffers where a layer is missing, replaced, of another length or full.
+    """
     from eagle.decoding import kv_cache
 
     g = torch.Generator().manual_seed(0)
@@ -110,7 +122,9 @@ def test_a_growing_cache_lets_a_writer_fill_its_buffers_only_when_every_layer_is
         assert ours.get_seq_length() == ref.get_seq_length() == visible
         for a, b in zip(ours.layers, ref.layers, strict=True):
             assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
-    assert ours.reserve(3) is None, "12 slots hold 10 entries and no 3 more: update grows the buffer"
+    assert ours.reserve(3) is None, (
+        "12 slots hold 10 entries and no 3 more: update grows the buffer"
+    )
     kv_cache.crop(ours, 9)
     assert ours.reserve(3) is not None, "room again: nothing is written before `commit`"
     ours.layers[1].values = ours.layers[1].values.clone()  # replaced, as beam reordering does
@@ -123,7 +137,9 @@ def test_a_growing_cache_lets_a_writer_fill_its_buffers_only_when_every_layer_is
 
 def test_tau_and_stats_are_consistent():
     target = make_tiny_model("qwen2")
-    decoder = SpeculativeDecoder(target, TemplateProposer(DraftLM(target), tree("chain5")), eos_token_id=[])
+    decoder = SpeculativeDecoder(
+        target, TemplateProposer(DraftLM(target), tree("chain5")), eos_token_id=[]
+    )
     res = decoder.generate([5, 6, 7], 25)
     s = res.stats
     assert len(res.tokens) == 25 == s.new_tokens
@@ -139,8 +155,9 @@ def test_prompt_too_long_is_refused_before_decoding():
     target = make_tiny_model("llama", max_position_embeddings=64)
     decoder = SpeculativeDecoder(target)
     with pytest.raises(ContextOverflowError, match="exceed the target's context of 64"):
-        SpeculativeDecoder(target, TemplateProposer(DraftLM(target), tree("eagle_default"))).generate(
-            list(range(3, 50)), 20)
+        SpeculativeDecoder(
+            target, TemplateProposer(DraftLM(target), tree("eagle_default"))
+        ).generate(list(range(3, 50)), 20)
     with pytest.raises(ValueError, match="empty prompt"):
         decoder.generate([], 5)
 
@@ -158,31 +175,56 @@ def test_one_sequence_decodes_to_the_end_of_the_context_as_vanilla_does(runner, 
     target = make_tiny_model("llama", max_position_embeddings=48)
     template = tree("eagle_default")  # 25 nodes, depth 5
     prompt = list(range(3, 23))  # 20 tokens: 20 + 27 + 1 = 48
-    drafting = (eagle_proposer(EagleDrafter.random(target, seed=1), template, cache=runner) if proposer == "eagle" else
-                TemplateProposer(DraftLM(make_tiny_model("llama", seed=1)), template))  # a draft LM of a longer context
-    decoder = SpeculativeDecoder(target, drafting, runner=make_runner(runner, target, tree_size=template.num_nodes),
-                                 eos_token_id=[])
+    drafting = (
+        eagle_proposer(EagleDrafter.random(target, seed=1), template, cache=runner)
+        if proposer == "eagle"
+        else TemplateProposer(DraftLM(make_tiny_model("llama", seed=1)), template)
+    )  # a draft LM of a longer context
+    decoder = SpeculativeDecoder(
+        target,
+        drafting,
+        runner=make_runner(runner, target, tree_size=template.num_nodes),
+        eos_token_id=[],
+    )
     res = decoder.generate(prompt, 27)
     assert res.tokens == hf_greedy(target, prompt, 27, None)
     sizes = [r.tree_size for r in res.stats.rounds]
-    assert sizes[0] == template.num_nodes and sizes[-1] == 0  # trees while they fit, plain steps at the end
-    with pytest.raises(ContextOverflowError, match=r"prompt \(20\) \+ max_new_tokens \(28\) \+ 1 = 49 tokens"):
+    assert (
+        sizes[0] == template.num_nodes and sizes[-1] == 0
+    )  # trees while they fit, plain steps at the end
+    with pytest.raises(
+        ContextOverflowError, match=r"prompt \(20\) \+ max_new_tokens \(28\) \+ 1 = 49 tokens"
+    ):
         decoder.generate(prompt, 28)  # past what plain decoding serves
-    with pytest.raises(ContextOverflowError, match=r"\+ tree \(26\) = 73 tokens"):  # a batch keeps a tree's room
+    with pytest.raises(
+        ContextOverflowError, match=r"\+ tree \(26\) = 73 tokens"
+    ):  # a batch keeps a tree's room
         decoder.generate_batch([prompt, prompt], 27)
 
 
 def test_prompt_lookup_matches():
     seq = [1, 2, 3, 4, 9, 1, 2, 5, 6, 1, 2]
-    assert PromptLookupProposer(num_tokens=3, max_ngram=2).lookup(seq) == [3, 4, 9]  # HF: the earliest match
-    assert PromptLookupProposer(num_tokens=3, max_ngram=3).lookup([7, 1, 2, 8, 5, 1, 2]) == [8, 5, 1]  # 2-gram
+    assert PromptLookupProposer(num_tokens=3, max_ngram=2).lookup(seq) == [
+        3,
+        4,
+        9,
+    ]  # HF: the earliest match
+    assert PromptLookupProposer(num_tokens=3, max_ngram=3).lookup([7, 1, 2, 8, 5, 1, 2]) == [
+        8,
+        5,
+        1,
+    ]  # 2-gram
     assert PromptLookupProposer(num_tokens=3, max_ngram=2).lookup([1, 2, 3]) == []
     # a shortest match (eagle_lookup's): 1-token matches draft nothing
     one_only = [5, 1, 7, 8, 2, 1]  # only the 1-gram [1] repeats
     assert PromptLookupProposer(num_tokens=2, max_ngram=2).lookup(one_only) == [7, 8]
     assert PromptLookupProposer(num_tokens=2, max_ngram=2, min_ngram=2).lookup(one_only) == []
-    assert PromptLookupProposer(num_tokens=2, max_ngram=3, min_ngram=3).lookup([4, 1, 2, 3, 9, 1, 2, 3]) == [9, 1]
-    assert PromptLookupProposer(num_tokens=2, max_ngram=3, min_ngram=3).lookup(seq) == []  # 2-grams only
+    assert PromptLookupProposer(num_tokens=2, max_ngram=3, min_ngram=3).lookup(
+        [4, 1, 2, 3, 9, 1, 2, 3]
+    ) == [9, 1]
+    assert (
+        PromptLookupProposer(num_tokens=2, max_ngram=3, min_ngram=3).lookup(seq) == []
+    )  # 2-grams only
     for bad in ({"max_ngram": 0}, {"max_ngram": 2, "min_ngram": 3}, {"min_ngram": 0}):
         with pytest.raises(ValueError, match="1 <= min_ngram <= max_ngram"):
             PromptLookupProposer(**bad)
@@ -239,7 +281,9 @@ def test_draws_reach_tokens_far_below_the_top(monkeypatch):
     first while its recorded q kept its full mass."""
     from eagle.proposers.template import sample_without_replacement
 
-    def extreme_rand(shape, generator=None, device=None, dtype=torch.float32):  # torch.rand's range: [0, 1)
+    def extreme_rand(
+        shape, generator=None, device=None, dtype=torch.float32
+    ):  # torch.rand's range: [0, 1)
         below_one = torch.nextafter(torch.ones((), dtype=dtype), torch.zeros((), dtype=dtype))
         return torch.minimum(torch.full(shape, 1 - 1e-15, dtype=torch.float64).to(dtype), below_one)
 
@@ -268,7 +312,9 @@ def test_a_generator_on_another_device_is_refused_before_decoding():
 
     target = make_tiny_model("llama").to("meta")
     decoder = SpeculativeDecoder(target, policy=SamplingPolicy(temperature=1.0))
-    with pytest.raises(ValueError, match="generator is on cpu but the model on meta: create it there"):
+    with pytest.raises(
+        ValueError, match="generator is on cpu but the model on meta: create it there"
+    ):
         decoder.generate([1, 5, 7], 4, generator=seeded_generator(0, "cpu"))
 
 
@@ -280,12 +326,19 @@ def test_inputs_the_engine_cannot_decode_are_refused_clearly():
 
     target = make_tiny_model("llama")
     vocab = target.config.vocab_size
-    with pytest.raises(ValueError, match=r"one sequence: give \(T,\) or \(1, T\) token ids, not \(2, 3\)"):
+    with pytest.raises(
+        ValueError, match=r"one sequence: give \(T,\) or \(1, T\) token ids, not \(2, 3\)"
+    ):
         SpeculativeDecoder(target).generate(torch.tensor([[5, 6, 7], [8, 9, 10]]), 3)
-    for other in (vocab - 6, vocab + 4):  # smaller: ids that fit but mean other tokens; larger: ids past V
+    for other in (
+        vocab - 6,
+        vocab + 4,
+    ):  # smaller: ids that fit but mean other tokens; larger: ids past V
         draft = make_tiny_model("llama", vocab_size=other)
         decoder = SpeculativeDecoder(target, TemplateProposer(DraftLM(draft), tree("chain5")))
-        with pytest.raises(ValueError, match=f"draft LM has a vocabulary of {other} tokens, the target {vocab}"):
+        with pytest.raises(
+            ValueError, match=f"draft LM has a vocabulary of {other} tokens, the target {vocab}"
+        ):
             decoder.generate([1, 5, 7], 4)
 
     class Outside(Proposer):
@@ -294,10 +347,14 @@ def test_inputs_the_engine_cannot_decode_are_refused_clearly():
         def propose(self, state):
             return DraftTree(tokens=torch.tensor([vocab]), parents=(-1, 0))
 
-    with pytest.raises(ValueError, match=f"outside drafted token ids outside the target's vocabulary of {vocab}"):
+    with pytest.raises(
+        ValueError, match=f"outside drafted token ids outside the target's vocabulary of {vocab}"
+    ):
         SpeculativeDecoder(target, Outside()).generate([1, 5, 7], 4)
     with pytest.raises(ValueError, match="proposal distributions over 7 tokens"):
-        check_tree(DraftTree(tokens=torch.tensor([3]), parents=(-1, 0), q=torch.zeros(1, 7)), vocab, "p")
+        check_tree(
+            DraftTree(tokens=torch.tensor([3]), parents=(-1, 0), q=torch.zeros(1, 7)), vocab, "p"
+        )
 
     nan_drafter = make_tiny_model("llama")
     with torch.no_grad():
@@ -318,10 +375,16 @@ def test_a_static_cache_keeps_each_layer_on_its_own_device():
     cache.prepare(0, torch.ones(4, 4, dtype=torch.bool).tril())
     cache.update(torch.randn(2, 2, 4, 8), torch.randn(2, 2, 4, 8), 0)
     cache.update(torch.zeros(2, 2, 4, 8, device="meta"), torch.zeros(2, 2, 4, 8, device="meta"), 1)
-    assert [k.device.type for k in cache.keys] == ["cpu", "meta"] == [v.device.type for v in cache.values]
+    assert (
+        [k.device.type for k in cache.keys]
+        == ["cpu", "meta"]
+        == [v.device.type for v in cache.values]
+    )
     cache.move(torch.tensor([2, 3]), torch.tensor([0, 1]))
     cache.select_rows([1])
-    assert [tuple(k.shape) for k in cache.keys] == [(1, 2, 16, 8)] * 2 and cache.keys[1].device.type == "meta"
+    assert [tuple(k.shape) for k in cache.keys] == [(1, 2, 16, 8)] * 2 and cache.keys[
+        1
+    ].device.type == "meta"
 
 
 def test_a_compiled_static_runner_keeps_its_largest_cache():
@@ -390,18 +453,26 @@ def test_requests_that_cannot_be_served_are_refused_before_decoding():
         with pytest.raises(ValueError, match=f"max_new_tokens must be >= 1, got {bad}"):
             SpeculativeDecoder(target).generate([1, 5, 7], bad)
     roomy = make_tiny_model("llama")  # a context of 512: room for the 101 tree tokens
-    wide = TreeTemplate.from_paths([[r] for r in range(100)], "wide100")  # the vocabulary has 96 tokens
-    with pytest.raises(ValueError, match="'wide100' takes the top 100 of a node, more than the draft model's "
-                                         "vocabulary of 96 tokens"):
+    wide = TreeTemplate.from_paths(
+        [[r] for r in range(100)], "wide100"
+    )  # the vocabulary has 96 tokens
+    with pytest.raises(
+        ValueError,
+        match="'wide100' takes the top 100 of a node, more than the draft model's "
+        "vocabulary of 96 tokens",
+    ):
         SpeculativeDecoder(roomy, TemplateProposer(DraftLM(roomy), wide)).generate([1, 5, 7], 4)
     hf = HFMethod("hf_generate", METHODS["hf_generate"], target, eos_token_id=None)
     with pytest.raises(ContextOverflowError, match="exceed the target's context of 64"):
         hf.generate(list(range(3, 63)), 8, SamplingPolicy())
-    # a draft LM with fewer positions than the target (GPT-2's table of 32): refused before decoding,
-    # not an index error in its position table mid-decode
+    # a draft LM with fewer positions than the target (GPT-2's table of 32): refused before
+    # decoding, not an index error in its position table mid-decode
     short = make_tiny_model("gpt2", max_position_embeddings=32)
     chain = TemplateProposer(DraftLM(short), TreeTemplate.chain(3), name="draft")
-    with pytest.raises(ContextOverflowError, match=r"\(40\) \+ max_new_tokens \(4\) \+ tree \(4\) = 48 tokens "
-                                                   "exceed draft's draft model's context of 32"):
+    with pytest.raises(
+        ContextOverflowError,
+        match=r"\(40\) \+ max_new_tokens \(4\) \+ tree \(4\) = 48 tokens "
+        "exceed draft's draft model's context of 32",
+    ):
         SpeculativeDecoder(roomy, chain).generate(list(range(3, 43)), 4)
     assert len(SpeculativeDecoder(roomy, chain).generate(list(range(3, 23)), 4).tokens) == 4

@@ -77,11 +77,17 @@ def test_benchmark_dtypes_come_from_the_machine(bf16_cpu):
     from eagle.bench.methods import method_dtype
 
     bf16_cpu(False)
-    assert {m: method_dtype(m, "cpu") for m in ("vanilla", "eagle", "medusa", "draft")} == dict.fromkeys(
-        ("vanilla", "eagle", "medusa", "draft"), "float32")
+    assert {
+        m: method_dtype(m, "cpu") for m in ("vanilla", "eagle", "medusa", "draft")
+    } == dict.fromkeys(("vanilla", "eagle", "medusa", "draft"), "float32")
     bf16_cpu(True)
-    assert method_dtype("eagle@chain5", "cpu") == "bfloat16" and method_dtype("vanilla", "cpu") == "float32"
-    assert method_dtype("eagle", "cpu", {"eagle": "float32"}) == "float32"  # an explicit choice wins
+    assert (
+        method_dtype("eagle@chain5", "cpu") == "bfloat16"
+        and method_dtype("vanilla", "cpu") == "float32"
+    )
+    assert (
+        method_dtype("eagle", "cpu", {"eagle": "float32"}) == "float32"
+    )  # an explicit choice wins
 
 
 def test_a_timings_floor_takes_the_bandwidth_of_the_gpu_it_ran_on():

@@ -54,29 +54,51 @@ def test_a_lead_on_every_prompt_holds_in_every_paired_resample():
     assert lead_share(LEADER, RIVAL) == 1.0 and lead_share(RIVAL, LEADER) == 0.0
     assert lead_share(LEADER, LEADER, what="tau") == 0.5  # a tie counts half
     vanilla = per_prompt([100] * 6, [100] * 6, [100] * 6, [2.0] * 6)
-    lead, rival = bootstrap_interval(LEADER, vanilla)["speedup"], bootstrap_interval(RIVAL, vanilla)["speedup"]
+    lead, rival = (
+        bootstrap_interval(LEADER, vanilla)["speedup"],
+        bootstrap_interval(RIVAL, vanilla)["speedup"],
+    )
     assert lead[0] < rival[1]  # the intervals overlap
 
 
 def result(name, p, lossless=True):
     rate = sum(p["tokens"]) / sum(p["seconds"])
-    return MethodResult(method=name, dtype="float32", lossless=lossless, tau=sum(p["committed"]) / sum(p["forwards"]),
-                        tokens_per_s=rate, tokens_per_s_median=rate, per_prompt=p)
+    return MethodResult(
+        method=name,
+        dtype="float32",
+        lossless=lossless,
+        tau=sum(p["committed"]) / sum(p["forwards"]),
+        tokens_per_s=rate,
+        tokens_per_s_median=rate,
+        per_prompt=p,
+    )
 
 
 def run_of(results, n):
     from dataclasses import asdict
 
     _speedups(results)
-    return {"eval_set": "mtbench", "temperature": 0.0, "target": "t", "num_prompts": n, "max_new_tokens": 100,
-            "fastest_vanilla": "vanilla", "methods": {k: asdict(v) for k, v in results.items()}}
+    return {
+        "eval_set": "mtbench",
+        "temperature": 0.0,
+        "target": "t",
+        "num_prompts": n,
+        "max_new_tokens": 100,
+        "fastest_vanilla": "vanilla",
+        "methods": {k: asdict(v) for k, v in results.items()},
+    }
 
 
 def test_the_benchmark_reports_intervals_and_the_leaders_paired_lead():
     vanilla = per_prompt([100] * 6, [100] * 6, [100] * 6, [1.2, 8.0, 2.5, 6.0, 1.1, 4.5])
-    results = {"vanilla": result("vanilla", vanilla), "prompt_lookup": result("prompt_lookup", RIVAL),
-               "eagle": result("eagle", LEADER), "medusa_typical": result("medusa_typical", per_prompt(
-                   [100] * 6, [100] * 6, [10] * 6, [0.1] * 6), lossless=False)}
+    results = {
+        "vanilla": result("vanilla", vanilla),
+        "prompt_lookup": result("prompt_lookup", RIVAL),
+        "eagle": result("eagle", LEADER),
+        "medusa_typical": result(
+            "medusa_typical", per_prompt([100] * 6, [100] * 6, [10] * 6, [0.1] * 6), lossless=False
+        ),
+    }
     run = run_of(results, 6)
     eagle = run["methods"]["eagle"]
     lo, hi = eagle["speedup_vs_fastest_ci"]
@@ -85,11 +107,19 @@ def test_the_benchmark_reports_intervals_and_the_leaders_paired_lead():
     assert run["methods"]["vanilla"]["speedup_vs_fastest_ci"] == pytest.approx((1.0, 1.0))
     table = markdown_table({"runs": [run]})
     row = next(line for line in table.splitlines() if line.startswith("| eagle |"))
-    assert f"{eagle['speedup_vs_fastest']:.2f}x [{lo:.2f}, {hi:.2f}]" in row and "1.10 |" in row  # a point: no interval
+    assert (
+        f"{eagle['speedup_vs_fastest']:.2f}x [{lo:.2f}, {hi:.2f}]" in row and "1.10 |" in row
+    )  # a point: no interval
     vanilla_row = next(line for line in table.splitlines() if line.startswith("| vanilla |"))
-    assert "[" not in vanilla_row  # the baseline against itself, and plain decoding's tau, are no intervals
+    assert (
+        "[" not in vanilla_row
+    )  # the baseline against itself, and plain decoding's tau, are no intervals
     # the lossy method is faster, but the lead is the fastest lossless method's that drafts
-    lead = next(line for line in table.splitlines() if line.startswith("Fastest lossless method that drafts"))
+    lead = next(
+        line
+        for line in table.splitlines()
+        if line.startswith("Fastest lossless method that drafts")
+    )
     assert "`eagle`" in lead and "`prompt_lookup` in 100%" in lead and "`vanilla` in 100%" in lead
     assert "medusa_typical" not in lead and "of the 6 prompts" in lead
 
@@ -99,18 +129,33 @@ def test_the_summary_puts_every_run_side_by_side_and_marks_lossy_methods():
     speedup over the fastest plain decoding with its interval in each run; a method missing from a
     run is a dash. A report of one run has none."""
     vanilla = per_prompt([100] * 6, [100] * 6, [100] * 6, [1.2, 8.0, 2.5, 6.0, 1.1, 4.5])
-    first = run_of({"vanilla": result("vanilla", vanilla), "eagle@runs/t/machine.yaml%4096": result("eagle@runs/t/machine.yaml%4096", LEADER),
-                    "medusa_typical": result("medusa_typical", RIVAL, lossless=False)}, 6)
-    second = run_of({"vanilla": result("vanilla", vanilla), "eagle@runs/t/machine.yaml%4096": result("eagle@runs/t/machine.yaml%4096", LEADER)}, 6)
+    first = run_of(
+        {
+            "vanilla": result("vanilla", vanilla),
+            "eagle@runs/t/machine.yaml%4096": result("eagle@runs/t/machine.yaml%4096", LEADER),
+            "medusa_typical": result("medusa_typical", RIVAL, lossless=False),
+        },
+        6,
+    )
+    second = run_of(
+        {
+            "vanilla": result("vanilla", vanilla),
+            "eagle@runs/t/machine.yaml%4096": result("eagle@runs/t/machine.yaml%4096", LEADER),
+        },
+        6,
+    )
     second["temperature"] = 1.0
     table = markdown_table({"runs": [first, second]})
-    summary = table[table.index("### Summary"):].splitlines()
+    summary = table[table.index("### Summary") :].splitlines()
     assert summary[2] == "| method | mtbench T=0: tau | speedup | mtbench T=1: tau | speedup |"
     eagle = first["methods"]["eagle@runs/t/machine.yaml%4096"]
     lo, hi = eagle["speedup_vs_fastest_ci"]
     row = f"{eagle['tau']:.2f} | {eagle['speedup_vs_fastest']:.2f}x [{lo:.2f}, {hi:.2f}]"
     assert f"| eagle@machine%4096 | {row} | {row} |" in summary
-    assert any(line.startswith("| medusa_typical (LOSSY) |") and line.endswith("| - | - |") for line in summary)
+    assert any(
+        line.startswith("| medusa_typical (LOSSY) |") and line.endswith("| - | - |")
+        for line in summary
+    )
     # and each run's lead, one line a run: the lossy method is faster, but no leader
     assert "- mtbench T=0: eagle@machine%4096, faster than vanilla in 100%" in summary
     assert "- mtbench T=1: eagle@machine%4096, faster than vanilla in 100%" in summary
@@ -123,19 +168,35 @@ def test_a_run_without_plain_decoding_or_from_an_older_report_still_renders():
     the table and the lead line render what there is."""
     results = {"eagle": result("eagle", LEADER), "prompt_lookup": result("prompt_lookup", RIVAL)}
     run = run_of(results, 6) | {"fastest_vanilla": None}
-    assert run["methods"]["eagle"]["tau_ci"] is not None and run["methods"]["eagle"]["speedup_vs_fastest_ci"] is None
-    lead = next(line for line in markdown_table({"runs": [run]}).splitlines() if line.startswith("Fastest"))
+    assert (
+        run["methods"]["eagle"]["tau_ci"] is not None
+        and run["methods"]["eagle"]["speedup_vs_fastest_ci"] is None
+    )
+    lead = next(
+        line for line in markdown_table({"runs": [run]}).splitlines() if line.startswith("Fastest")
+    )
     assert "`prompt_lookup` in 100%" in lead and "fastest plain decoding)" not in lead
-    old = {k: {f: v for f, v in m.items() if not f.endswith("_ci") and f not in ("per_prompt", "speedup_vs_fastest")}
-           for k, m in run["methods"].items()}
+    old = {
+        k: {
+            f: v
+            for f, v in m.items()
+            if not f.endswith("_ci") and f not in ("per_prompt", "speedup_vs_fastest")
+        }
+        for k, m in run["methods"].items()
+    }
     table = markdown_table({"runs": [run | {"methods": old}]})
     assert "| eagle |" in table and "[" not in table and "Fastest lossless" not in table
 
 
 def test_one_prompt_has_no_interval_and_no_lead():
-    one = {name: result(name, per_prompt([100], [100], [f], [s])) for name, f, s in
-           (("vanilla", 100, 1.0), ("eagle", 50, 0.6))}
+    one = {
+        name: result(name, per_prompt([100], [100], [f], [s]))
+        for name, f, s in (("vanilla", 100, 1.0), ("eagle", 50, 0.6))
+    }
     run = run_of(one, 1)
-    assert run["methods"]["eagle"]["speedup_vs_fastest_ci"] is None and run["methods"]["eagle"]["tau_ci"] is None
+    assert (
+        run["methods"]["eagle"]["speedup_vs_fastest_ci"] is None
+        and run["methods"]["eagle"]["tau_ci"] is None
+    )
     table = markdown_table({"runs": [run]})
     assert "[" not in table and "Fastest lossless" not in table

@@ -39,11 +39,15 @@ from helpers.configs import compose_config
 from helpers.decoding import greedy_cases, run_greedy_cases, tree
 from helpers.models import make_tiny_model
 
-pytestmark = pytest.mark.skipif("onednn" not in available_kernels("cpu"), reason="this PyTorch build has no oneDNN")
+pytestmark = pytest.mark.skipif(
+    "onednn" not in available_kernels("cpu"), reason="this PyTorch build has no oneDNN"
+)
 
 
 @pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("shape", [(1, 48), (2, 48), (8, 48), (26, 48), (64, 48), (2, 5, 48), (1, 1, 1, 48)])
+@pytest.mark.parametrize(
+    "shape", [(1, 48), (2, 48), (8, 48), (26, 48), (64, 48), (2, 5, 48), (1, 1, 1, 48)]
+)
 def test_packed_products_equal_f_linear(shape, bias):
     torch.manual_seed(0)
     linear = nn.Linear(48, 200, bias=bias)
@@ -52,7 +56,9 @@ def test_packed_products_equal_f_linear(shape, bias):
         expected = F.linear(x, linear.weight, linear.bias)
         use_kernels(linear, "onednn")
         got = linear(x)
-    assert isinstance(linear, PackedLinear) and linear._packed is not None, "the packed kernel must have run"
+    assert isinstance(linear, PackedLinear) and linear._packed is not None, (
+        "the packed kernel must have run"
+    )
     assert got.shape == expected.shape == (*shape[:-1], 200)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
@@ -82,9 +88,10 @@ def test_a_changed_weight_is_packed_again():
     first = linear(x)
     with torch.no_grad():
         linear.weight.mul_(2.0)  # as load_state_dict or an optimizer step would change it
-    torch.testing.assert_close(linear(x), F.linear(x, linear.weight, linear.bias), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        linear(x), F.linear(x, linear.weight, linear.bias), rtol=1e-5, atol=1e-5
+    )
     assert not torch.allclose(linear(x), first)
-
 
 
 def _packed_products(model, *args) -> int:
@@ -108,16 +115,24 @@ def test_sibling_linears_share_one_product(family):
         layers = model.config.num_hidden_layers
         assert _packed_products(model, ids) == 4 * layers + 1
         torch.testing.assert_close(model(ids).logits, expected, rtol=1e-5, atol=1e-5)
-    groups = {id(m._siblings) for m in model.modules() if isinstance(m, PackedLinear) and m._siblings}
+    groups = {
+        id(m._siblings) for m in model.modules() if isinstance(m, PackedLinear) and m._siblings
+    }
     assert len(groups) == len(SIBLINGS) * layers
     use_kernels(model, "default")
-    assert not any(hasattr(m, "_siblings") for m in model.modules()), "switching back frees the shared products"
+    assert not any(hasattr(m, "_siblings") for m in model.modules()), (
+        "switching back frees the shared products"
+    )
 
 
 class _Attention(nn.Module):
     def __init__(self):
         super().__init__()
-        self.q_proj, self.k_proj, self.v_proj = nn.Linear(16, 16), nn.Linear(16, 8), nn.Linear(16, 8)
+        self.q_proj, self.k_proj, self.v_proj = (
+            nn.Linear(16, 16),
+            nn.Linear(16, 8),
+            nn.Linear(16, 8),
+        )
 
 
 def test_siblings_on_other_inputs_or_changed_weights_compute_their_own():
@@ -132,11 +147,19 @@ def test_siblings_on_other_inputs_or_changed_weights_compute_their_own():
 
     close = dict(rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(attn.q_proj(x), ref(attn.q_proj, x), **close)
-    assert attn.k_proj(x).is_contiguous(), "each output is laid out as F.linear's (a model may view it)"
-    torch.testing.assert_close(attn.k_proj(y), ref(attn.k_proj, y), **close)  # not x: its own product
-    torch.testing.assert_close(attn.v_proj(x), ref(attn.v_proj, x), **close)  # y's product now, not x's
+    assert attn.k_proj(x).is_contiguous(), (
+        "each output is laid out as F.linear's (a model may view it)"
+    )
+    torch.testing.assert_close(
+        attn.k_proj(y), ref(attn.k_proj, y), **close
+    )  # not x: its own product
+    torch.testing.assert_close(
+        attn.v_proj(x), ref(attn.v_proj, x), **close
+    )  # y's product now, not x's
     torch.testing.assert_close(attn.v_proj(y), ref(attn.v_proj, y), **close)
-    torch.testing.assert_close(attn.v_proj(y), ref(attn.v_proj, y), **close)  # taken once: computed anew
+    torch.testing.assert_close(
+        attn.v_proj(y), ref(attn.v_proj, y), **close
+    )  # taken once: computed anew
     attn.q_proj(x)
     x.mul_(2.0)  # changed in place between siblings: its version counter moved
     torch.testing.assert_close(attn.k_proj(x), ref(attn.k_proj, x), **close)
@@ -146,8 +169,9 @@ def test_siblings_on_other_inputs_or_changed_weights_compute_their_own():
     attn.q_proj(y)
     torch.testing.assert_close(attn.k_proj(y), ref(attn.k_proj, y), **close)
     torch.testing.assert_close(attn.v_proj(y), ref(attn.v_proj, y), **close)
-    assert attn.q_proj._siblings is attn.v_proj._siblings and attn.q_proj._siblings._input is None, \
-        "once every sibling took its output, the group holds no reference to the input"
+    assert (
+        attn.q_proj._siblings is attn.v_proj._siblings and attn.q_proj._siblings._input is None
+    ), "once every sibling took its output, the group holds no reference to the input"
 
 
 def test_training_bf16_and_compile_take_f_linear():
@@ -161,26 +185,35 @@ def test_training_bf16_and_compile_take_f_linear():
     assert torch.equal(half(xb), F.linear(xb, half.weight, half.bias)) and half._packed is None
     compiled = torch.compile(lambda t: linear(t), backend="eager")  # Dynamo traces F.linear
     with torch.inference_mode():
-        torch.testing.assert_close(compiled(x.detach()), F.linear(x.detach(), linear.weight, linear.bias))
+        torch.testing.assert_close(
+            compiled(x.detach()), F.linear(x.detach(), linear.weight, linear.bias)
+        )
 
 
 # the packed product a frozen compiled linear runs, by the kernels of its module
 # (eagle.decoding.compile: the backend's `dynamic_compile`)
-FROZEN_OPS = {"default": "torch.ops.mkl._mkl_linear", "onednn": "torch.ops.mkldnn._linear_pointwise"}
+FROZEN_OPS = {
+    "default": "torch.ops.mkl._mkl_linear",
+    "onednn": "torch.ops.mkldnn._linear_pointwise",
+}
 
 
 @pytest.mark.parametrize("kernels", list(FROZEN_OPS))
 def test_compiled_passes_freeze_their_linears_onto_the_modules_kernels(kernels):
     """compile_static freezes the weights into the graph (Inductor's packed products, not `mm` on
     weights passed in each call), on MKL's product for a module on the default kernels and on
-    oneDNN's for one on oneDNN (compiled with a symbolic row count), and computes what eager does."""
+    oneDNN's for one on oneDNN (compiled with a symbolic row count), and computes what eager does.
+    """
     from torch._inductor.utils import run_and_get_code
 
     if kernels == "default" and not torch._C.has_mkl:
         pytest.skip("this PyTorch build has no MKL")
     torch._dynamo.reset()
     torch.manual_seed(0)
-    model = use_kernels(nn.Sequential(nn.Linear(64, 96), nn.ReLU(), nn.Linear(96, 32)).requires_grad_(False), kernels)
+    model = use_kernels(
+        nn.Sequential(nn.Linear(64, 96), nn.ReLU(), nn.Linear(96, 32)).requires_grad_(False),
+        kernels,
+    )
     run = compile_static(model, "default", model)
     x = torch.randn(1, 8, 64)
     with torch.inference_mode():
@@ -202,7 +235,9 @@ def test_cuda_graph_passes_return_what_the_function_returns():
     one = compile_static(lambda t: t * 2, "reduce-overhead")(x)
     assert isinstance(one, torch.Tensor) and torch.equal(one, x * 2)
     pair = compile_static(lambda t: (t + 1, t.sum(-1)), "reduce-overhead")(x)
-    assert isinstance(pair, tuple) and torch.equal(pair[0], x + 1) and torch.equal(pair[1], x.sum(-1))
+    assert (
+        isinstance(pair, tuple) and torch.equal(pair[0], x + 1) and torch.equal(pair[1], x.sum(-1))
+    )
     assert clone_outputs(x) is not x and torch.equal(clone_outputs(x), x)
 
 
@@ -220,11 +255,17 @@ def test_a_compiled_static_runner_scores_what_the_eager_one_does(kernels):
     # (draft nodes, parents, the paths committed round after round)
     shapes = [(0, (-1,), [[0]] * 6), (3, (-1, 0, 1, 0), [[0, 1, 2], [0], [0, 3], [0, 1]])]
     for size, parents, paths in shapes:
-        runners = [make_runner("static", target, tree_size=size, max_len=None, compile_mode=mode)
-                   for mode in (None, "default")]
+        runners = [
+            make_runner("static", target, tree_size=size, max_len=None, compile_mode=mode)
+            for mode in (None, "default")
+        ]
         for prompt_len in (40, 12, 30):
-            if prompt_len == 30:  # a new compiled runner of the same shape reuses the graph, with its own cache
-                runners[1] = make_runner("static", target, tree_size=size, max_len=None, compile_mode="default")
+            if (
+                prompt_len == 30
+            ):  # a new compiled runner of the same shape reuses the graph, with its own cache
+                runners[1] = make_runner(
+                    "static", target, tree_size=size, max_len=None, compile_mode="default"
+                )
             prompt = torch.randint(0, vocab, (1, prompt_len), generator=gen)
             with torch.inference_mode():
                 for runner in runners:
@@ -253,8 +294,12 @@ def test_auto_keeps_default_where_a_packed_copy_would_not_fit(monkeypatch, tmp_p
     from eagle.bench import builder
 
     model = make_tiny_model("llama")
-    monkeypatch.setattr(builder, "free_memory_bytes", lambda: packed_bytes(model))  # half of it is too little
-    monkeypatch.setattr(builder, "faster_kernels", lambda *a, **k: pytest.fail("nothing may be timed"))
+    monkeypatch.setattr(
+        builder, "free_memory_bytes", lambda: packed_bytes(model)
+    )  # half of it is too little
+    monkeypatch.setattr(
+        builder, "faster_kernels", lambda *a, **k: pytest.fail("nothing may be timed")
+    )
     methods = entry.methods_of(compose_config("decode", [f"paths.runs_dir={tmp_path}"]))
     methods._use_kernels(model, "float32")
     assert methods.kernels == {"float32": "default"} and kernels_of(model) == "default"
@@ -278,13 +323,16 @@ def test_a_restricted_head_runs_the_heads_kernels():
     rows = restricted_linear(use_kernels(head, "onednn"), ids)
     assert isinstance(rows, PackedLinear)
     x = torch.randn(2, 16)
-    torch.testing.assert_close(rows(x), F.linear(x, head.weight, head.bias)[:, ids], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        rows(x), F.linear(x, head.weight, head.bias)[:, ids], rtol=1e-5, atol=1e-5
+    )
 
 
 def test_a_drafters_reduced_head_follows_every_switch_of_the_targets_kernels():
-    """A drafter's reduced drafting head (`restrict_vocab`) is a copy of the target's head rows on the
-    head's kernels: a switch of the target's kernels, between the two fused settings or from fused
-    to F.linear, rebuilds it on the new ones (it kept the old ones unless oneDNN came or went)."""
+    """A drafter's reduced drafting head (`restrict_vocab`) is a copy of the target's head rows on
+    the head's kernels: a switch of the target's kernels, between the two fused settings or from
+    fused to F.linear, rebuilds it on the new ones (it kept the old ones unless oneDNN came or
+    went)."""
     target = make_tiny_model("llama")
     drafter = EagleDrafter.random(target, seed=1)
     hidden = torch.randn(3, target.config.hidden_size)
@@ -305,6 +353,7 @@ def test_a_drafters_reduced_head_follows_every_switch_of_the_targets_kernels():
 def _on_forward(model, call):
     """`call(kernels, tokens)` before each forward of `model`'s decoder body (what a runner
     runs)."""
+
     def hook(module, args, kwargs):
         call(kernels_of(module), kwargs["input_ids"].shape[-1])
 
@@ -325,8 +374,12 @@ def test_pick_kernels_lets_the_step_decide_and_the_tree_break_a_tie():
     setting, and plain decoding ran slower on it). Steps within the margin tie, and the tree's
     verification decides, a near-tie of that keeping the plainer setting."""
     # an AMD EPYC's probe: fused steps faster, fused_prefetch verifies trees faster
-    epyc = {"default": {1: 69.0, 26: 80.0}, "onednn": {1: 55.0, 26: 60.0},
-            "fused": {1: 15.6, 26: 59.4}, "fused_prefetch": {1: 17.9, 26: 45.7}}
+    epyc = {
+        "default": {1: 69.0, 26: 80.0},
+        "onednn": {1: 55.0, 26: 60.0},
+        "fused": {1: 15.6, 26: 59.4},
+        "fused_prefetch": {1: 17.9, 26: 45.7},
+    }
     assert pick_kernels(epyc) == ("fused", "the fastest step")
     # steps within 5%: the faster tree verification
     xeon = {"fused": {1: 26.1, 26: 59.4}, "fused_prefetch": {1: 26.3, 26: 45.7}}
@@ -337,7 +390,9 @@ def test_pick_kernels_lets_the_step_decide_and_the_tree_break_a_tie():
     near = {"fused": {1: 26.1, 26: 46.0}, "fused_prefetch": {1: 26.3, 26: 45.7}}
     assert pick_kernels(near)[0] == "fused"
     assert pick_kernels({"default": {1: 10.0}, "onednn": {1: 9.7}}) == (
-        "default", "steps within 5% of the fastest: default, onednn; the plainest")
+        "default",
+        "steps within 5% of the fastest: default, onednn; the plainest",
+    )
     assert pick_kernels({"default": {1: 10.0}, "onednn": {1: 9.7}}, margin=0.0)[0] == "onednn"
     with pytest.raises(ValueError, match="1-token step"):
         pick_kernels({"default": {26: 1.0}})
@@ -350,8 +405,12 @@ def test_faster_kernels_times_each_setting_alike_and_leaves_the_model_on_the_cho
     left on its choice with the others' packed weights freed, and the figures are said."""
     model = make_tiny_model("llama")
     settings = available_kernels("cpu")
-    costs = {"default": (4.0, 9.0), "onednn": (2.0, 8.0), "fused": (1.0, 7.0),
-             "fused_prefetch": (1.5, 3.0)}  # (step, tree) ms: the tree is faster on prefetch
+    costs = {
+        "default": (4.0, 9.0),
+        "onednn": (2.0, 8.0),
+        "fused": (1.0, 7.0),
+        "fused_prefetch": (1.5, 3.0),
+    }  # (step, tree) ms: the tree is faster on prefetch
 
     events = []
     _on_forward(model, lambda kernels, n: events.append((kernels, n)))
@@ -359,8 +418,9 @@ def test_faster_kernels_times_each_setting_alike_and_leaves_the_model_on_the_cho
     choice = faster_kernels(model, kernels=settings, prefix=8, rounds=2, turns=2, clock=clock)
     best = min(settings, key=lambda k: costs[k][0])
     assert choice.kernels == best == kernels_of(model) and choice.why == "the fastest step"
-    assert choice.ms == {k: {1: pytest.approx(costs[k][0]), 26: pytest.approx(costs[k][1])}
-                         for k in settings}
+    assert choice.ms == {
+        k: {1: pytest.approx(costs[k][0]), 26: pytest.approx(costs[k][1])} for k in settings
+    }
     assert choice.rounds == 4
     rounds = [e for e in events if e[1] != 8]  # the prefills carry the prompt's 8 tokens
     turn = [(k, n) for k in settings for n in (1, 26) + (1, 1) + (26, 26)]
@@ -382,9 +442,11 @@ def test_auto_says_each_settings_figures_and_its_choice(monkeypatch, capsys):
     monkeypatch.setattr(builder, "faster_kernels", lambda model, kernels: choice)
     assert builder.choose_kernels(make_tiny_model("llama"), "auto", "cpu", "float32") is choice
     err = capsys.readouterr().err
-    assert ("[kernels] float32: fused, the fastest step (median of 9 rounds each, measured here: "
-            "default a step 3.00 ms, 26 tokens 5.00 ms; "
-            "fused a step 1.00 ms, 26 tokens 4.00 ms)") in err
+    assert (
+        "[kernels] float32: fused, the fastest step (median of 9 rounds each, measured here: "
+        "default a step 3.00 ms, 26 tokens 5.00 ms; "
+        "fused a step 1.00 ms, 26 tokens 4.00 ms)"
+    ) in err
 
 
 def test_a_switched_model_carries_its_backend_and_the_runner_reads_it():
@@ -414,8 +476,12 @@ def _eagle(target, runner, vocab=False):
 
 
 def _draft(target, runner):
-    small = make_tiny_model("llama", seed=1, num_hidden_layers=1, vocab_size=target.config.vocab_size)
-    return TemplateProposer(DraftLM(use_kernels(small, kernels_of(target)), cache=runner), tree("eagle_default"))
+    small = make_tiny_model(
+        "llama", seed=1, num_hidden_layers=1, vocab_size=target.config.vocab_size
+    )
+    return TemplateProposer(
+        DraftLM(use_kernels(small, kernels_of(target)), cache=runner), tree("eagle_default")
+    )
 
 
 def _medusa(target, runner):
@@ -446,7 +512,9 @@ def test_greedy_on_fused_qwen3_layers_identical_to_generate(name, runner):
     assert isinstance(target.model.__dict__.get("forward"), FusedBackbone)
     proposer = PROPOSERS[name](target, runner)
     kept = make_runner(runner, target, tree_size=proposer.max_nodes if proposer else 0)
-    run_greedy_cases(target, proposer, kept, greedy_cases(target, 8), f"fused/qwen3/{name}/{runner}")
+    run_greedy_cases(
+        target, proposer, kept, greedy_cases(target, 8), f"fused/qwen3/{name}/{runner}"
+    )
 
 
 @pytest.mark.parametrize("kernels", ["onednn", "fused", "fused_prefetch"])
@@ -459,20 +527,34 @@ def test_greedy_with_packed_kernels_identical_to_generate(name, runner, kernels,
     Face cache takes a call per layer)."""
     if kernels not in available_kernels("cpu"):
         pytest.skip(f"kernels={kernels} do not run here")
-    loops = []  # forwards whose layers the extension's loop ran (it commits the cache's new entries)
+    # forwards whose layers the extension's loop ran (it commits the cache's new entries)
+    loops = []
     for cache_class in (GrowingCache, StaticKVCache):
-        monkeypatch.setattr(cache_class, "commit", lambda self, n, c=cache_class.commit: loops.append(n) or c(self, n))
+        monkeypatch.setattr(
+            cache_class,
+            "commit",
+            lambda self, n, c=cache_class.commit: loops.append(n) or c(self, n),
+        )
     target = use_kernels(make_tiny_model("llama"), kernels)
     proposer = PROPOSERS[name](target, runner)
     kept = make_runner(runner, target, tree_size=proposer.max_nodes if proposer else 0)
     run_greedy_cases(target, proposer, kept, greedy_cases(target, 8), f"{kernels}/{name}/{runner}")
-    assert bool(loops) == (kernels != "onednn"), "the target's forwards must have run the extension's loop"
+    assert bool(loops) == (kernels != "onednn"), (
+        "the target's forwards must have run the extension's loop"
+    )
     if kernels == "onednn":
-        assert all((m._siblings._packed if m._siblings else m._packed) is not None
-                   for m in target.modules() if isinstance(m, PackedLinear)), "every linear of the target must have run packed"
+        assert all(
+            (m._siblings._packed if m._siblings else m._packed) is not None
+            for m in target.modules()
+            if isinstance(m, PackedLinear)
+        ), "every linear of the target must have run packed"
     else:
         layers = [m.forward for m in target.model.layers]
-        assert all(isinstance(f, FusedLayer) and f._packed is not None for f in layers), "every layer must have run fused"
-        if name.startswith("eagle"):  # the drafter's layer too (it is built in training mode; drafting is not)
+        assert all(isinstance(f, FusedLayer) and f._packed is not None for f in layers), (
+            "every layer must have run fused"
+        )
+        if name.startswith(
+            "eagle"
+        ):  # the drafter's layer too (it is built in training mode; drafting is not)
             drafter_layer = proposer.model.drafter.layers[0].forward
             assert isinstance(drafter_layer, FusedLayer) and drafter_layer._packed is not None

@@ -61,25 +61,38 @@ def test_imports_point_down_the_layers(module, path):
     mine = LAYERS.index(layer_of(module))
     for line, name in imports(path):
         top = name.split(".")[0]
-        assert top not in ("hydra", "omegaconf"), f"{path}:{line}: the library never imports hydra ({name})"
-        assert top != "data_gen", f"{path}:{line}: eagle imports nothing from data_gen (it imports eagle)"
+        assert top not in ("hydra", "omegaconf"), (
+            f"{path}:{line}: the library never imports hydra ({name})"
+        )
+        assert top != "data_gen", (
+            f"{path}:{line}: eagle imports nothing from data_gen (it imports eagle)"
+        )
         if top == "eagle" and name != "eagle":
             theirs = LAYERS.index(layer_of(name))
-            assert theirs <= mine, (f"{path}:{line}: {module} ({layer_of(module)}) imports {name} "
-                                    f"({layer_of(name)}), a layer above it")
+            assert theirs <= mine, (
+                f"{path}:{line}: {module} ({layer_of(module)}) imports {name} "
+                f"({layer_of(name)}), a layer above it"
+            )
 
 
 def loaded_after(statement: str) -> set[str]:
     """Top-level package names in sys.modules after running `statement` in a fresh interpreter."""
-    code = f"{statement}\nimport sys\nprint(' '.join(sorted({{m.split('.')[0] for m in sys.modules}})))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    tops = "sorted({m.split('.')[0] for m in sys.modules})"
+    code = f"{statement}\nimport sys\nprint(' '.join({tops}))"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True
+    )
     return set(out.stdout.split())
 
 
 def test_the_decoding_runtime_loads_no_training_or_plotting_stack():
-    loaded = loaded_after("import eagle.decoding, eagle.proposers, eagle.models.checkpoint, eagle.models.export, "
-                          "eagle.bench.methods")
-    assert not loaded & {"lightning", "pytorch_lightning", "hydra", "omegaconf", "matplotlib"}, loaded
+    loaded = loaded_after(
+        "import eagle.decoding, eagle.proposers, eagle.models.checkpoint, eagle.models.export, "
+        "eagle.bench.methods"
+    )
+    assert not loaded & {"lightning", "pytorch_lightning", "hydra", "omegaconf", "matplotlib"}, (
+        loaded
+    )
 
 
 def module_path(module: str) -> Path | None:
@@ -113,8 +126,9 @@ def reached_from(roots: list[str]) -> dict[str, str]:
         path = module_path(root)
         todo.append(root)
         if path.name == "__init__.py":
-            todo += [f"{root}.{p.stem}" for p in sorted(path.parent.glob("*.py"))
-                     if p.stem != "__init__"]
+            todo += [
+                f"{root}.{p.stem}" for p in sorted(path.parent.glob("*.py")) if p.stem != "__init__"
+            ]
     seen = dict.fromkeys(todo, "")
     while todo:
         module = todo.pop()
@@ -132,10 +146,13 @@ def test_the_engine_and_the_proposers_import_no_kernel_module():
     assert "eagle.models.drafter" in reached and "eagle.decoding.runners" in reached
     kernels = {m: by for m, by in reached.items() if m.split(".")[:2] == ["eagle", "kernels"]}
     assert not kernels, f"the core reaches the kernels: {kernels} (module: imported by)"
-    code = (f"import {', '.join(CORE)}\nimport sys\n"
-            "print(' '.join(m for m in sys.modules if m.startswith('eagle.')))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
-                         check=True)
+    code = (
+        f"import {', '.join(CORE)}\nimport sys\n"
+        "print(' '.join(m for m in sys.modules if m.startswith('eagle.')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True
+    )
     loaded = set(out.stdout.split())
     assert "eagle.proposers.eagle" in loaded, loaded
     assert not any(m.startswith("eagle.kernels") for m in loaded), loaded
@@ -152,11 +169,15 @@ def test_the_public_api_resolves():
 
     for name in eagle.__all__:
         assert getattr(eagle, name) is not None, name
-    assert loaded_after("import eagle") & {"torch", "transformers"} == set()  # importing eagle is free
+    assert (
+        loaded_after("import eagle") & {"torch", "transformers"} == set()
+    )  # importing eagle is free
 
 
 def test_test_modules_never_import_each_other():
     tests = ROOT / "tests"
     for path in tests.glob("*.py"):
         for line, name in imports(path):
-            assert not name.startswith(("test_", "conftest")), f"{path.name}:{line} imports {name}: use tests/helpers"
+            assert not name.startswith(("test_", "conftest")), (
+                f"{path.name}:{line} imports {name}: use tests/helpers"
+            )

@@ -21,13 +21,17 @@ def test_a_models_own_masks_are_what_for_layers_gives_it(family, window, chunk):
     assert (sliding_window(model.config), attention_chunk(model.config)) == (window, chunk)
     assert is_local(model.config) == (window is not None or chunk is not None)
     n = 40  # crosses the window and two chunk boundaries
-    ids = torch.randint(3, model.config.vocab_size, (1, n), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(
+        3, model.config.vocab_size, (1, n), generator=torch.Generator().manual_seed(0)
+    )
     positions = torch.arange(n)
     mask = for_layers(model.config, causal_mask(0, n, torch.float32), positions, positions)
     with torch.inference_mode():
         own = model(ids).logits
         given = model(ids, attention_mask=mask, position_ids=positions[None]).logits
-        plain = model(ids, attention_mask=causal_mask(0, n, torch.float32), position_ids=positions[None]).logits
+        plain = model(
+            ids, attention_mask=causal_mask(0, n, torch.float32), position_ids=positions[None]
+        ).logits
     torch.testing.assert_close(given, own, rtol=0, atol=1e-5)
     if is_local(model.config):  # and the locality matters on this sequence
         assert (plain - own).abs().max() > 1e-3

@@ -58,7 +58,9 @@ def test_heads_are_distinct_modules():
 def test_shared_head_lists_are_refused():
     config = MedusaConfig(num_heads=3, hidden_size=32, vocab_size=96)
     head = MedusaHead(32, 96)
-    with pytest.raises(MedusaError, match=r"heads 0 and 1 share parameters \(a list built as \[head\] \* K\?\)"):
+    with pytest.raises(
+        MedusaError, match=r"heads 0 and 1 share parameters \(a list built as \[head\] \* K\?\)"
+    ):
         MedusaHeads(config, heads=[head] * 3)
     tied = [MedusaHead(32, 96) for _ in range(3)]
     tied[2].proj.weight = tied[1].proj.weight  # one shared tensor is enough to train them as one
@@ -106,7 +108,9 @@ def test_a_fresh_heads_logits_take_the_targets_transform(family, tmp_path):
         heads.restrict_vocab(torch.tensor([3, 5, 7]))
         torch.testing.assert_close(heads.drafted(f)[0], want[..., [3, 5, 7]])
         save_medusa(heads, tmp_path / "m")
-        torch.testing.assert_close(load_medusa(tmp_path / "m", target).drafted(f)[1], want[..., [3, 5, 7]])
+        torch.testing.assert_close(
+            load_medusa(tmp_path / "m", target).drafted(f)[1], want[..., [3, 5, 7]]
+        )
 
 
 # ---------------------------------------------------------------------------------------
@@ -119,13 +123,22 @@ def test_typical_acceptance_at_temperature_0_is_greedy(family):
     heads = MedusaHeads.random(target, num_heads=4)
     cases = greedy_cases(target, 8)
     accepted = 0
-    for name, template in (("medusa_default", tree("medusa_default")), ("chain4", TreeTemplate.chain(4))):
+    for name, template in (
+        ("medusa_default", tree("medusa_default")),
+        ("chain4", TreeTemplate.chain(4)),
+    ):
         proposer = medusa_proposer(heads, template)
         for prompt, max_new, eos, ref in cases:
-            decoder = SpeculativeDecoder(target, proposer, eos_token_id=[] if eos is None else eos,
-                                         typical=TypicalAcceptance())
+            decoder = SpeculativeDecoder(
+                target,
+                proposer,
+                eos_token_id=[] if eos is None else eos,
+                typical=TypicalAcceptance(),
+            )
             res = decoder.generate(prompt, max_new)
-            assert res.tokens == ref, f"{family}/{name}/typical: prompt {len(prompt)}, max_new {max_new}"
+            assert res.tokens == ref, (
+                f"{family}/{name}/typical: prompt {len(prompt)}, max_new {max_new}"
+            )
             accepted += sum(r.accepted for r in res.stats.rounds)
     assert accepted > 0  # the random heads do get paths accepted
 
@@ -135,8 +148,13 @@ def test_typical_mode_is_lossy_under_sampling():
     policy = POLICIES["t1"]
     target = make_tiny_model("llama", vocab_size=5, seed=3)
     heads = MedusaHeads.random(target, num_heads=2, seed=4)
-    decoder = SpeculativeDecoder(target, medusa_proposer(heads, SMALL_TREE), policy, eos_token_id=[],
-                                 typical=TypicalAcceptance())
+    decoder = SpeculativeDecoder(
+        target,
+        medusa_proposer(heads, SMALL_TREE),
+        policy,
+        eos_token_id=[],
+        typical=TypicalAcceptance(),
+    )
     prompt, n, runs = [1, 3, 2], 3, 200
     counts, _ = sample_counts(lambda g: decoder.generate(prompt, n, generator=g), runs)
     assert chi2_pvalue(counts, exact_joint(target, prompt, policy, n), runs) < 1e-6
@@ -144,7 +162,9 @@ def test_typical_mode_is_lossy_under_sampling():
 
 def test_tree_deeper_than_heads_is_refused():
     heads = MedusaHeads.random(make_tiny_model("llama"), num_heads=2)
-    with pytest.raises(MedusaError, match="tree 'medusa_default' is 3 deep but there are only 2 Medusa heads"):
+    with pytest.raises(
+        MedusaError, match="tree 'medusa_default' is 3 deep but there are only 2 Medusa heads"
+    ):
         medusa_proposer(heads, tree("medusa_default"))
 
 
@@ -164,13 +184,17 @@ def test_checkpoint_round_trip_and_wrong_target(tmp_path):
     f = feature_batch()
     with torch.no_grad():
         assert torch.equal(loaded(f), heads(f))
-    with pytest.raises(TargetMismatchError, match=f"Medusa heads {where} was made for another target: "
-                                                   "hidden_size 32 != 64"):
+    with pytest.raises(
+        TargetMismatchError,
+        match=f"Medusa heads {where} was made for another target: hidden_size 32 != 64",
+    ):
         load_medusa(where, make_tiny_model("llama", hidden_size=64))
     with pytest.raises(TargetMismatchError, match="vocab_size 96 != 80"):
         load_medusa(where, make_tiny_model("llama", vocab_size=80))
     save_drafter(EagleDrafter.random(target), tmp_path / "d")
-    with pytest.raises(CheckpointError, match="architecture is 'EagleDrafter', expected 'MedusaHeads'"):
+    with pytest.raises(
+        CheckpointError, match="architecture is 'EagleDrafter', expected 'MedusaHeads'"
+    ):
         load_medusa(tmp_path / "d", target)
     with pytest.raises(CheckpointError, match="Medusa checkpoint .* does not exist"):
         load_medusa(tmp_path / "nowhere", target)
@@ -204,7 +228,12 @@ def test_medusa_configs_compose():
         m = cfg.model
         assert m._target_ == "eagle.training.medusa.MedusaModule"
         # Medusa-1's recipe
-        assert (m.optim.lr, m.optim.weight_decay, m.optim.schedule, m.num_layers) == (1e-3, 0.0, "cosine", 1)
+        assert (m.optim.lr, m.optim.weight_decay, m.optim.schedule, m.num_layers) == (
+            1e-3,
+            0.0,
+            "cosine",
+            1,
+        )
         assert cfg.data.datamodule._target_ == "eagle.training.datamodules.FeatureDataModule"
     smol = compose_train(["experiment=medusa_smollm2", "paths.root_dir=/nowhere"])
     assert smol.model.target_path == "/nowhere/runs/smollm2/model"
@@ -212,8 +241,15 @@ def test_medusa_configs_compose():
 
 
 def medusa_cfg(tmp_path: Path, target_dir: Path, features_dir: Path, *overrides: str):
-    return compose_train(["experiment=medusa_test", f"paths.runs_dir={tmp_path}", f"model.target_path={target_dir}",
-                          f"data.datamodule.features_dir={features_dir}", *overrides])
+    return compose_train(
+        [
+            "experiment=medusa_test",
+            f"paths.runs_dir={tmp_path}",
+            f"model.target_path={target_dir}",
+            f"data.datamodule.features_dir={features_dir}",
+            *overrides,
+        ]
+    )
 
 
 def test_train_resume_and_export(tmp_path, target_dir, features_dir):
@@ -227,8 +263,15 @@ def test_train_resume_and_export(tmp_path, target_dir, features_dir):
 
     second = train(medusa_cfg(tmp_path, target_dir, features_dir, "trainer.max_steps=4"))
     assert second["resumed_from_step"] == 2 and second["steps"] == 4
-    for key in ("val/loss", "val/loss_h1", "val/loss_h3", "val/top1_h1", "val/top5_h1", "val/top1_h3",
-                "val/top1_h0"):
+    for key in (
+        "val/loss",
+        "val/loss_h1",
+        "val/loss_h3",
+        "val/top1_h1",
+        "val/top5_h1",
+        "val/top1_h3",
+        "val/top1_h0",
+    ):
         assert math.isfinite(second[key]), key
     assert 0.0 <= second["val/top1_h1"] <= second["val/top5_h1"] <= 1.0
     assert second["medusa_dir"] == str(run_dir / "medusa")
@@ -236,10 +279,14 @@ def test_train_resume_and_export(tmp_path, target_dir, features_dir):
     model, tokenizer = load_target(target_dir)
     heads = load_medusa(run_dir / "medusa", model, tokenizer)  # checked against the target
     assert heads.num_heads == 3
-    assert heads.config.target["lm_head_sha256"] == lm_head_fingerprint(model)  # the head it was trained against
+    assert heads.config.target["lm_head_sha256"] == lm_head_fingerprint(
+        model
+    )  # the head it was trained against
 
     other = tmp_path / "other"
-    make_tiny_model("llama", seed=7, hidden_size=64, vocab_size=len(tokenizer)).save_pretrained(other)
+    make_tiny_model("llama", seed=7, hidden_size=64, vocab_size=len(tokenizer)).save_pretrained(
+        other
+    )
     tokenizer.save_pretrained(other)
     with pytest.raises(TargetMismatchError, match="hidden_size 32 != 64"):
         load_medusa(run_dir / "medusa", *load_target(other))
@@ -258,7 +305,11 @@ def test_heads_trained_over_a_reduced_vocabulary(tmp_path, target_dir, features_
     from eagle.training.medusa import MedusaModule
 
     k = 16
-    trained = train(medusa_cfg(tmp_path, target_dir, features_dir, "trainer.max_steps=3", f"model.loss_vocab={k}"))
+    trained = train(
+        medusa_cfg(
+            tmp_path, target_dir, features_dir, "trainer.max_steps=3", f"model.loss_vocab={k}"
+        )
+    )
     assert f"Medusa loss over the {k} most frequent" in capsys.readouterr().out
     assert math.isfinite(trained["val/loss_h1"])
     model, tokenizer = load_target(target_dir)
@@ -266,7 +317,9 @@ def test_heads_trained_over_a_reduced_vocabulary(tmp_path, target_dir, features_
     module = MedusaModule(str(target_dir), num_heads=3, loss_vocab=k)
     datamodule = FeatureDataModule(features_dir, batch_size=4)
     datamodule.setup("fit")
-    module._trainer = types.SimpleNamespace(datamodule=datamodule)  # setup() reads the data's token counts
+    module._trainer = types.SimpleNamespace(
+        datamodule=datamodule
+    )  # setup() reads the data's token counts
     module.setup("fit")
     ids, _ = draft_vocabulary(datamodule.token_counts(len(tokenizer)), k)
     assert torch.equal(module.loss_ids, ids)
@@ -274,21 +327,29 @@ def test_heads_trained_over_a_reduced_vocabulary(tmp_path, target_dir, features_
     outside = torch.ones(len(tokenizer), dtype=torch.bool)
     outside[ids] = False
     for head in heads.heads:  # trained rows moved, the others are still the LM head
-        torch.testing.assert_close(head.proj.weight[outside], model.lm_head.weight[outside].to(head.proj.weight.dtype))
+        torch.testing.assert_close(
+            head.proj.weight[outside], model.lm_head.weight[outside].to(head.proj.weight.dtype)
+        )
         assert not torch.allclose(head.proj.weight[ids], model.lm_head.weight[ids])
 
     batch = collate([FeatureShards(features_dir, "train")[i] for i in range(4)])
     train_out, val_out = module.model_step(batch, train=True), module.model_step(batch)
-    assert train_out["logits"][0].shape[-1] == k and val_out["logits"][0].shape[-1] == len(tokenizer)
-    assert torch.isneginf(val_out["logits"][0][..., outside]).all()  # validation scores what decoding drafts
+    assert train_out["logits"][0].shape[-1] == k and val_out["logits"][0].shape[-1] == len(
+        tokenizer
+    )
+    assert torch.isneginf(
+        val_out["logits"][0][..., outside]
+    ).all()  # validation scores what decoding drafts
     for h in range(3):
         torch.testing.assert_close(train_out["logits"][h], val_out["logits"][h][..., ids])
         labels, w = shifted_labels(batch["input_ids"], batch["loss_mask"], shift=h + 2)
         inside = torch.isin(labels, ids) & (w > 0)
         assert torch.equal(train_out["weights"][h] > 0, inside)
         position = {int(t): i for i, t in enumerate(ids)}
-        want = F.cross_entropy(val_out["logits"][h][..., ids][inside],
-                               torch.tensor([position[int(t)] for t in labels[inside]]))
+        want = F.cross_entropy(
+            val_out["logits"][h][..., ids][inside],
+            torch.tensor([position[int(t)] for t in labels[inside]]),
+        )
         torch.testing.assert_close(train_out["loss_h"][h], want)
     with pytest.raises(ValueError, match="loss_vocab must be"):
         MedusaModule(str(target_dir), loss_vocab=0)

@@ -85,8 +85,11 @@ def test_proposer_limits():
     assert MergeProposer([Fixed(), Fixed()]).max_nodes == 10
     assert MergeProposer([Fixed(), Fixed()], budget=7).max_nodes == 7
     short = type("Short", (Fixed,), {"context": 32})
-    assert MergeProposer([Fixed(), Fixed()]).context is None  # checked before decoding: the shortest SSM's
-    assert MergeProposer([Fixed(), short(), type("Long", (Fixed,), {"context": 64})()]).context == 32
+    # checked before decoding: the shortest SSM's
+    assert MergeProposer([Fixed(), Fixed()]).context is None
+    assert (
+        MergeProposer([Fixed(), short(), type("Long", (Fixed,), {"context": 64})()]).context == 32
+    )
     with pytest.raises(ValueError, match="budget"):
         MergeProposer([Fixed()], budget=0)
 
@@ -96,7 +99,9 @@ def test_proposer_limits():
 
 @dataclass(frozen=True)
 class MergeCase:
-    ssms: tuple[tuple[tuple[int, ...], str], ...]  # per SSM: its tree's parents and scheme (iid/wor/topk)
+    ssms: tuple[
+        tuple[tuple[int, ...], str], ...
+    ]  # per SSM: its tree's parents and scheme (iid/wor/topk)
     V: int
     T: int  # emitted tokens whose joint distribution is checked
     budget: int | None = None
@@ -108,7 +113,9 @@ MERGE_CASES = {
     "two_chains": MergeCase(((CHAIN2, "iid"), (CHAIN2, "iid")), V=3, T=3),
     "chain_and_expansion": MergeCase(((CHAIN2, "iid"), ((-1, 0, 0), "wor")), V=3, T=2, seed=1),
     "three_single_drafts": MergeCase((((-1, 0), "iid"),) * 3, V=3, T=2, seed=2),
-    "four_single_drafts": MergeCase((((-1, 0), "iid"),) * 4, V=3, T=2, seed=5),  # a, b, a, b: repeats in a row
+    "four_single_drafts": MergeCase(
+        (((-1, 0), "iid"),) * 4, V=3, T=2, seed=5
+    ),  # a, b, a, b: repeats in a row
     "topk_and_sampled": MergeCase((((-1, 0, 0), "topk"), (CHAIN2, "iid")), V=3, T=2, seed=3),
     "budget": MergeCase(((CHAIN2, "iid"), (CHAIN2, "iid")), V=3, T=3, budget=3, seed=4),
 }
@@ -121,8 +128,10 @@ def merged_drafts(case: MergeCase, context: tuple[int, ...], merge=merge_trees):
         models = ToyModels(case.V, seed=100 * (case.seed + 1) + k)  # SSM k's own proposal tables
         per_ssm.append(list(draft_trees(Case(parents, scheme, case.V, case.T), models, context)))
     for combo in product(*per_ssm):
-        trees = [DraftTree(tokens=toks[1:], parents=parents, q=q[1:])
-                 for (_, toks, q, _), (parents, _) in zip(combo, case.ssms)]
+        trees = [
+            DraftTree(tokens=toks[1:], parents=parents, q=q[1:])
+            for (_, toks, q, _), (parents, _) in zip(combo, case.ssms)
+        ]
         yield prod(w for w, *_ in combo), merge(trees, case.budget)[0]
 
 
@@ -135,13 +144,18 @@ def closed_form(parents, toks, p_nodes, q_nodes, repeats):
 
 def sampler(parents, toks, p_nodes, q_nodes, repeats):
     def run(draw):
-        path, y = verify_tree_stochastic(parents, toks, p_nodes, q_nodes, draw=draw, repeats=repeats)
+        path, y = verify_tree_stochastic(
+            parents, toks, p_nodes, q_nodes, draw=draw, repeats=repeats
+        )
         return path[-1], y
+
     for (u, y), prob in enumerate_draws(run).items():
         yield u, y, prob
 
 
-def exactness_error(case: MergeCase, outcomes, drop_repeats: bool = False, merge=merge_trees) -> tuple[float, int]:
+def exactness_error(
+    case: MergeCase, outcomes, drop_repeats: bool = False, merge=merge_trees
+) -> tuple[float, int]:
     """Largest |Pr(first T tokens) - prod p| over all sequences, and how many merged drafts had
     repeated draws (the check must exercise them)."""
     target = ToyModels(case.V, case.seed)

@@ -24,13 +24,17 @@ def test_feature_loss_known_values():
 def test_soft_cross_entropy_known_values():
     v = 5
     uniform = torch.zeros(1, 1, v)
-    assert metrics.soft_cross_entropy(uniform, torch.randn(1, 1, v)).item() == pytest.approx(math.log(v))
+    assert metrics.soft_cross_entropy(uniform, torch.randn(1, 1, v)).item() == pytest.approx(
+        math.log(v)
+    )
     # q == p: the cross-entropy is p's entropy, its minimum over q
     logits = torch.tensor([[[2.0, 0.0, -1.0, 0.5, 0.0]]])
     p = torch.softmax(logits, -1)
     entropy = -(p * p.log()).sum().item()
     assert metrics.soft_cross_entropy(logits, logits).item() == pytest.approx(entropy, rel=1e-6)
-    assert metrics.soft_cross_entropy(logits + 3.0, logits).item() == pytest.approx(entropy, rel=1e-6)
+    assert metrics.soft_cross_entropy(logits + 3.0, logits).item() == pytest.approx(
+        entropy, rel=1e-6
+    )
     assert metrics.soft_cross_entropy(logits.flip(-1), logits).item() > entropy
     mask = torch.tensor([[1]])
     assert metrics.token_loss(logits, logits, mask).item() == pytest.approx(entropy, rel=1e-6)
@@ -39,12 +43,16 @@ def test_soft_cross_entropy_known_values():
 def test_topk_agreement_known_values():
     # target argmax per position: 0, 1, 2, 3
     target = torch.eye(4)[None] * 5  # (1, 4, 4)
-    draft = torch.tensor([[
-        [9.0, 1.0, 0.0, 0.0],  # top-1 = 0: hit
-        [9.0, 5.0, 0.0, 0.0],  # top-1 = 0, top-2 = {0, 1}: hit at k = 2
-        [0.0, 1.0, 2.0, 3.0],  # ranks 3 > 2 > 1 > 0: target 2 is 2nd
-        [3.0, 2.0, 1.0, 0.0],  # target 3 is last
-    ]])
+    draft = torch.tensor(
+        [
+            [
+                [9.0, 1.0, 0.0, 0.0],  # top-1 = 0: hit
+                [9.0, 5.0, 0.0, 0.0],  # top-1 = 0, top-2 = {0, 1}: hit at k = 2
+                [0.0, 1.0, 2.0, 3.0],  # ranks 3 > 2 > 1 > 0: target 2 is 2nd
+                [3.0, 2.0, 1.0, 0.0],  # target 3 is last
+            ]
+        ]
+    )
     assert metrics.topk_hits(draft, target, 1).tolist() == [[True, False, False, False]]
     assert metrics.topk_hits(draft, target, 2).tolist() == [[True, True, True, False]]
     assert metrics.topk_hits(draft, target, 9).tolist() == [[True] * 4]  # k clipped to V
@@ -124,7 +132,9 @@ def test_agreement_by_depth_oracle_and_copier():
     def oracle(f, x, p=None):
         return target.clone()
 
-    res = metrics.agreement_by_depth(oracle, head, features_in, ids, ids, target_logits, mask, depth=5, ks=(1, 2))
+    res = metrics.agreement_by_depth(
+        oracle, head, features_in, ids, ids, target_logits, mask, depth=5, ks=(1, 2)
+    )
     assert set(res) == {(d, k) for d in range(1, 6) for k in (1, 2)}
     for d in range(1, 6):
         hits, count = res[(d, 1)]
@@ -135,7 +145,9 @@ def test_agreement_by_depth_oracle_and_copier():
     def copier(f, x, p=None):
         return f.clone()
 
-    res = metrics.agreement_by_depth(copier, head, features_in, ids, ids, target_logits, mask, depth=3)
+    res = metrics.agreement_by_depth(
+        copier, head, features_in, ids, ids, target_logits, mask, depth=3
+    )
     for d in range(1, 4):
         hits, count = res[(d, 1)]
         assert hits.item() == 0 and count.item() == t - (d - 1)

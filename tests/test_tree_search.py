@@ -48,16 +48,31 @@ def target_and_perturbed_copy():
 
 
 def probed(probe_method, probe: TreeTemplate, prompts, max_new: int):
-    """Each prompt's greedy text with the probe, and the probe's accepted paths from every position."""
+    """Each prompt's greedy text with the probe, and the probe's accepted paths from every position.
+    """
     texts = [probe_method.generate(p, max_new).tokens for p in prompts]
-    paths = [position_paths(lambda ids, n: probe_method.generate(ids, n).stats.rounds[0].path, probe, p, t)
-             for p, t in zip(prompts, texts)]
+    paths = [
+        position_paths(
+            lambda ids, n: probe_method.generate(ids, n).stats.rounds[0].path, probe, p, t
+        )
+        for p, t in zip(prompts, texts)
+    ]
     return texts, paths
 
 
 def test_rank_budget_probe():
     t = TreeTemplate.rank_budget(3, 1)
-    assert t.paths == ((0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1), (0, 1, 0), (1, 0, 0))
+    assert t.paths == (
+        (0,),
+        (1,),
+        (0, 0),
+        (0, 1),
+        (1, 0),
+        (0, 0, 0),
+        (0, 0, 1),
+        (0, 1, 0),
+        (1, 0, 0),
+    )
     probe = TreeTemplate.from_config({"kind": "budget", "max_depth": 8, "max_rank_sum": 2})
     assert probe.num_nodes == sum((d + 1) * (d + 2) // 2 for d in range(1, 9))
     with pytest.raises(TreeError, match="missing key 'max_rank_sum'"):
@@ -106,7 +121,9 @@ def test_a_subtree_accepts_the_kept_prefix_of_the_probes_path():
     kept = set(sub.paths)
 
     def first_path(template, prompt):
-        dec = SpeculativeDecoder(target, TemplateProposer(DraftLM(draft), template), eos_token_id=[])
+        dec = SpeculativeDecoder(
+            target, TemplateProposer(DraftLM(draft), template), eos_token_id=[]
+        )
         path = dec.generate(prompt, 12).stats.rounds[0].path
         return [template.paths[i - 1] for i in path[1:]]
 
@@ -134,8 +151,12 @@ def test_simulate_replays_rounds_by_hand():
     # chain: root 0 accepts [0],[0,0] -> +3 (root 3); root 3 accepts nothing -> +1 (root 4);
     # root 4 accepts [0] -> +2 = 6 = the last token: 6 tokens in 3 rounds
     assert simulate(paths, chain, max_new_tokens=100) == pytest.approx(6 / 3)
-    assert simulate(paths, probe, max_new_tokens=100) == pytest.approx(6 / 3)  # root 4: +4 cut to +2
-    assert simulate(paths, chain, max_new_tokens=3) == pytest.approx(2 / 1)  # the first round is cut
+    assert simulate(paths, probe, max_new_tokens=100) == pytest.approx(
+        6 / 3
+    )  # root 4: +4 cut to +2
+    assert simulate(paths, chain, max_new_tokens=3) == pytest.approx(
+        2 / 1
+    )  # the first round is cut
     assert acceptance_by_position(probe, paths)[:3] == [1.0, 3 / 6, 1 / 6]
 
 
@@ -181,17 +202,27 @@ def test_replay_merges_a_chain_by_hand():
     assert simulate(paths, chain, 100, chains) == pytest.approx(6 / 2)
     # priced per round at the tokens it verifies: drafting 1 ms, verifying nearly flat up to 11
     # tokens (a memory-bound forward), then steep
-    cost = RoundCost(verify_ms=((1, 10.0), (4, 11.0), (11, 12.0), (13, 30.0)), draft_coef=(1.0, 0.0, 0.0))
-    [row] = choose_merged([Candidate(chain, 0.0)], paths, chains, cost, vanilla_ms=10.0, max_new_tokens=100)
-    assert row["predicted_tau"] == pytest.approx(3.0) and row["predicted_verified"] == pytest.approx(7.0)
+    cost = RoundCost(
+        verify_ms=((1, 10.0), (4, 11.0), (11, 12.0), (13, 30.0)), draft_coef=(1.0, 0.0, 0.0)
+    )
+    [row] = choose_merged(
+        [Candidate(chain, 0.0)], paths, chains, cost, vanilla_ms=10.0, max_new_tokens=100
+    )
+    assert row["predicted_tau"] == pytest.approx(3.0) and row[
+        "predicted_verified"
+    ] == pytest.approx(7.0)
     assert row["predicted_round_ms"] == pytest.approx(1.0 + 11.0 + 3 / 7)
     assert row["predicted_speedup"] == pytest.approx(6 * 10.0 / (2 * (12.0 + 3 / 7)))
     # a chain that drafts every round but is never right pushes the wider tree's rounds up the
     # steep part: the smaller tree wins with it, the wider one without
     wrong = [[(9, 0)] * 6]
     small = Candidate(TreeTemplate.chain(1, name="small"), 0.0)
-    ranked = choose_merged([Candidate(chain, 0.0), small], paths, wrong, cost, vanilla_ms=10.0, max_new_tokens=100)
-    alone = choose_merged([Candidate(chain, 0.0), small], paths, none, cost, vanilla_ms=10.0, max_new_tokens=100)
+    ranked = choose_merged(
+        [Candidate(chain, 0.0), small], paths, wrong, cost, vanilla_ms=10.0, max_new_tokens=100
+    )
+    alone = choose_merged(
+        [Candidate(chain, 0.0), small], paths, none, cost, vanilla_ms=10.0, max_new_tokens=100
+    )
     assert ranked[0]["tree"] == "small" and alone[0]["tree"] == chain.name
 
 
@@ -202,10 +233,19 @@ def test_chain_hits_are_prompt_lookups_rounds():
 
     lookup = PromptLookupProposer(num_tokens=3, max_ngram=2, min_ngram=2).lookup
     prompt, text = [5, 6, 7, 8], [5, 6, 7, 9, 5, 6, 7, 8]
-    # root text[1] = 6: tokens ...8 5 6, suffix (5, 6) matched at 0: chain 7 8 5, the text goes 7 9: 1
+    # root text[1] = 6: tokens ...8 5 6, suffix (5, 6) matched at 0: chain 7 8 5, text 7 9: 1
     # root text[2] = 7: (6, 7) at 1: chain 8 5 6, the text goes 9: 0; roots 9 and 5: no match
-    # root text[5] = 6: chain 7 8 5 again, the text goes 7 8 and ends: 2; root text[6] = 7: 8 5 6 / 8: 1
-    assert chain_hits(lookup, prompt, text) == [(0, 0), (3, 1), (3, 0), (0, 0), (0, 0), (3, 2), (3, 1)]
+    # root text[5] = 6: chain 7 8 5 again, the text goes 7 8 and ends: 2
+    # root text[6] = 7: 8 5 6 / 8: 1
+    assert chain_hits(lookup, prompt, text) == [
+        (0, 0),
+        (3, 1),
+        (3, 0),
+        (0, 0),
+        (0, 0),
+        (3, 2),
+        (3, 1),
+    ]
 
 
 def test_simulated_merged_tau_is_the_decoded_tau():
@@ -223,8 +263,9 @@ def test_simulated_merged_tau_is_the_decoded_tau():
 
     def method(tree, merged=False):
         proposer = TemplateProposer(DraftLM(draft), tree)
-        return SpeculativeDecoder(target, MergeProposer([proposer, lookup()]) if merged else proposer,
-                                  eos_token_id=[])
+        return SpeculativeDecoder(
+            target, MergeProposer([proposer, lookup()]) if merged else proposer, eos_token_id=[]
+        )
 
     max_new = 24
     g = torch.Generator().manual_seed(0)
@@ -234,7 +275,9 @@ def test_simulated_merged_tau_is_the_decoded_tau():
         prompts.append([1] + part * 3)
     texts, paths = probed(method(probe), probe, prompts, max_new)
     chains = [chain_hits(lookup().lookup, p, t) for p, t in zip(prompts, texts)]
-    assert sum(acc > 0 for text in chains for _, acc in text) >= 5  # the chains were accepted somewhere
+    assert (
+        sum(acc > 0 for text in chains for _, acc in text) >= 5
+    )  # the chains were accepted somewhere
     merged_gain = 0
     for c in candidates(probe, paths, [1, 3, 8], max_new):
         predicted = replay(paths, c.tree, max_new, chains)
@@ -243,7 +286,9 @@ def test_simulated_merged_tau_is_the_decoded_tau():
         rounds = [r for o in outs for r in o.stats.rounds]
         assert [r.committed for r in rounds] == [step for step, _ in predicted], c.tree.name
         assert all(r.tree_size + 1 <= verified for r, (_, verified) in zip(rounds, predicted))
-        assert sum(r.tree_size + 1 for r in rounds) >= 0.9 * sum(v for _, v in predicted)  # a tight bound
+        assert sum(r.tree_size + 1 for r in rounds) >= 0.9 * sum(
+            v for _, v in predicted
+        )  # a tight bound
         merged_gain += simulate(paths, c.tree, max_new, chains) - simulate(paths, c.tree, max_new)
     assert merged_gain > 0  # the chain added accepted tokens
 
@@ -251,19 +296,34 @@ def test_simulated_merged_tau_is_the_decoded_tau():
 def test_round_cost_model_by_hand():
     """Drafting a + b * passes + c * rows is recovered exactly from rounds that follow it, and
     verification is interpolated between the measured sizes (extended beyond them)."""
-    trees = [TreeTemplate.chain(1), TreeTemplate.chain(3), TreeTemplate.static_expansion([2, 1]),
-             TreeTemplate.from_paths([[0], [1], [0, 0], [1, 0], [0, 0, 0]])]
+    trees = [
+        TreeTemplate.chain(1),
+        TreeTemplate.chain(3),
+        TreeTemplate.static_expansion([2, 1]),
+        TreeTemplate.from_paths([[0], [1], [0, 0], [1, 0], [0, 0, 0]]),
+    ]
     assert drafter_passes(trees[1]) == (3, 2)  # catch-up + depths 1-2; nodes 1 and 2 expand
-    assert drafter_passes(trees[2]) == (2, 2)  # <2,1>: the root's two children expand, into two leaves
+    assert drafter_passes(trees[2]) == (
+        2,
+        2,
+    )  # <2,1>: the root's two children expand, into two leaves
     draft = {id(t): 1.0 + 2.0 * drafter_passes(t)[0] + 0.5 * drafter_passes(t)[1] for t in trees}
     verify = {2: 10.0, 4: 14.0, 5: 15.0, 6: 18.0}
     cost = RoundCost.fit([(t, draft[id(t)], verify[t.num_nodes + 1]) for t in trees])
     assert cost.draft_coef == pytest.approx((1.0, 2.0, 0.5))
-    assert cost.verify(4) == 14.0 and cost.verify(3) == pytest.approx(12.0)  # measured; between 2 and 4
-    assert cost.verify(8) == pytest.approx(24.0) and cost.verify(1) == pytest.approx(8.0)  # extended
-    big, small = Candidate(TreeTemplate.chain(5, name="big"), 5.0), Candidate(TreeTemplate.chain(1, name="small"), 1.9)
+    assert cost.verify(4) == 14.0 and cost.verify(3) == pytest.approx(
+        12.0
+    )  # measured; between 2 and 4
+    assert cost.verify(8) == pytest.approx(24.0) and cost.verify(1) == pytest.approx(
+        8.0
+    )  # extended
+    big, small = (
+        Candidate(TreeTemplate.chain(5, name="big"), 5.0),
+        Candidate(TreeTemplate.chain(1, name="small"), 1.9),
+    )
     ranked = choose_for_machine([big, small], cost, vanilla_ms=10.0)
-    # chain 5: 1 + 2*5 + 0.5*4 + verify(6) = 31 ms for tau 5: 1.61x; chain 1: 1 + 2 + 0 + 10 = 13 ms for 1.9: 1.46x
+    # chain 5: 1 + 2*5 + 0.5*4 + verify(6) = 31 ms for tau 5: 1.61x; chain 1: 1 + 2 + 0 + 10 = 13 ms
+    # for 1.9: 1.46x
     assert [r["tree"] for r in ranked] == ["big", "small"]
     assert ranked[0]["predicted_speedup"] == pytest.approx(5.0 * 10 / 31)
     with pytest.raises(ValueError, match="three trees"):
@@ -276,9 +336,19 @@ def test_each_dtype_has_its_own_cost_model():
     was pooled with it (isotonic) and ranked as dearer than it is. Each dtype now has its own fit
     over every round timed in it; a dtype timed on fewer than three trees prices its trees by
     their own measured rounds."""
-    c1, c3, b2 = TreeTemplate.chain(1, name="c1"), TreeTemplate.chain(3, name="c3"), TreeTemplate.chain(2, name="b2")
+    c1, c3, b2 = (
+        TreeTemplate.chain(1, name="c1"),
+        TreeTemplate.chain(3, name="c3"),
+        TreeTemplate.chain(2, name="b2"),
+    )
     b4, c6 = TreeTemplate.chain(4, name="b4"), TreeTemplate.chain(6, name="c6")
-    fp32 = {"c1": 10.0, "b2": 12.0, "c3": 20.0, "b4": 30.0, "c6": 40.0}  # verify ms by tree (draft: 1 ms)
+    fp32 = {
+        "c1": 10.0,
+        "b2": 12.0,
+        "c3": 20.0,
+        "b4": 30.0,
+        "c6": 40.0,
+    }  # verify ms by tree (draft: 1 ms)
     bf16 = {"b4": 14.0, "c6": 16.0}
     measured = [(t, "float32", 1.0, fp32[t.name]) for t in (c1, c3, b2, b4, c6)]
     measured += [(t, "bfloat16", 1.0, bf16[t.name]) for t in (b4, c6)]
@@ -286,12 +356,21 @@ def test_each_dtype_has_its_own_cost_model():
     cost = MachineCost.fit(measured, dtypes)
     assert set(cost.by_dtype) == {"float32"}  # bf16: two trees, no fit
     assert cost.round_ms(b4) == 15.0 and cost.round_ms(c6) == 17.0  # their own bf16 rounds
-    assert cost.round_ms(b2) == pytest.approx(13.0) and cost.round_ms(c3) == pytest.approx(21.0)  # float32's fit
-    mixed = RoundCost.fit([(t, 1.0, (bf16 if dtypes[t.name] == "bfloat16" else fp32)[t.name])
-                           for t in (c1, c3, b2, b4, c6)])  # the one curve it replaces
+    assert cost.round_ms(b2) == pytest.approx(13.0) and cost.round_ms(c3) == pytest.approx(
+        21.0
+    )  # float32's fit
+    mixed = RoundCost.fit(
+        [
+            (t, 1.0, (bf16 if dtypes[t.name] == "bfloat16" else fp32)[t.name])
+            for t in (c1, c3, b2, b4, c6)
+        ]
+    )  # the one curve it replaces
     assert mixed.round_ms(b4) > 16.0  # 14 ms pooled with float32's 20 before it
     ranked = choose_for_machine([Candidate(b2, 1.5), Candidate(b4, 2.0)], cost, vanilla_ms=10.0)
-    assert [(r["tree"], r["predicted_round_ms"]) for r in ranked] == [("b4", 15.0), ("b2", pytest.approx(13.0))]
+    assert [(r["tree"], r["predicted_round_ms"]) for r in ranked] == [
+        ("b4", 15.0),
+        ("b2", pytest.approx(13.0)),
+    ]
     # three trees in bf16: fitted there too, on bf16's rounds only
     c5 = TreeTemplate.chain(5, name="c5")
     cost = MachineCost.fit([*measured, (c5, "bfloat16", 1.0, 15.0)], {**dtypes, "c5": "bfloat16"})
@@ -302,7 +381,9 @@ def test_each_dtype_has_its_own_cost_model():
     # dtype without one, its measured round plus what the tokens add in float32's
     two = MachineCost.fit(measured, dtypes)
     assert two.round_ms(b2, 4) == pytest.approx(1.0 + two.by_dtype["float32"].verify(4))
-    assert two.round_ms(b4, 7) == pytest.approx(15.0 + fp32["c6"] - fp32["b4"])  # 6 -> 7 tokens: +10 ms in fp32
+    assert two.round_ms(b4, 7) == pytest.approx(
+        15.0 + fp32["c6"] - fp32["b4"]
+    )  # 6 -> 7 tokens: +10 ms in fp32
     assert two.round_ms(b4, 5) == two.round_ms(b4) == 15.0
     with pytest.raises(ValueError, match="without a round timed in their dtype"):
         MachineCost.fit(measured, {**dtypes, "c1": "bfloat16"})
@@ -314,11 +395,22 @@ def test_verification_costs_never_fall_with_more_tokens():
     pair into its weighted mean (two trees of one size weigh twice)."""
     assert isotonic([1.0, 2.0, 3.0], [1, 1, 1]) == [1.0, 2.0, 3.0]
     assert isotonic([5.3, 6.1, 5.6, 7.5, 9.7, 9.3, 13.2], [1] * 7) == pytest.approx(
-        [5.3, 5.85, 5.85, 7.5, 9.5, 9.5, 13.2])
+        [5.3, 5.85, 5.85, 7.5, 9.5, 9.5, 13.2]
+    )
     assert isotonic([3.0, 2.0, 1.0], [1, 1, 1]) == pytest.approx([2.0, 2.0, 2.0])
     assert isotonic([4.0, 1.0], [1, 2]) == pytest.approx([2.0, 2.0])
-    trees = [TreeTemplate.chain(1), TreeTemplate.chain(3), TreeTemplate.chain(3, name="again"), TreeTemplate.chain(5)]
-    verify = [10.0, 16.0, 14.0, 12.0]  # 2 tokens: 10; 4 tokens: 16 and 14 (mean 15, weight 2); 6 tokens: 12
+    trees = [
+        TreeTemplate.chain(1),
+        TreeTemplate.chain(3),
+        TreeTemplate.chain(3, name="again"),
+        TreeTemplate.chain(5),
+    ]
+    verify = [
+        10.0,
+        16.0,
+        14.0,
+        12.0,
+    ]  # 2 tokens: 10; 4 tokens: 16 and 14 (mean 15, weight 2); 6 tokens: 12
     cost = RoundCost.fit([(t, 1.0, v) for t, v in zip(trees, verify)])
     assert cost.verify_ms == ((2, 10.0), (4, pytest.approx(14.0)), (6, pytest.approx(14.0)))
     assert all(cost.verify(n) <= cost.verify(n + 1) for n in range(1, 12))
@@ -336,25 +428,67 @@ def test_the_lookup_tree_is_written_with_its_record(tmp_path, capsys):
 
     from eagle.bench.machine_tree import choose_for_lookup
 
-    prompt, text = [5, 6, 7, 8, 9], [5, 6, 7, 8, 9, 5, 6]  # the text repeats the prompt: the chain drafts
-    paths = [[()] * (len(text) - 1)]  # the tree is never right: the chain's copies are the merge's tau
-    trees = [Candidate(TreeTemplate.chain(1, name="small"), 1.0), Candidate(TreeTemplate.chain(3, name="wide"), 1.0)]
-    cost = RoundCost(verify_ms=((1, 10.0), (4, 11.0), (11, 12.0), (13, 30.0)), draft_coef=(1.0, 0.0, 0.0))
-    sections = {"eagle": {"drafter": "d", "draft_vocab": 4096}, "eagle_lookup": {"drafter": "d", "draft_vocab": 4096,
-                                                                                  "num_tokens": 10, "min_ngram": 2}}
-    record = choose_for_lookup(SimpleNamespace(sections=sections), trees, paths, [prompt], [text], cost, 10.0,
-                               {"small": "float32", "wide": "float32"}, SimpleNamespace(max_new_tokens=100), tmp_path)
-    assert record["chosen"] == "small" and record["settings"] == {"num_tokens": 10, "max_ngram": 3, "min_ngram": 2}
+    prompt, text = (
+        [5, 6, 7, 8, 9],
+        [5, 6, 7, 8, 9, 5, 6],
+    )  # the text repeats the prompt: the chain drafts
+    paths = [
+        [()] * (len(text) - 1)
+    ]  # the tree is never right: the chain's copies are the merge's tau
+    trees = [
+        Candidate(TreeTemplate.chain(1, name="small"), 1.0),
+        Candidate(TreeTemplate.chain(3, name="wide"), 1.0),
+    ]
+    cost = RoundCost(
+        verify_ms=((1, 10.0), (4, 11.0), (11, 12.0), (13, 30.0)), draft_coef=(1.0, 0.0, 0.0)
+    )
+    sections = {
+        "eagle": {"drafter": "d", "draft_vocab": 4096},
+        "eagle_lookup": {"drafter": "d", "draft_vocab": 4096, "num_tokens": 10, "min_ngram": 2},
+    }
+    record = choose_for_lookup(
+        SimpleNamespace(sections=sections),
+        trees,
+        paths,
+        [prompt],
+        [text],
+        cost,
+        10.0,
+        {"small": "float32", "wide": "float32"},
+        SimpleNamespace(max_new_tokens=100),
+        tmp_path,
+    )
+    assert record["chosen"] == "small" and record["settings"] == {
+        "num_tokens": 10,
+        "max_ngram": 3,
+        "min_ngram": 2,
+    }
     assert [r["dtype"] for r in record["ranking"]] == ["float32", "float32"]
     best = record["ranking"][0]
     assert best["predicted_tau"] > 1.5  # the chain's copies
     assert TreeTemplate.from_file(tmp_path / "machine_lookup.yaml").paths == trees[0].tree.paths
-    assert f"predicted tau {best['predicted_tau']:.3f}" in (tmp_path / "machine_lookup.yaml").read_text()
+    assert (
+        f"predicted tau {best['predicted_tau']:.3f}"
+        in (tmp_path / "machine_lookup.yaml").read_text()
+    )
     assert "WARNING" not in capsys.readouterr().out
     sections["eagle_lookup"]["draft_vocab"] = 1024
-    choose_for_lookup(SimpleNamespace(sections=sections), trees, paths, [prompt], [text], cost, 10.0,
-                      {"small": "float32", "wide": "float32"}, SimpleNamespace(max_new_tokens=100), tmp_path)
-    assert "WARNING: eagle_lookup's drafter or drafting vocabulary differs from eagle's" in capsys.readouterr().out
+    choose_for_lookup(
+        SimpleNamespace(sections=sections),
+        trees,
+        paths,
+        [prompt],
+        [text],
+        cost,
+        10.0,
+        {"small": "float32", "wide": "float32"},
+        SimpleNamespace(max_new_tokens=100),
+        tmp_path,
+    )
+    assert (
+        "WARNING: eagle_lookup's drafter or drafting vocabulary differs from eagle's"
+        in capsys.readouterr().out
+    )
 
 
 def test_tree_search_refuses_settings_it_does_not_have(models, tmp_path):
@@ -385,11 +519,20 @@ def test_tree_search_writes_best_subtrees_and_compares_them(models, tmp_path, ca
     probe = tmp_path / "tiny_probe.yaml"
     probe.write_text("kind: budget\nmax_depth: 3\nmax_rank_sum: 1\n")
     out = tmp_path / "search"
-    decode(decode_cfg(models, tmp_path, "mode=tree_search", f"tree_search.probe={probe}",
-                      "tree_search.sizes=[2,4]", f"tree_search.out_dir={out}",
-                      "tree_search.sampled_temperature=1.0", "tree_search.batch_sizes=[1,3]",
-                      f"benchmark.eval_sets=[{models / 'prompts.jsonl'}]",
-                      "benchmark.dtypes={eagle:float32}"))
+    decode(
+        decode_cfg(
+            models,
+            tmp_path,
+            "mode=tree_search",
+            f"tree_search.probe={probe}",
+            "tree_search.sizes=[2,4]",
+            f"tree_search.out_dir={out}",
+            "tree_search.sampled_temperature=1.0",
+            "tree_search.batch_sizes=[1,3]",
+            f"benchmark.eval_sets=[{models / 'prompts.jsonl'}]",
+            "benchmark.dtypes={eagle:float32}",
+        )
+    )
 
     def paths(name: str) -> list:
         return TreeTemplate.from_file(out / f"{name}.yaml").paths
@@ -451,8 +594,9 @@ def test_tree_search_writes_best_subtrees_and_compares_them(models, tmp_path, ca
         assert searched_dtype(str(out / f"{name}.yaml")) == "float32"
 
 
-def test_the_tree_search_measures_each_tree_in_the_dtype_it_decodes_in(models, tmp_path,
-                                                                       monkeypatch):
+def test_the_tree_search_measures_each_tree_in_the_dtype_it_decodes_in(
+    models, tmp_path, monkeypatch
+):
     """On a CPU with bf16 the dtype is probed per tree width, and a small tree may verify faster
     in float32 than EAGLE-1's 26 tokens: the cost model times every tree in the dtype the probe
     chose (and a bf16 one in float32 too), and the sampled ranking decodes it in the dtype kept."""
@@ -461,8 +605,9 @@ def test_the_tree_search_measures_each_tree_in_the_dtype_it_decodes_in(models, t
     from eagle.bench.precision import DtypeChoice
 
     def fake(models_, width, **_):  # float32 up to 4 tokens verified, bf16 beyond
-        return DtypeChoice("float32" if width <= 4 else "bfloat16", width,
-                           {"float32": 1.0, "bfloat16": 1.0})
+        return DtypeChoice(
+            "float32" if width <= 4 else "bfloat16", width, {"float32": 1.0, "bfloat16": 1.0}
+        )
 
     monkeypatch.setattr(builder, "faster_dtype", fake)
     # bf16 rounds win clearly
@@ -476,12 +621,22 @@ def test_the_tree_search_measures_each_tree_in_the_dtype_it_decodes_in(models, t
         return real_build(self, spec, dtype, *a, **k)
 
     monkeypatch.setattr(decode_module.Methods, "build", build)
-    out = _search(decode_module, models, tmp_path, "tree_search.sampled_temperature=1.0",
-                  "tree_search.sampled_prompts=1")
+    out = _search(
+        decode_module,
+        models,
+        tmp_path,
+        "tree_search.sampled_temperature=1.0",
+        "tree_search.sampled_prompts=1",
+    )
     probe = tmp_path / "tiny_probe.yaml"
     machine = json.loads((out / "machine.json").read_text())
-    want = {"chain1": "float32", "chain3": "float32", "chain6": "bfloat16", "best2": "float32",
-            "best4": "bfloat16"}
+    want = {
+        "chain1": "float32",
+        "chain3": "float32",
+        "chain6": "bfloat16",
+        "best2": "float32",
+        "best4": "bfloat16",
+    }
     assert {k: machine["dtypes"][k] for k in want} == want  # widths 2, 4, 7, 3, 5
     assert machine["dtypes"]["machine"] == want[machine["chosen"]]
     ranked = {r["tree"]: r["dtype"] for r in machine["ranking"]}
@@ -501,8 +656,9 @@ def test_the_tree_search_measures_each_tree_in_the_dtype_it_decodes_in(models, t
     assert [d for spec, d in built if spec == f"eagle@{probe}"] == ["float32"]
 
 
-def test_the_cost_model_prices_each_tree_by_the_rounds_of_its_own_dtype(models, tmp_path,
-                                                                        monkeypatch):
+def test_the_cost_model_prices_each_tree_by_the_rounds_of_its_own_dtype(
+    models, tmp_path, monkeypatch
+):
     """Small trees keep float32 and wide ones bf16: each tree's predicted round comes from its
     dtype's rounds only (one curve through both pooled a fast 5-token bf16 round with a slow
     4-token float32 one), and machine.json records the model of each dtype."""
@@ -510,12 +666,23 @@ def test_the_cost_model_prices_each_tree_by_the_rounds_of_its_own_dtype(models, 
     from eagle import hardware
     from eagle.bench.precision import DtypeChoice
 
-    monkeypatch.setattr(builder, "faster_dtype", lambda models_, width, **_: DtypeChoice(
-        "float32" if width <= 4 else "bfloat16", width, {"float32": 1.0, "bfloat16": 1.0}))
+    monkeypatch.setattr(
+        builder,
+        "faster_dtype",
+        lambda models_, width, **_: DtypeChoice(
+            "float32" if width <= 4 else "bfloat16", width, {"float32": 1.0, "bfloat16": 1.0}
+        ),
+    )
     monkeypatch.setattr(hardware, "cpu_has_fast_bf16", lambda: True)
-    rounds = {"chain1 float32": 10.0, "best2 float32": 12.0, "chain3 float32": 20.0,  # widths 2,
-              "best4 float32": 30.0, "chain6 float32": 40.0,  # 3, 4, 5 and 7
-              "best4 bfloat16": 14.0, "chain6 bfloat16": 16.0}
+    rounds = {
+        "chain1 float32": 10.0,
+        "best2 float32": 12.0,
+        "chain3 float32": 20.0,  # widths 2,
+        "best4 float32": 30.0,
+        "chain6 float32": 40.0,  # 3, 4, 5 and 7
+        "best4 bfloat16": 14.0,
+        "chain6 bfloat16": 16.0,
+    }
     _fake_rounds(monkeypatch, lambda label: rounds.get(label, 8.0))
     out = _search(decode_module, models, tmp_path, "tree_search.cost_prompts=1")
     machine = json.loads((out / "machine.json").read_text())
@@ -539,32 +706,57 @@ def _fake_rounds(monkeypatch, ms_per_round) -> None:
     real = machine_tree.summarise
 
     def summarise(label, size, runs):
-        return dataclasses.replace(real(label, size, runs), draft_ms_per_round=1.0,
-                                   verify_ms_per_round=ms_per_round(label) - 1.0)
+        return dataclasses.replace(
+            real(label, size, runs),
+            draft_ms_per_round=1.0,
+            verify_ms_per_round=ms_per_round(label) - 1.0,
+        )
 
     monkeypatch.setattr(machine_tree, "summarise", summarise)
 
 
-def _search(decode_module, models: Path, tmp_path: Path, *overrides: str, depth: int = 3,
-            sizes: str = "[2,4]") -> Path:
+def _search(
+    decode_module,
+    models: Path,
+    tmp_path: Path,
+    *overrides: str,
+    depth: int = 3,
+    sizes: str = "[2,4]",
+) -> Path:
     """mode=tree_search without the comparison, on tmp_path/tiny_probe.yaml (every path of
     `depth` whose ranks sum to 1) and candidates of `sizes` nodes; returns its out_dir."""
     probe = tmp_path / "tiny_probe.yaml"
     probe.write_text(f"kind: budget\nmax_depth: {depth}\nmax_rank_sum: 1\n")
     out = tmp_path / "search"
-    decode_module.decode(decode_cfg(models, tmp_path, "mode=tree_search",
-                                    f"tree_search.probe={probe}", f"tree_search.sizes={sizes}",
-                                    f"tree_search.out_dir={out}", "tree_search.compare=false",
-                                    f"benchmark.eval_sets=[{models / 'prompts.jsonl'}]",
-                                    *overrides))
+    decode_module.decode(
+        decode_cfg(
+            models,
+            tmp_path,
+            "mode=tree_search",
+            f"tree_search.probe={probe}",
+            f"tree_search.sizes={sizes}",
+            f"tree_search.out_dir={out}",
+            "tree_search.compare=false",
+            f"benchmark.eval_sets=[{models / 'prompts.jsonl'}]",
+            *overrides,
+        )
+    )
     return out
 
 
 def _search_tiny(decode_module, models: Path, tmp_path: Path, *overrides: str) -> Path:
     """`_search` with a 2-node candidate from a depth-2 probe, chains 1 and 3 for the cost
     model's fit and 4-token decodes."""
-    return _search(decode_module, models, tmp_path, "tree_search.cost_chains=[1,3]",
-                   "tree_search.cost_tokens=4", *overrides, depth=2, sizes="[2]")
+    return _search(
+        decode_module,
+        models,
+        tmp_path,
+        "tree_search.cost_chains=[1,3]",
+        "tree_search.cost_tokens=4",
+        *overrides,
+        depth=2,
+        sizes="[2]",
+    )
 
 
 def _record_decodes(monkeypatch, decode_module, attr: str, label) -> list[str]:
@@ -593,7 +785,8 @@ def spec_and_dtype(spec: str, dtype: str) -> str:
 
 
 def test_the_candidates_are_compared_with_the_plain_decoding_their_predictions_used(
-        models, tmp_path, monkeypatch):
+    models, tmp_path, monkeypatch
+):
     """The cost model predicts each tree's speedup over the fastest plain decoding it timed (bf16
     here); the comparison run measured them against vanilla in its own dtype (float32), so a
     prediction and its measurement had different baselines. Now vanilla runs in the fastest."""
@@ -601,13 +794,22 @@ def test_the_candidates_are_compared_with_the_plain_decoding_their_predictions_u
     from eagle import hardware
     from eagle.bench.precision import DtypeChoice
 
-    monkeypatch.setattr(builder, "faster_dtype",
-                        lambda models_, width, **_: DtypeChoice("float32", width, {"float32": 1.0}))
+    monkeypatch.setattr(
+        builder,
+        "faster_dtype",
+        lambda models_, width, **_: DtypeChoice("float32", width, {"float32": 1.0}),
+    )
     # bf16 plain decoding wins
     _fake_rounds(monkeypatch, lambda label: 5.0 if label == "vanilla bfloat16" else 10.0)
     monkeypatch.setattr(hardware, "cpu_has_fast_bf16", lambda: True)
-    out = _search_tiny(decode_module, models, tmp_path, "tree_search.compare=true",
-                       "benchmark.num_prompts=1", "tree_search.temperatures=[0.0]")
+    out = _search_tiny(
+        decode_module,
+        models,
+        tmp_path,
+        "tree_search.compare=true",
+        "benchmark.num_prompts=1",
+        "tree_search.temperatures=[0.0]",
+    )
     assert json.loads((out / "machine.json").read_text())["vanilla_ms"] == pytest.approx(5.0)
     (run,) = json.loads((out / "compare" / "results.json").read_text())["runs"]
     assert run["methods"]["vanilla"]["dtype"] == "bfloat16"
@@ -627,8 +829,9 @@ def test_the_cost_model_times_the_trees_in_turn(models, tmp_path, monkeypatch):
     assert calls[4:] == names + names[1:] + names[:1] + names[2:] + names[:2]
 
 
-def test_the_sampled_ranking_takes_turns_against_the_fastest_plain_decoding(models, tmp_path,
-                                                                            monkeypatch):
+def test_the_sampled_ranking_takes_turns_against_the_fastest_plain_decoding(
+    models, tmp_path, monkeypatch
+):
     """tree_search.sampled_temperature decodes the candidates and plain decoding in every dtype a
     benchmark compares (float32 and, with fast bf16, bf16) prompt by prompt, in an order rotated at
     each prompt, and ranks the trees against the fastest plain decoding, as the benchmark does."""
@@ -638,11 +841,20 @@ def test_the_sampled_ranking_takes_turns_against_the_fastest_plain_decoding(mode
 
     # plain decoding in float32 and bf16
     monkeypatch.setattr(hardware, "cpu_has_fast_bf16", lambda: True)
-    monkeypatch.setattr(builder, "faster_dtype",  # every tree in float32, without timing it
-                        lambda models_, width, **_: DtypeChoice("float32", width, {"float32": 1.0}))
+    monkeypatch.setattr(
+        builder,
+        "faster_dtype",  # every tree in float32, without timing it
+        lambda models_, width, **_: DtypeChoice("float32", width, {"float32": 1.0}),
+    )
     calls = _record_decodes(monkeypatch, decode_module, "generate", spec_and_dtype)
-    out = _search_tiny(decode_module, models, tmp_path, "tree_search.cost_prompts=1",
-                       "tree_search.sampled_temperature=1.0", "tree_search.sampled_prompts=3")
+    out = _search_tiny(
+        decode_module,
+        models,
+        tmp_path,
+        "tree_search.cost_prompts=1",
+        "tree_search.sampled_temperature=1.0",
+        "tree_search.sampled_prompts=3",
+    )
     names = ["vanilla float32", "vanilla bfloat16", "eagle@best2 float32"]
     timed = calls[-9:]  # the sampled stage's last 9 decodes: 3 prompts x 3 methods
     assert timed == names + names[1:] + names[:1] + names[2:] + names[:2]
@@ -655,8 +867,9 @@ def test_the_sampled_ranking_takes_turns_against_the_fastest_plain_decoding(mode
     assert best["speedup"] == pytest.approx(sampled["vanilla_ms_per_token"] / best["ms_per_token"])
 
 
-def test_the_tree_search_says_when_no_tree_beats_plain_decoding(models, tmp_path, monkeypatch,
-                                                                capsys):
+def test_the_tree_search_says_when_no_tree_beats_plain_decoding(
+    models, tmp_path, monkeypatch, capsys
+):
     """Rounds that cost 10 times a plain step, at the tau a random drafter reaches: the search still
     writes machine.yaml (the benchmark shows the loss), but says loudly that no tree pays here."""
     import decode as decode_module
@@ -667,8 +880,7 @@ def test_the_tree_search_says_when_no_tree_beats_plain_decoding(models, tmp_path
     assert warning in capsys.readouterr().out
 
 
-def test_the_cost_model_keeps_float32_unless_bf16_rounds_win_clearly(models, tmp_path,
-                                                                     monkeypatch):
+def test_the_cost_model_keeps_float32_unless_bf16_rounds_win_clearly(models, tmp_path, monkeypatch):
     """A tree the dtype probe times faster in bf16 decodes in the cost model's turns in bf16 and
     in float32, and keeps float32 unless bf16's rounds are faster by more than
     tree_search.dtype_margin; a dtype asked for in benchmark.dtypes is not second-guessed. The
@@ -680,24 +892,38 @@ def test_the_cost_model_keeps_float32_unless_bf16_rounds_win_clearly(models, tmp
 
     monkeypatch.setattr(hardware, "cpu_has_fast_bf16", lambda: True)
     probed = {"bfloat16": 1.0, "float32": 2.0}
-    monkeypatch.setattr(builder, "faster_dtype",  # the probe: bf16 at every width
-                        lambda models_, width, **_: DtypeChoice("bfloat16", width, probed))
+    monkeypatch.setattr(
+        builder,
+        "faster_dtype",  # the probe: bf16 at every width
+        lambda models_, width, **_: DtypeChoice("bfloat16", width, probed),
+    )
     # ms a round; float32's: 10. 5.0 beats it by more than 10%; 9.2 by 8%; chain3 is asked for
     # in bf16
     rounds = {"chain1 bfloat16": 5.0, "chain3 bfloat16": 9.9, "best2 bfloat16": 9.2}
     _fake_rounds(monkeypatch, lambda label: rounds.get(label, 10.0))
     cost_calls = _record_decodes(monkeypatch, decode_module, "generate_batch", spec_and_dtype)
     sampled_calls = _record_decodes(monkeypatch, decode_module, "generate", spec_and_dtype)
-    out = _search_tiny(decode_module, models, tmp_path, "tree_search.cost_prompts=1",
-                       "tree_search.sampled_temperature=1.0", "tree_search.sampled_prompts=1",
-                       'benchmark.dtypes=["eagle@chain3=bfloat16"]', "tree_search.compare=true",
-                       "benchmark.num_prompts=1", "tree_search.temperatures=[0.0]")
+    out = _search_tiny(
+        decode_module,
+        models,
+        tmp_path,
+        "tree_search.cost_prompts=1",
+        "tree_search.sampled_temperature=1.0",
+        "tree_search.sampled_prompts=1",
+        'benchmark.dtypes=["eagle@chain3=bfloat16"]',
+        "tree_search.compare=true",
+        "benchmark.num_prompts=1",
+        "tree_search.temperatures=[0.0]",
+    )
     for tree in ("chain1", "best2"):
         assert {f"eagle@{tree} bfloat16", f"eagle@{tree} float32"} <= set(cost_calls)
     assert "eagle@chain3 float32" not in cost_calls
     machine = json.loads((out / "machine.json").read_text())
     assert {k: machine["dtypes"][k] for k in ("chain1", "chain3", "best2")} == {
-        "chain1": "bfloat16", "chain3": "bfloat16", "best2": "float32"}
+        "chain1": "bfloat16",
+        "chain3": "bfloat16",
+        "best2": "float32",
+    }
     assert builder.searched_dtype(str(out / "machine.yaml")) == "float32"  # best2, the only one
     assert builder.searched_dtype(str(out / "machine_t1.yaml")) == "float32"
     assert "eagle@best2 float32" in sampled_calls and "eagle@best2 bfloat16" not in sampled_calls

@@ -58,7 +58,8 @@ def test_counts_round_trip_and_bad_files_are_named(tmp_path):
 
 
 def test_the_reduced_head_scores_its_tokens_as_the_whole_head_does():
-    target = make_tiny_model("gemma2")  # soft-capped logits: the transform applies to the reduced head too
+    # soft-capped logits: the transform applies to the reduced head too
+    target = make_tiny_model("gemma2")
     drafter = EagleDrafter.random(target, seed=1)
     hidden = torch.randn(4, target.config.hidden_size)
     full = drafter.logits(hidden)
@@ -71,8 +72,12 @@ def test_the_reduced_head_scores_its_tokens_as_the_whole_head_does():
     drafter.restrict_vocab(None)
     assert drafter.draft_vocab is None and drafter.logits(hidden).shape == full.shape
     vocab = drafter.config.vocab_size
-    for bad, why in ((torch.tensor([1, 1]), "repeat"), (torch.tensor([vocab]), "token ids in"),
-                     (torch.tensor([], dtype=torch.long), "token ids in"), (torch.tensor([0.5]), "token ids")):
+    for bad, why in (
+        (torch.tensor([1, 1]), "repeat"),
+        (torch.tensor([vocab]), "token ids in"),
+        (torch.tensor([], dtype=torch.long), "token ids in"),
+        (torch.tensor([0.5]), "token ids"),
+    ):
         with pytest.raises(ValueError, match=why):
             drafter.restrict_vocab(bad)
 
@@ -88,15 +93,18 @@ def test_drafted_tokens_come_from_the_reduced_vocabulary_and_q_is_zero_off_it(te
 
     drafts = []
     proposer.propose = _recording(proposer.propose, drafts)
-    SpeculativeDecoder(target, proposer, SamplingPolicy(temperature=temperature), eos_token_id=[]).generate(
-        [1, 5, 9], 12, generator=torch.Generator().manual_seed(0))
+    SpeculativeDecoder(
+        target, proposer, SamplingPolicy(temperature=temperature), eos_token_id=[]
+    ).generate([1, 5, 9], 12, generator=torch.Generator().manual_seed(0))
     assert drafts
     off = torch.ones(drafter.config.vocab_size, dtype=torch.bool)
     off[ids] = False
     for drafted in drafts:
         assert torch.isin(drafted.tokens, ids).all()
         if temperature:
-            assert drafted.q.shape[-1] == drafter.config.vocab_size and (drafted.q[:, off] == 0).all()
+            assert (
+                drafted.q.shape[-1] == drafter.config.vocab_size and (drafted.q[:, off] == 0).all()
+            )
             torch.testing.assert_close(drafted.q.sum(-1), torch.ones(len(drafted.tokens)))
 
 
@@ -105,6 +113,7 @@ def _recording(propose, out: list):
         drafted = propose(state)
         out.append(drafted)
         return drafted
+
     return wrapped
 
 
@@ -131,7 +140,9 @@ def test_counting_a_feature_dump_into_a_drafter_folder(tmp_path, target_dir, fea
         main(["--features", str(features_dir), "--drafter", str(tmp_path / "missing")])
 
 
-def test_a_dump_of_another_target_leaves_the_drafters_counts_alone(tmp_path, target_dir, features_dir):
+def test_a_dump_of_another_target_leaves_the_drafters_counts_alone(
+    tmp_path, target_dir, features_dir
+):
     # the counts index the target's vocabulary: another tokenizer's ids would be meaningless ones
     other = save_tiny_target(tmp_path / "other", small_tokenizer(), vocab_size=320)
     drafter = drafter_folder(other, tmp_path / "drafter")
@@ -149,7 +160,11 @@ def test_a_tree_wider_than_the_draft_vocabulary_is_refused():
     target = make_tiny_model("llama")
     drafter = EagleDrafter.random(target, seed=1)
     drafter.restrict_vocab(torch.tensor([3, 4]))  # EAGLE-1's tree takes the top 4 under the root
-    decoder = SpeculativeDecoder(target, eagle_proposer(drafter, tree("eagle_default"), cache="dynamic"), SamplingPolicy(),
-                                 eos_token_id=[])
+    decoder = SpeculativeDecoder(
+        target,
+        eagle_proposer(drafter, tree("eagle_default"), cache="dynamic"),
+        SamplingPolicy(),
+        eos_token_id=[],
+    )
     with pytest.raises(ValueError, match="top 4 of a node, more than the 2 tokens"):
         decoder.generate([1, 5, 9], 4)

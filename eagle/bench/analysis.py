@@ -32,7 +32,9 @@ from eagle.data.batches import collate, shift_batch
 from eagle.training import metrics
 from eagle.tree import Tree
 
-Step = Callable[[Tensor, Tensor, Tensor], Tensor]  # (features, input_ids, prev_ids) -> f_hat (B, T, H)
+Step = Callable[
+    [Tensor, Tensor, Tensor], Tensor
+]  # (features, input_ids, prev_ids) -> f_hat (B, T, H)
 
 
 @dataclass
@@ -43,11 +45,11 @@ class DepthProfile:
     (loss mask) whose depth-d unroll rests on d predicted steps (`eagle.metrics.depth_mask`).
     """
 
-    l1: list[float]                       # mean |f_hat - f| per hidden element
-    cosine: list[float]                   # mean cos(f_hat, f)
-    agreement: dict[int, list[float]]     # k -> share of positions with the target's argmax in top-k
-    counts: list[int]                     # positions counted at each depth
-    feature_scale: float = 0.0            # mean |f| per element of the true features (scale for l1)
+    l1: list[float]  # mean |f_hat - f| per hidden element
+    cosine: list[float]  # mean cos(f_hat, f)
+    agreement: dict[int, list[float]]  # k -> share of positions with the target's argmax in top-k
+    counts: list[int]  # positions counted at each depth
+    feature_scale: float = 0.0  # mean |f| per element of the true features (scale for l1)
 
     @property
     def depths(self) -> list[int]:
@@ -63,7 +65,12 @@ class DepthProfile:
         """One dict per depth, for a table."""
         out = []
         for i, d in enumerate(self.depths):
-            row = {"depth": d, "l1": self.l1[i], "cosine": self.cosine[i], "positions": self.counts[i]}
+            row = {
+                "depth": d,
+                "l1": self.l1[i],
+                "cosine": self.cosine[i],
+                "positions": self.counts[i],
+            }
             row |= {f"top{k}": v[i] for k, v in sorted(self.agreement.items())}
             out.append(row)
         return out
@@ -86,8 +93,13 @@ class _Sums:
 
 
 @torch.no_grad()
-def depth_profile(step: Step, head: Callable[[Tensor], Tensor], batches: Iterable[Mapping[str, Tensor]],
-                  depth: int = 5, ks: Sequence[int] = (1, 4)) -> DepthProfile:
+def depth_profile(
+    step: Step,
+    head: Callable[[Tensor], Tensor],
+    batches: Iterable[Mapping[str, Tensor]],
+    depth: int = 5,
+    ks: Sequence[int] = (1, 4),
+) -> DepthProfile:
     """Feature error and top-k agreement of a drafter fed its own features, by depth.
 
     Args:
@@ -108,7 +120,9 @@ def depth_profile(step: Step, head: Callable[[Tensor], Tensor], batches: Iterabl
         labels = metrics.head_argmax(head, target, w)  # (B, T-1) the target's greedy next tokens
         sums.scale += float((target.abs().mean(-1) * w).sum())
         sums.scale_count += float(w.sum())
-        for i, f_hat in enumerate(metrics.unroll(step, v["features_in"], v["input_ids"], v["prev_ids"], depth)):
+        for i, f_hat in enumerate(
+            metrics.unroll(step, v["features_in"], v["input_ids"], v["prev_ids"], depth)
+        ):
             f_hat = f_hat.float()
             m = metrics.depth_mask(w, i + 1)  # (B, T-1)
             l1 = (f_hat - target).abs().mean(-1)  # (B, T-1)
@@ -130,20 +144,35 @@ def depth_profile(step: Step, head: Callable[[Tensor], Tensor], batches: Iterabl
     )
 
 
-def feature_batches(samples: Sequence[Mapping[str, Tensor]], max_samples: int | None = None,
-                    batch_size: int = 8) -> list[dict[str, Tensor]]:
+def feature_batches(
+    samples: Sequence[Mapping[str, Tensor]], max_samples: int | None = None, batch_size: int = 8
+) -> list[dict[str, Tensor]]:
     """Right-padded batches of the first `max_samples` samples of a feature split
     (`eagle.data.features.FeatureShards`), as the drafter was trained on them."""
     n = len(samples) if max_samples is None else min(max_samples, len(samples))
-    return [collate([samples[i] for i in range(s, min(s + batch_size, n))]) for s in range(0, n, batch_size)]
+    return [
+        collate([samples[i] for i in range(s, min(s + batch_size, n))])
+        for s in range(0, n, batch_size)
+    ]
 
 
-def drafter_profile(drafter, samples: Sequence[Mapping[str, Tensor]], depth: int = 5, ks: Sequence[int] = (1, 4),
-                    max_samples: int | None = None, batch_size: int = 8) -> DepthProfile:
+def drafter_profile(
+    drafter,
+    samples: Sequence[Mapping[str, Tensor]],
+    depth: int = 5,
+    ks: Sequence[int] = (1, 4),
+    max_samples: int | None = None,
+    batch_size: int = 8,
+) -> DepthProfile:
     """`depth_profile` of an `eagle.models.drafter.EagleDrafter` on a feature split (float32)."""
     drafter = drafter.float().eval()
-    return depth_profile(lambda f, x, p: drafter(f, x, prev_ids=p), drafter.logits,
-                         feature_batches(samples, max_samples, batch_size), depth, ks)
+    return depth_profile(
+        lambda f, x, p: drafter(f, x, prev_ids=p),
+        drafter.logits,
+        feature_batches(samples, max_samples, batch_size),
+        depth,
+        ks,
+    )
 
 
 # ---------------------------------------------------------------------------- benchmark
@@ -188,9 +217,9 @@ class TreeAcceptance:
     temperature: float
     method: str
     tau: float
-    by_depth: list[float]                 # P(accepted length >= d), d = 1..
+    by_depth: list[float]  # P(accepted length >= d), d = 1..
     parents: list[int] | None = None
-    by_node: list[float] | None = None    # P(node i on the accepted path), i = 0..N
+    by_node: list[float] | None = None  # P(node i on the accepted path), i = 0..N
     depths: list[int] | None = None
 
     @property
@@ -209,10 +238,18 @@ def tree_acceptance(report: Mapping[str, Any], method: str = "eagle") -> list[Tr
         if m is None:
             continue
         parents, by_node = m.get("tree_parents"), m.get("acceptance_by_node")
-        out.append(TreeAcceptance(eval_set=run["eval_set"], temperature=float(run["temperature"]), method=method,
-                                  tau=float(m["tau"]), by_depth=list(m["acceptance_by_depth"]),
-                                  parents=parents, by_node=by_node,
-                                  depths=list(Tree.of(parents).depths) if parents else None))
+        out.append(
+            TreeAcceptance(
+                eval_set=run["eval_set"],
+                temperature=float(run["temperature"]),
+                method=method,
+                tau=float(m["tau"]),
+                by_depth=list(m["acceptance_by_depth"]),
+                parents=parents,
+                by_node=by_node,
+                depths=list(Tree.of(parents).depths) if parents else None,
+            )
+        )
     if not out:
         raise ValueError(f"the benchmark report has no {method!r} runs")
     return out
@@ -221,11 +258,15 @@ def tree_acceptance(report: Mapping[str, Any], method: str = "eagle") -> list[Tr
 def latest_report(bench_dir: str | Path, method: str = "eagle") -> Path:
     """The newest finished results.json under `bench_dir` that has per-node acceptance for
     `method` (a benchmark that was stopped says `"status": "incomplete"` and is passed over)."""
-    candidates = sorted(Path(bench_dir).glob("*/results.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+    candidates = sorted(
+        Path(bench_dir).glob("*/results.json"), key=lambda p: p.stat().st_mtime, reverse=True
+    )
     for path in candidates:
         report = json.loads(path.read_text())
         runs = report.get("runs", []) if report.get("status", "complete") == "complete" else []
         if any(run["methods"].get(method, {}).get("acceptance_by_node") for run in runs):
             return path
-    raise FileNotFoundError(f"no benchmark under {bench_dir} with per-node acceptance for {method!r}: "
-                            f"run `python decode.py mode=benchmark` (methods including {method})")
+    raise FileNotFoundError(
+        f"no benchmark under {bench_dir} with per-node acceptance for {method!r}: "
+        f"run `python decode.py mode=benchmark` (methods including {method})"
+    )

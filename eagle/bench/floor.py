@@ -55,6 +55,7 @@ from eagle.kernels import KERNELS, available_kernels, check_kernels, fused, use_
 from eagle.kernels.onednn import PackedLinear
 
 FORWARD_TOKENS = (1, 2, 4, 8, 16, 26, 64)  # 26: EAGLE-1's default tree with its root
+NOTHING_TO_TIME = "nothing to time: no packed products for this device or dtype, or no room"
 
 
 def weight_bytes(model: nn.Module) -> int:
@@ -75,7 +76,9 @@ def linear_flops(model: nn.Module) -> int:
     return 2 * sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
 
 
-def _best_seconds(fn: Callable[[], object], repeats: int, sync: Callable[[], None], warm: bool = True) -> float:
+def _best_seconds(
+    fn: Callable[[], object], repeats: int, sync: Callable[[], None], warm: bool = True
+) -> float:
     if warm:
         fn()  # first touch: page faults and lazy initialisation are not bandwidth
         sync()
@@ -101,8 +104,8 @@ class BandwidthProbe:
 
     def __init__(self, device: str | torch.device = "cpu", megabytes: int = 1024, repeats: int = 3):
         self.device, self.repeats = torch.device(device), repeats
-        # random values, not a constant: a host that merges identical pages (KSM) would serve a buffer
-        # of ones from a few physical pages, out of the caches
+        # random values, not a constant: a host that merges identical pages (KSM) would serve a
+        # buffer of ones from a few physical pages, out of the caches
         numel = megabytes * 2**20 // 4
         if self.device.type == "cpu" and fused.available():  # 2 MB pages, as the packed weights'
             self.buffer = fused.load().huge_zeros([numel]).uniform_()
@@ -112,18 +115,26 @@ class BandwidthProbe:
         _sync(self.device)()
 
     def __call__(self, repeats: int | None = None) -> float:
-        seconds = _best_seconds(lambda: self.buffer.sum(), repeats or self.repeats, _sync(self.device), warm=False)
+        seconds = _best_seconds(
+            lambda: self.buffer.sum(), repeats or self.repeats, _sync(self.device), warm=False
+        )
         return self.buffer.numel() * 4 / seconds / 1e9
 
 
-def read_bandwidth(device: str | torch.device = "cpu", megabytes: int = 1024, repeats: int = 5) -> float:
+def read_bandwidth(
+    device: str | torch.device = "cpu", megabytes: int = 1024, repeats: int = 5
+) -> float:
     """One `BandwidthProbe` reading: the fastest of `repeats` streaming reads of `megabytes`."""
     return BandwidthProbe(device, megabytes)(repeats)
 
 
 @torch.inference_mode()
-def peak_gflops(device: str | torch.device = "cpu", size: int = 1024, repeats: int = 5,
-                dtype: torch.dtype = torch.float32) -> float:
+def peak_gflops(
+    device: str | torch.device = "cpu",
+    size: int = 1024,
+    repeats: int = 5,
+    dtype: torch.dtype = torch.float32,
+) -> float:
     """GFLOP/s of the fastest of `repeats` products of `size` rows through a `size` x `size`
     linear in `dtype`, with torch's current threads, under each linear kernel this device has
     (`eagle.kernels`; on a 2-core AVX-512 EPYC oneDNN's reached 185 GFLOP/s where
@@ -132,8 +143,10 @@ def peak_gflops(device: str | torch.device = "cpu", size: int = 1024, repeats: i
     device = torch.device(device)
     linear = nn.Linear(size, size, bias=False, device=device, dtype=dtype).requires_grad_(False)
     x = torch.randn(size, size, device=device).to(dtype)
-    seconds = min(_best_seconds(lambda k=kernels: use_kernels(linear, k)(x), repeats, _sync(device))
-                  for kernels in available_kernels(device))
+    seconds = min(
+        _best_seconds(lambda k=kernels: use_kernels(linear, k)(x), repeats, _sync(device))
+        for kernels in available_kernels(device)
+    )
     return 2 * size**3 / seconds / 1e9
 
 
@@ -146,13 +159,16 @@ def binary_tree(n: int) -> tuple[int, ...]:
 RunnerFactory = Callable[[int], TargetRunner]  # tokens per forward -> a fresh runner for that width
 
 
-def runner_factory(target: nn.Module, kind: str = "dynamic", compile_mode: str | None = None,
-                   max_len: int = 512) -> RunnerFactory:
+def runner_factory(
+    target: nn.Module, kind: str = "dynamic", compile_mode: str | None = None, max_len: int = 512
+) -> RunnerFactory:
     """Runners of the engine for `forward_costs`: a static one is sized for exactly n tokens per
     forward (its fixed width, one compiled graph per n) with `max_len` slots."""
     if kind == "dynamic":
         return lambda n: make_runner("dynamic", target)
-    return lambda n: make_runner("static", target, tree_size=n - 1, max_len=max_len, compile_mode=compile_mode)
+    return lambda n: make_runner(
+        "static", target, tree_size=n - 1, max_len=max_len, compile_mode=compile_mode
+    )
 
 
 @dataclass
@@ -162,14 +178,23 @@ class ForwardCost:
 
     ms: float  # median of the timed forwards
     times_ms: list[float] = field(default_factory=list)  # each timed forward
-    bandwidth_gb_s: list[float] = field(default_factory=list)  # the probe just before each ([] without one)
+    bandwidth_gb_s: list[float] = field(
+        default_factory=list
+    )  # the probe just before each ([] without one)
     paired_floors: float | None = None  # median of forward / (weight bytes / that bandwidth)
 
 
 @torch.inference_mode()
-def forward_costs(target: nn.Module, tokens: Sequence[int] = FORWARD_TOKENS, context: int = 200,
-                  repeats: int = 5, make: RunnerFactory | None = None, seed: int = 0, batch: int = 1,
-                  probe: Callable[[], float] | None = None) -> dict[int, ForwardCost]:
+def forward_costs(
+    target: nn.Module,
+    tokens: Sequence[int] = FORWARD_TOKENS,
+    context: int = 200,
+    repeats: int = 5,
+    make: RunnerFactory | None = None,
+    seed: int = 0,
+    batch: int = 1,
+    probe: Callable[[], float] | None = None,
+) -> dict[int, ForwardCost]:
     """The target's verification of n new tokens on top of `context` committed ones, for each n
     in `tokens`, through a runner of the engine from `make` (by default the dynamic one): one
     setting of `settings_costs`, which says how the forwards are timed."""
@@ -187,9 +212,16 @@ class Setting:
 
 
 @torch.inference_mode()
-def settings_costs(target: nn.Module, settings: Mapping[str, Setting], tokens: Sequence[int] = FORWARD_TOKENS,
-                   context: int = 200, repeats: int = 5, seed: int = 0, batch: int = 1,
-                   probe: Callable[[], float] | None = None) -> dict[str, dict[int, ForwardCost]]:
+def settings_costs(
+    target: nn.Module,
+    settings: Mapping[str, Setting],
+    tokens: Sequence[int] = FORWARD_TOKENS,
+    context: int = 200,
+    repeats: int = 5,
+    seed: int = 0,
+    batch: int = 1,
+    probe: Callable[[], float] | None = None,
+) -> dict[str, dict[int, ForwardCost]]:
     """For each setting and each n in `tokens`: `repeats` timed forwards of n new tokens after
     `context` committed ones, after one untimed warm-up (which compiles, on a compiled runner),
     and their median in ms. The settings and sizes take turns, one forward of each per repeat,
@@ -230,7 +262,9 @@ def settings_costs(target: nn.Module, settings: Mapping[str, Setting], tokens: S
         kept.commit([[0]] * batch)
         return ms
 
-    for turn in range(repeats + 1):  # turn 0: the first forward of each shape warms up (or compiles) its kernels
+    for turn in range(
+        repeats + 1
+    ):  # turn 0: the first forward of each shape warms up (or compiles) its kernels
         for name, setting in settings.items():
             if setting.activate is not None:
                 setting.activate()
@@ -243,8 +277,14 @@ def settings_costs(target: nn.Module, settings: Mapping[str, Setting], tokens: S
     costs: dict[str, dict[int, ForwardCost]] = {name: {} for name in settings}
     for (name, n), measured in times.items():
         pairs = zip(measured, bandwidths[name, n])
-        paired = statistics.median(ms * gb_s * 1e6 / nbytes for ms, gb_s in pairs) if bandwidths[name, n] else None
-        costs[name][n] = ForwardCost(statistics.median(measured), measured, bandwidths[name, n], paired)
+        paired = (
+            statistics.median(ms * gb_s * 1e6 / nbytes for ms, gb_s in pairs)
+            if bandwidths[name, n]
+            else None
+        )
+        costs[name][n] = ForwardCost(
+            statistics.median(measured), measured, bandwidths[name, n], paired
+        )
     return costs
 
 
@@ -254,8 +294,14 @@ def roof_ms(tokens: int, floor_ms: float, flops_per_token: int, gflops: float | 
     return max(floor_ms, tokens * flops_per_token / (gflops * 1e9) * 1e3) if gflops else floor_ms
 
 
-def floor_report(target: nn.Module, bandwidth_gb_s: float, costs: Mapping[int, ForwardCost],
-                 step: float | None = None, batch: int = 1, gflops: float | None = None) -> dict:
+def floor_report(
+    target: nn.Module,
+    bandwidth_gb_s: float,
+    costs: Mapping[int, ForwardCost],
+    step: float | None = None,
+    batch: int = 1,
+    gflops: float | None = None,
+) -> dict:
     """The figures of one setting: weight bytes, the floor, and each forward in ms, in floors (of
     the probe `bandwidth_gb_s`, and paired: of the probe before each forward, when there was one),
     in roofs (`roof_ms` at the peak rate `gflops`, when measured) and in 1-token steps (`step`: of
@@ -266,11 +312,28 @@ def floor_report(target: nn.Module, bandwidth_gb_s: float, costs: Mapping[int, F
     rows = []
     for n, cost in costs.items():
         ms, roof = cost.ms, roof_ms(n * batch, floor_ms, flops, gflops)
-        rows.append({"tokens": n, "ms": ms, "floors": ms / floor_ms, "roof_ms": roof, "roofs": ms / roof,
-                     "steps": ms / step if step else None, "paired_floors": cost.paired_floors,
-                     "times_ms": cost.times_ms, "probe_gb_s": cost.bandwidth_gb_s})
-    return {"weight_bytes": nbytes, "bandwidth_gb_s": bandwidth_gb_s, "floor_ms": floor_ms, "batch": batch,
-            "flops_per_token": flops, "peak_gflops": gflops, "forwards": rows}
+        rows.append(
+            {
+                "tokens": n,
+                "ms": ms,
+                "floors": ms / floor_ms,
+                "roof_ms": roof,
+                "roofs": ms / roof,
+                "steps": ms / step if step else None,
+                "paired_floors": cost.paired_floors,
+                "times_ms": cost.times_ms,
+                "probe_gb_s": cost.bandwidth_gb_s,
+            }
+        )
+    return {
+        "weight_bytes": nbytes,
+        "bandwidth_gb_s": bandwidth_gb_s,
+        "floor_ms": floor_ms,
+        "batch": batch,
+        "flops_per_token": flops,
+        "peak_gflops": gflops,
+        "forwards": rows,
+    }
 
 
 def step_products(model: nn.Module) -> dict[tuple[int, int], list[nn.Linear]]:
@@ -285,15 +348,21 @@ def step_products(model: nn.Module) -> dict[tuple[int, int], list[nn.Linear]]:
         group = module._siblings if isinstance(module, PackedLinear) else None
         if group is None:
             shapes.setdefault(tuple(module.weight.shape), []).append(module)
-        elif id(group) not in groups:  # a member called again on the same input computes the whole product
+        elif (
+            id(group) not in groups
+        ):  # a member called again on the same input computes the whole product
             groups.add(id(group))
             shapes.setdefault((sum(group.sizes), module.in_features), []).append(module)
     return shapes
 
 
 @torch.inference_mode()
-def product_costs(model: nn.Module, rows: Sequence[int] = (1, 2, 8, 26), repeats: int = 3,
-                  kernels: Sequence[str] | None = None) -> list[dict]:
+def product_costs(
+    model: nn.Module,
+    rows: Sequence[int] = (1, 2, 8, 26),
+    repeats: int = 3,
+    kernels: Sequence[str] | None = None,
+) -> list[dict]:
     """Milliseconds of one product of n rows through each weight shape a step reads (out x in,
     `step_products`), with each kernel setting (`eagle.kernels`; default: every one this
     device has): the model's own products of that shape one after another, as a step reads them
@@ -308,9 +377,23 @@ def product_costs(model: nn.Module, rows: Sequence[int] = (1, 2, 8, 26), repeats
             weight = linears[0].weight
             for n in rows:
                 x = torch.randn(n, width, device=device).to(weight.dtype)
-                ms = _best_seconds(lambda ls=linears, x=x: [m(x) for m in ls], repeats, _sync(device)) / len(linears) * 1e3
-                costs.append({"kernels": setting, "shape": [out, width], "products": len(linears), "rows": n, "ms": ms,
-                              "gb_s": out * width * weight.element_size() / ms / 1e6})
+                ms = (
+                    _best_seconds(
+                        lambda ls=linears, x=x: [m(x) for m in ls], repeats, _sync(device)
+                    )
+                    / len(linears)
+                    * 1e3
+                )
+                costs.append(
+                    {
+                        "kernels": setting,
+                        "shape": [out, width],
+                        "products": len(linears),
+                        "rows": n,
+                        "ms": ms,
+                        "gb_s": out * width * weight.element_size() / ms / 1e6,
+                    }
+                )
     use_kernels(model, before)
     return costs
 
@@ -322,40 +405,73 @@ def products_markdown(costs: list[dict]) -> str:
     cells: dict[tuple, dict[str, dict]] = {}
     for c in costs:
         cells.setdefault((tuple(c["shape"]), c["products"], c["rows"]), {})[c["kernels"]] = c
-    lines = ["| weight (out x in) | products a step | rows | " + " | ".join(f"{k}: ms (GB/s)" for k in settings) + " |",
-             "|---|---:|---:|" + "---:|" * len(settings)]
+    lines = [
+        "| weight (out x in) | products a step | rows | "
+        + " | ".join(f"{k}: ms (GB/s)" for k in settings)
+        + " |",
+        "|---|---:|---:|" + "---:|" * len(settings),
+    ]
     for (shape, count, n), by in cells.items():
-        lines.append(f"| {shape[0]} x {shape[1]} | {count} | {n} | "
-                     + " | ".join(f"{by[k]['ms']:.3f} ({by[k]['gb_s']:.1f})" if k in by else "-" for k in settings)
-                     + " |")
+        lines.append(
+            f"| {shape[0]} x {shape[1]} | {count} | {n} | "
+            + " | ".join(
+                f"{by[k]['ms']:.3f} ({by[k]['gb_s']:.1f})" if k in by else "-" for k in settings
+            )
+            + " |"
+        )
     return "\n".join(lines) + "\n"
 
 
-def parse_settings(settings: Sequence[str], device: str | torch.device = "cpu") -> dict[str, tuple[str, bool, str]]:
-    """`floor.settings` as {setting: (runner, compiled, kernels)}: each is RUNNER[+compile][+KERNELS|+auto]
-    with RUNNER dynamic or static, compile for the static runner only, at most one kernel setting
-    (checked for `device`; auto is left for the caller to choose: `measure_floor`'s `auto`). Every
-    setting is checked before anything is loaded or timed."""
+def parse_settings(
+    settings: Sequence[str], device: str | torch.device = "cpu"
+) -> dict[str, tuple[str, bool, str]]:
+    """`floor.settings` as {setting: (runner, compiled, kernels)}: each is
+    RUNNER[+compile][+KERNELS|+auto] with RUNNER dynamic or static, compile for the static runner
+    only, at most one kernel setting (checked for `device`; auto is left for the caller to choose:
+    `measure_floor`'s `auto`). Every setting is checked before anything is loaded or timed."""
     out = {}
     named = {*KERNELS, "auto"} - {"default"}
     for setting in settings:
         kind, *flags = setting.split("+")
         kernels = [f for f in flags if f in named]
-        if (kind not in ("dynamic", "static") or not set(flags) <= {"compile", *named}
-                or len(set(flags)) < len(flags) or len(kernels) > 1):
-            raise ValueError(f"floor.settings: {setting!r} is not RUNNER[+compile][+{'|+'.join(sorted(named))}] "
-                             "with RUNNER dynamic or static")
+        if (
+            kind not in ("dynamic", "static")
+            or not set(flags) <= {"compile", *named}
+            or len(set(flags)) < len(flags)
+            or len(kernels) > 1
+        ):
+            raise ValueError(
+                f"floor.settings: {setting!r} is not RUNNER[+compile][+{'|+'.join(sorted(named))}] "
+                "with RUNNER dynamic or static"
+            )
         if "compile" in flags and kind != "static":
             raise ValueError("floor.settings: compile needs the static runner (static+compile)")
         kernel = kernels[0] if kernels else "default"
-        out[setting] = (kind, "compile" in flags, kernel if kernel == "auto" else check_kernels(kernel, device))
+        out[setting] = (
+            kind,
+            "compile" in flags,
+            kernel if kernel == "auto" else check_kernels(kernel, device),
+        )
     return out
 
 
-def measure_floor(target: nn.Module, settings: Mapping[str, tuple[str, bool, str]], tokens: Sequence[int],
-                  context: int, repeats: int, *, device: str | torch.device = "cpu", batch_sizes: Sequence[int] = (),
-                  paired: bool = True, max_len: int = 512, buffer_mb: int = 1024, peak_size: int = 1024,
-                  product_rows: Sequence[int] = (), seed: int = 0, auto: KernelChoice | None = None) -> dict:
+def measure_floor(
+    target: nn.Module,
+    settings: Mapping[str, tuple[str, bool, str]],
+    tokens: Sequence[int],
+    context: int,
+    repeats: int,
+    *,
+    device: str | torch.device = "cpu",
+    batch_sizes: Sequence[int] = (),
+    paired: bool = True,
+    max_len: int = 512,
+    buffer_mb: int = 1024,
+    peak_size: int = 1024,
+    product_rows: Sequence[int] = (),
+    seed: int = 0,
+    auto: KernelChoice | None = None,
+) -> dict:
     """The floor report of `target` (see the module's docstring) for every setting of
     `parse_settings`, a setting of kernels auto running on `auto`'s choice (the kernels
     decoding's kernels=auto chose here, recorded in the report): the machine's bandwidth and peak,
@@ -364,64 +480,123 @@ def measure_floor(target: nn.Module, settings: Mapping[str, tuple[str, bool, str
     the settings taking turns forward by forward; `paired`: a streaming read beside each timed
     forward. Leaves the target on the default kernels."""
     if any(kernels == "auto" for _, _, kernels in settings.values()) and auto is None:
-        raise ValueError("measure_floor: a setting of kernels auto, but no choice of kernels (auto) was given")
-    settings = {name: (kind, compiled, auto.kernels if kernels == "auto" else kernels)
-                for name, (kind, compiled, kernels) in settings.items()}
+        raise ValueError(
+            "measure_floor: a setting of kernels auto, but no choice of kernels (auto) was given"
+        )
+    settings = {
+        name: (kind, compiled, auto.kernels if kernels == "auto" else kernels)
+        for name, (kind, compiled, kernels) in settings.items()
+    }
     probe = BandwidthProbe(device, megabytes=buffer_mb)
     bandwidth = probe(5)
     gflops = peak_gflops(device, size=peak_size, dtype=next(target.parameters()).dtype)
-    report = {"device": str(device), "threads": torch.get_num_threads(), "context": context, "repeats": repeats,
-              "tokens": list(tokens), "bandwidth_gb_s": bandwidth, "weight_bytes": weight_bytes(target),
-              "peak_gflops": gflops, "peak_size": peak_size, "flops_per_token": linear_flops(target),
-              "torch": torch.__version__, "settings": {}}
+    report = {
+        "device": str(device),
+        "threads": torch.get_num_threads(),
+        "context": context,
+        "repeats": repeats,
+        "tokens": list(tokens),
+        "bandwidth_gb_s": bandwidth,
+        "weight_bytes": weight_bytes(target),
+        "peak_gflops": gflops,
+        "peak_size": peak_size,
+        "flops_per_token": linear_flops(target),
+        "torch": torch.__version__,
+        "settings": {},
+    }
     if auto is not None:
         report["auto_kernels"] = {"kernels": auto.kernels, "ms": auto.ms}
     if product_rows:
         report["products"] = product_costs(target, list(product_rows), repeats=repeats)
     # the settings take turns forward by forward (settings_costs), on their own kernels: switching
     # keeps every setting's packed weights (release=False), so a turn costs no packing
-    turns = {setting: Setting(runner_factory(target, kind, "default" if compiled else None, max_len=max_len),
-                              functools.partial(use_kernels, target, kernels, release=False))
-             for setting, (kind, compiled, kernels) in settings.items()}
-    steps, measured = {}, {}  # setting -> its 1-token step of one sequence; name -> (costs, batch, setting)
+    turns = {
+        setting: Setting(
+            runner_factory(target, kind, "default" if compiled else None, max_len=max_len),
+            functools.partial(use_kernels, target, kernels, release=False),
+        )
+        for setting, (kind, compiled, kernels) in settings.items()
+    }
+    steps, measured = (
+        {},
+        {},
+    )  # setting -> its 1-token step of one sequence; name -> (costs, batch, setting)
     for batch in sorted({1, *batch_sizes}):  # a batch's forwards: B x n tokens
-        costs = settings_costs(target, turns, tokens, context, repeats, seed=seed, batch=batch,
-                               probe=probe if paired else None)
+        costs = settings_costs(
+            target,
+            turns,
+            tokens,
+            context,
+            repeats,
+            seed=seed,
+            batch=batch,
+            probe=probe if paired else None,
+        )
         for setting, by_size in costs.items():
             name = setting if batch == 1 else f"{setting} x{batch}"
             steps.setdefault(setting, by_size[1].ms if 1 in by_size else None)
             measured[name] = (by_size, batch, setting)
-            print(f"[floor] {name}: " + ", ".join(
-                f"{n} tokens {c.ms:.1f} ms" + (f" ({c.paired_floors:.2f} floors, paired)" if c.paired_floors else "")
-                for n, c in by_size.items()))
+            print(
+                f"[floor] {name}: "
+                + ", ".join(
+                    f"{n} tokens {c.ms:.1f} ms"
+                    + (f" ({c.paired_floors:.2f} floors, paired)" if c.paired_floors else "")
+                    for n, c in by_size.items()
+                )
+            )
     # the floor is the fastest read of the memory: the first probe, or a faster one paired with a
     # forward (the memory changes phase: a first probe in a slow one put steps at 0.89 "floors")
-    reads = [gb for by_size, _, _ in measured.values() for c in by_size.values() for gb in c.bandwidth_gb_s]
+    reads = [
+        gb
+        for by_size, _, _ in measured.values()
+        for c in by_size.values()
+        for gb in c.bandwidth_gb_s
+    ]
     report["first_probe_gb_s"], bandwidth = bandwidth, max([bandwidth, *reads])
-    report["bandwidth_gb_s"], report["floor_ms"] = bandwidth, report["weight_bytes"] / (bandwidth * 1e9) * 1e3
+    report["bandwidth_gb_s"], report["floor_ms"] = (
+        bandwidth,
+        report["weight_bytes"] / (bandwidth * 1e9) * 1e3,
+    )
     for name, (by_size, batch, setting) in measured.items():
-        report["settings"][name] = floor_report(target, bandwidth, by_size, steps[setting], batch, gflops)
+        report["settings"][name] = floor_report(
+            target, bandwidth, by_size, steps[setting], batch, gflops
+        )
     use_kernels(target, "default")  # frees what the settings packed
     return report
 
 
 def markdown(report: dict) -> str:
     """floor.md: the machine's bandwidth and floor, then one table per kernel setting."""
-    lines = [f"### The memory floor of {report['target']} ({report['dtype']}, {report['threads']} threads, "
-             f"{report['device']})", "",
-             f"Weights: {report['weight_bytes'] / 1e6:.0f} MB, read once per step. Streaming read bandwidth: "
-             f"{report['bandwidth_gb_s']:.1f} GB/s (the fastest read of the run). Floor of one step: "
-             f"**{report['floor_ms']:.1f} ms**. "
-             f"Arithmetic: {report['flops_per_token'] / 1e9:.2f} GFLOP per token in the linears, at most "
-             f"{report['peak_gflops']:.0f} GFLOP/s here (a {report['peak_size']}^2 product), so a forward of n "
-             f"tokens cannot beat its roof, max(floor, n x GFLOP per token / peak). Forwards after "
-             f"{report['context']} tokens of context, median of {report['repeats']}.", ""]
-    if "auto_kernels" in report:  # +auto: what decoding's kernels=auto chose here, and what it timed
+    lines = [
+        f"### The memory floor of {report['target']} ({report['dtype']}, {report['threads']} "
+        "threads, "
+        f"{report['device']})",
+        "",
+        f"Weights: {report['weight_bytes'] / 1e6:.0f} MB, read once per step. Streaming read "
+        "bandwidth: "
+        f"{report['bandwidth_gb_s']:.1f} GB/s (the fastest read of the run). Floor of one step: "
+        f"**{report['floor_ms']:.1f} ms**. "
+        f"Arithmetic: {report['flops_per_token'] / 1e9:.2f} GFLOP per token in the linears, at "
+        "most "
+        f"{report['peak_gflops']:.0f} GFLOP/s here (a {report['peak_size']}^2 product), so a "
+        "forward of n "
+        f"tokens cannot beat its roof, max(floor, n x GFLOP per token / peak). Forwards after "
+        f"{report['context']} tokens of context, median of {report['repeats']}.",
+        "",
+    ]
+    if (
+        "auto_kernels" in report
+    ):  # +auto: what decoding's kernels=auto chose here, and what it timed
         auto = report["auto_kernels"]
-        timed = "; ".join(f"{name} " + ", ".join(f"{n} tokens {ms:.1f} ms" for n, ms in by_width.items())
-                          for name, by_width in auto["ms"].items())
-        lines += [f"`+auto` ran on **{auto['kernels']}**, the kernels decoding's `kernels=auto` chose here "
-                  f"({timed or 'nothing to time: no packed products for this device or dtype, or no room'}).", ""]
+        timed = "; ".join(
+            f"{name} " + ", ".join(f"{n} tokens {ms:.1f} ms" for n, ms in by_width.items())
+            for name, by_width in auto["ms"].items()
+        )
+        lines += [
+            f"`+auto` ran on **{auto['kernels']}**, the kernels decoding's `kernels=auto` chose "
+            f"here ({timed or NOTHING_TO_TIME}).",
+            "",
+        ]
     settings = report["settings"]
     paired = any(r["paired_floors"] is not None for s in settings.values() for r in s["forwards"])
     cols = "ms | floors | paired | roofs | steps" if paired else "ms | floors | roofs | steps"
@@ -429,26 +604,48 @@ def markdown(report: dict) -> str:
     lines += [head, "|---:|---:|" + "---:|" * (cols.count("|") + 1) * len(settings)]
     if paired:
         readings = [gb for s in settings.values() for r in s["forwards"] for gb in r["probe_gb_s"]]
-        lines[-2:-2] = [f"Paired: each forward against the floor of its own moment (a streaming read just before "
-                        f"it; {len(readings)} reads, {min(readings):.1f}-{max(readings):.1f} GB/s, median "
-                        f"{statistics.median(readings):.1f}), the median of those ratios.", ""]
+        lines[-2:-2] = [
+            "Paired: each forward against the floor of its own moment (a streaming read just "
+            "before "
+            f"it; {len(readings)} reads, {min(readings):.1f}-{max(readings):.1f} GB/s, median "
+            f"{statistics.median(readings):.1f}), the median of those ratios.",
+            "",
+        ]
     if any(s.get("batch", 1) > 1 for s in settings.values()):
-        lines[-2:-2] = ["A setting `xB` verifies the new tokens for each of B sequences at once (B x n tokens per "
-                        "forward), in steps of one sequence's 1-token step.", ""]
+        lines[-2:-2] = [
+            "A setting `xB` verifies the new tokens for each of B sequences at once (B x n tokens "
+            "per "
+            "forward), in steps of one sequence's 1-token step.",
+            "",
+        ]
     for i, n in enumerate(report["tokens"]):
         cells = []
         for setting in settings.values():
             row = setting["forwards"][i]
             steps = "-" if row["steps"] is None else f"{row['steps']:.2f}"
-            pair = ("" if not paired else
-                    "- | " if row["paired_floors"] is None else f"{row['paired_floors']:.2f} | ")
-            cells.append(f"{row['ms']:.1f} | {row['floors']:.2f} | {pair}{row['roofs']:.2f} | {steps}")
+            pair = (
+                ""
+                if not paired
+                else "- | "
+                if row["paired_floors"] is None
+                else f"{row['paired_floors']:.2f} | "
+            )
+            cells.append(
+                f"{row['ms']:.1f} | {row['floors']:.2f} | {pair}{row['roofs']:.2f} | {steps}"
+            )
         roof = next(iter(settings.values()))["forwards"][i]["roof_ms"]  # of one sequence's n tokens
         lines.append(f"| {n} | {roof:.1f} | " + " | ".join(cells) + " |")
     if report.get("products"):
-        lines += ["", "Each product a step runs, by weight shape, of a few rows, per kernel setting (the target's "
-                  "own weights of that shape in turn, best of a few passes; on oneDNN, q/k/v and gate/up share one "
-                  "product each):", "", products_markdown(report["products"]).rstrip()]
+        lines += [
+            "",
+            "Each product a step runs, by weight shape, of a few rows, per kernel setting (the "
+            "target's "
+            "own weights of that shape in turn, best of a few passes; on oneDNN, q/k/v and gate/up "
+            "share one "
+            "product each):",
+            "",
+            products_markdown(report["products"]).rstrip(),
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -481,17 +678,28 @@ def run_floor(target_path: str, fc: FloorConfig, device: str = "cpu", seed: int 
 
     settings = parse_settings(fc.settings, device)
     dtype = resolve_dtype_name(fc.dtype, device, wide=False)
-    target, _ = load_target(target_path, dtype=resolve_dtype(dtype), device=device,
-                            with_tokenizer=False)
+    target, _ = load_target(
+        target_path, dtype=resolve_dtype(dtype), device=device, with_tokenizer=False
+    )
     auto = None  # +auto: the kernels decoding's kernels=auto would choose here (timed once)
     if any(kernels == "auto" for _, _, kernels in settings.values()):
         chosen = choose_kernels(target, "auto", device, dtype)
         auto = chosen if isinstance(chosen, KernelChoice) else KernelChoice(kernels=chosen, ms={})
-    report = measure_floor(target, settings, tokens=list(fc.tokens), context=fc.context,
-                           repeats=fc.repeats, device=device,
-                           batch_sizes=[int(b) for b in fc.batch_sizes], paired=fc.paired,
-                           max_len=fc.max_len, buffer_mb=fc.buffer_mb, peak_size=fc.peak_size,
-                           product_rows=[int(n) for n in fc.product_rows or []], seed=seed,
-                           auto=auto)
+    report = measure_floor(
+        target,
+        settings,
+        tokens=list(fc.tokens),
+        context=fc.context,
+        repeats=fc.repeats,
+        device=device,
+        batch_sizes=[int(b) for b in fc.batch_sizes],
+        paired=fc.paired,
+        max_len=fc.max_len,
+        buffer_mb=fc.buffer_mb,
+        peak_size=fc.peak_size,
+        product_rows=[int(n) for n in fc.product_rows or []],
+        seed=seed,
+        auto=auto,
+    )
     report = {"kind": "floor", "target": str(target_path), "dtype": dtype, **report}
     return write_report(fc.out_dir, "floor", report, markdown(report))

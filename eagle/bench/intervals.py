@@ -24,14 +24,17 @@ import torch
 
 RESAMPLES = 2000
 
-PerPrompt = Mapping[str, Sequence[float]]  # `MethodResult.per_prompt`: tokens, committed, forwards, seconds
+PerPrompt = Mapping[
+    str, Sequence[float]
+]  # `MethodResult.per_prompt`: tokens, committed, forwards, seconds
 PER_PROMPT_KEYS = {"tokens", "committed", "forwards", "seconds"}
 # the pooled ratios: tokens/s (total tokens / total time) and tau (committed tokens / forwards)
 RATIOS = {"speed": ("tokens", "seconds"), "tau": ("committed", "forwards")}
 
 
 def resamplable(per_prompt: PerPrompt | None) -> bool:
-    """Whether a method's per-prompt record can be resampled: every key, and more than one prompt."""
+    """Whether a method's per-prompt record can be resampled: every key, and more than one prompt.
+    """
     return bool(per_prompt) and PER_PROMPT_KEYS <= set(per_prompt) and len(per_prompt["tokens"]) > 1
 
 
@@ -54,8 +57,9 @@ def _interval(x: torch.Tensor) -> tuple[float, float]:
     return lo, hi
 
 
-def bootstrap_interval(method: PerPrompt, baseline: PerPrompt, count: int = RESAMPLES,
-                       seed: int = 0) -> dict[str, tuple[float, float]]:
+def bootstrap_interval(
+    method: PerPrompt, baseline: PerPrompt, count: int = RESAMPLES, seed: int = 0
+) -> dict[str, tuple[float, float]]:
     """95% percentile intervals of `method`'s tau and of its speedup over `baseline`, resampling
     prompts, paired (`tau_interval`, `speedup_interval`: the same draws).
 
@@ -63,7 +67,10 @@ def bootstrap_interval(method: PerPrompt, baseline: PerPrompt, count: int = RESA
         method, baseline: per-prompt lists `tokens`, `committed`, `forwards`, `seconds`
             (`MethodResult.per_prompt`), over the same prompts in the same order.
     """
-    return {"tau": tau_interval(method, count, seed), "speedup": speedup_interval(method, baseline, count, seed)}
+    return {
+        "tau": tau_interval(method, count, seed),
+        "speedup": speedup_interval(method, baseline, count, seed),
+    }
 
 
 def tau_interval(method: PerPrompt, count: int = RESAMPLES, seed: int = 0) -> tuple[float, float]:
@@ -71,8 +78,9 @@ def tau_interval(method: PerPrompt, count: int = RESAMPLES, seed: int = 0) -> tu
     return _interval(_pooled(method, resamples(len(method["tokens"]), count, seed), "tau"))
 
 
-def speedup_interval(method: PerPrompt, baseline: PerPrompt, count: int = RESAMPLES,
-                     seed: int = 0) -> tuple[float, float]:
+def speedup_interval(
+    method: PerPrompt, baseline: PerPrompt, count: int = RESAMPLES, seed: int = 0
+) -> tuple[float, float]:
     """95% percentile interval of `method`'s tokens/s over `baseline`'s, resampling the prompts of
     both with the same draws. A percentile interval need not hold the point estimate (where every
     resample gives the same ratio, rounding alone can put it outside)."""
@@ -80,8 +88,9 @@ def speedup_interval(method: PerPrompt, baseline: PerPrompt, count: int = RESAMP
     return _interval(_pooled(method, idx, "speed") / _pooled(baseline, idx, "speed"))
 
 
-def lead_share(leader: PerPrompt, other: PerPrompt, count: int = RESAMPLES, seed: int = 0,
-               what: str = "speed") -> float:
+def lead_share(
+    leader: PerPrompt, other: PerPrompt, count: int = RESAMPLES, seed: int = 0, what: str = "speed"
+) -> float:
     """The share of resamples of the prompts (paired) in which `leader` decodes more tokens/s
     than `other` (`what="speed"`), or accepts more tokens a forward (`what="tau"`); a tie counts
     half (two drafters with the same greedy taus share 50%, not 0%)."""
@@ -90,8 +99,9 @@ def lead_share(leader: PerPrompt, other: PerPrompt, count: int = RESAMPLES, seed
     return float(((a > b).double() + 0.5 * (a == b).double()).mean())
 
 
-def tau_difference(method: PerPrompt, reference: PerPrompt, count: int = RESAMPLES,
-                   seed: int = 0) -> tuple[float, float]:
+def tau_difference(
+    method: PerPrompt, reference: PerPrompt, count: int = RESAMPLES, seed: int = 0
+) -> tuple[float, float]:
     """95% interval of `method`'s tau minus `reference`'s, resampling prompts (paired): two
     drafters decoding the same prompts share each prompt's difficulty, so their difference is
     measured far more sharply than their two intervals side by side suggest."""
@@ -102,5 +112,7 @@ def tau_difference(method: PerPrompt, reference: PerPrompt, count: int = RESAMPL
 def error_bars(values: Sequence[float], intervals: Sequence) -> list[list[float]]:
     """matplotlib's yerr (2, N) for bars at `values` with 95% intervals (None: no bar): never
     negative, since a percentile interval need not hold its point estimate."""
-    return [[max(0.0, v - ci[0]) if ci else 0.0 for v, ci in zip(values, intervals)],
-            [max(0.0, ci[1] - v) if ci else 0.0 for v, ci in zip(values, intervals)]]
+    return [
+        [max(0.0, v - ci[0]) if ci else 0.0 for v, ci in zip(values, intervals)],
+        [max(0.0, ci[1] - v) if ci else 0.0 for v, ci in zip(values, intervals)],
+    ]

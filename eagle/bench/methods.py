@@ -51,49 +51,52 @@ class MethodError(ValueError):
 @dataclass(frozen=True)
 class EagleSettings:
     drafter: str | None = None     # drafter checkpoint directory
-    random: bool = False           # explicit: an untrained drafter (to check losslessness on a new target)
-    tree: str = "eagle_default"    # tree name (configs/tree/) or YAML path
-    proposal: str = "sample"       # under sampling: "sample" (drawn without replacement) or "topk"
-    draft_vocab: int | None = None  # draft from the K most frequent tokens of the drafter's training
-                                    # data (FR-Spec, eagle/data/vocab.py); None: the whole vocabulary
+    random: bool = False  # explicit: an untrained drafter (to check losslessness on a new target)
+    tree: str = "eagle_default"  # tree name (configs/tree/) or YAML path
+    proposal: str = "sample"  # under sampling: "sample" (drawn without replacement) or "topk"
+    # draft from the K most frequent tokens of the drafter's training data (FR-Spec,
+    # eagle/data/vocab.py); None: the whole vocabulary
+    draft_vocab: int | None = None
 
 
 @dataclass(frozen=True)
 class EagleLookupSettings(EagleSettings):
-    num_tokens: int = 10           # prompt lookup's chain, merged with EAGLE's tree each round
+    num_tokens: int = 10  # prompt lookup's chain, merged with EAGLE's tree each round
     max_ngram: int = 3
-    min_ngram: int = 3             # a shorter match drafts most rounds and is rarely right (LOG.md)
+    min_ngram: int = 3  # a shorter match drafts most rounds and is rarely right (LOG.md)
 
 
 @dataclass(frozen=True)
 class DraftSettings:
-    model: str | None = None       # small LM sharing the target's tokenizer
-    tree: str = "chain5"           # classic speculative decoding drafts a chain
+    model: str | None = None  # small LM sharing the target's tokenizer
+    tree: str = "chain5"  # classic speculative decoding drafts a chain
     proposal: str = "sample"
 
 
 @dataclass(frozen=True)
 class MergeSettings:
-    models: tuple[str, ...] = ()   # the SSMs' folders (small LMs sharing the target's tokenizer), in order
-    tree: str = "chain5"           # the tree each SSM drafts (a chain, or an expansion: specinfer_*)
-    budget: int | None = None      # most nodes of the merged tree; None = every SSM's whole tree
+    models: tuple[
+        str, ...
+    ] = ()  # the SSMs' folders (small LMs sharing the target's tokenizer), in order
+    tree: str = "chain5"  # the tree each SSM drafts (a chain, or an expansion: specinfer_*)
+    budget: int | None = None  # most nodes of the merged tree; None = every SSM's whole tree
     proposal: str = "sample"
 
 
 @dataclass(frozen=True)
 class PromptLookupSettings:
-    num_tokens: int = 10           # draft length
-    max_ngram: int = 2             # longest n-gram matched (Hugging Face's max_matching_ngram_size)
+    num_tokens: int = 10  # draft length
+    max_ngram: int = 2  # longest n-gram matched (Hugging Face's max_matching_ngram_size)
 
 
 @dataclass(frozen=True)
 class MedusaSettings:
-    heads: str | None = None       # Medusa heads checkpoint directory
-    random: bool = False           # explicit: untrained heads, one per depth of the tree
+    heads: str | None = None  # Medusa heads checkpoint directory
+    random: bool = False  # explicit: untrained heads, one per depth of the tree
     tree: str = "medusa_default"
     proposal: str = "sample"
-    typical_eps: float = 0.09      # medusa_typical only: Medusa's posterior_threshold
-    typical_delta: float = 0.3     # medusa_typical only: Medusa's posterior_alpha
+    typical_eps: float = 0.09  # medusa_typical only: Medusa's posterior_threshold
+    typical_delta: float = 0.3  # medusa_typical only: Medusa's posterior_alpha
 
 
 @dataclass
@@ -128,8 +131,14 @@ class MethodContext:
 class Method:
     """A named way to decode with a target; `generate` returns tokens and statistics."""
 
-    def __init__(self, name: str, info: MethodInfo, target: nn.Module, eos_token_id,
-                 tree_parents: tuple[int, ...] | None = None):
+    def __init__(
+        self,
+        name: str,
+        info: MethodInfo,
+        target: nn.Module,
+        eos_token_id,
+        tree_parents: tuple[int, ...] | None = None,
+    ):
         self.name, self.info, self.target, self.eos_token_id = name, info, target, eos_token_id
         self.tree_parents = tree_parents  # the fixed draft tree's parent list, if any
 
@@ -154,13 +163,26 @@ class Method:
         """Distribution-preserving by construction (proved by the test suite)."""
         return self.info.lossy is None
 
-    def generate(self, prompt: list[int], max_new_tokens: int, policy: SamplingPolicy,
-                 generator: torch.Generator | None = None, on_commit=None) -> DecodeResult:
+    def generate(
+        self,
+        prompt: list[int],
+        max_new_tokens: int,
+        policy: SamplingPolicy,
+        generator: torch.Generator | None = None,
+        on_commit=None,
+    ) -> DecodeResult:
         raise NotImplementedError
 
-    def generate_batch(self, prompts: list[list[int]], max_new_tokens: int, policy: SamplingPolicy,
-                       generator: torch.Generator | None = None, on_commit=None) -> list[DecodeResult]:
-        """Several sequences at once; `on_commit(row, block)` streams each. One result per prompt."""
+    def generate_batch(
+        self,
+        prompts: list[list[int]],
+        max_new_tokens: int,
+        policy: SamplingPolicy,
+        generator: torch.Generator | None = None,
+        on_commit=None,
+    ) -> list[DecodeResult]:
+        """Several sequences at once; `on_commit(row, block)` streams each. One result per prompt.
+        """
         raise MethodError(f"method {self.name!r} decodes one sequence at a time")
 
 
@@ -168,15 +190,27 @@ class EngineMethod(Method):
     """A proposer run by the speculative loop (vanilla when `proposer` is None) with a target
     runner kept across generations (a static runner's buffers and compiled graphs are reused)."""
 
-    def __init__(self, name: str, info: MethodInfo, ctx: MethodContext, runner: str,
-                 proposer: Proposer | None = None, tree_parents: tuple[int, ...] | None = None,
-                 typical: TypicalAcceptance | None = None):
+    def __init__(
+        self,
+        name: str,
+        info: MethodInfo,
+        ctx: MethodContext,
+        runner: str,
+        proposer: Proposer | None = None,
+        tree_parents: tuple[int, ...] | None = None,
+        typical: TypicalAcceptance | None = None,
+    ):
         super().__init__(name, info, ctx.target, ctx.eos, tree_parents)
         self.proposer, self.typical = proposer, typical
         compile_mode = ctx.compile_mode if runner == "static" else None
         self.runner_kind = runner
-        self.runner = make_runner(runner, ctx.target, tree_size=proposer.max_nodes if proposer else 0,
-                                  max_len=ctx.static_max_len, compile_mode=compile_mode)
+        self.runner = make_runner(
+            runner,
+            ctx.target,
+            tree_size=proposer.max_nodes if proposer else 0,
+            max_len=ctx.static_max_len,
+            compile_mode=compile_mode,
+        )
 
     @property
     def batches(self) -> bool:
@@ -187,14 +221,28 @@ class EngineMethod(Method):
         return self.runner_kind == "static"
 
     def decoder(self, policy: SamplingPolicy) -> SpeculativeDecoder:
-        return SpeculativeDecoder(self.target, self.proposer, policy, eos_token_id=self.eos_token_id,
-                                  typical=self.typical, runner=self.runner)
+        return SpeculativeDecoder(
+            self.target,
+            self.proposer,
+            policy,
+            eos_token_id=self.eos_token_id,
+            typical=self.typical,
+            runner=self.runner,
+        )
 
-    def generate(self, prompt, max_new_tokens, policy, generator=None, on_commit=None) -> DecodeResult:
-        return self.decoder(policy).generate(prompt, max_new_tokens, generator=generator, on_commit=on_commit)
+    def generate(
+        self, prompt, max_new_tokens, policy, generator=None, on_commit=None
+    ) -> DecodeResult:
+        return self.decoder(policy).generate(
+            prompt, max_new_tokens, generator=generator, on_commit=on_commit
+        )
 
-    def generate_batch(self, prompts, max_new_tokens, policy, generator=None, on_commit=None) -> list[DecodeResult]:
-        return self.decoder(policy).generate_batch(prompts, max_new_tokens, generator=generator, on_commit=on_commit)
+    def generate_batch(
+        self, prompts, max_new_tokens, policy, generator=None, on_commit=None
+    ) -> list[DecodeResult]:
+        return self.decoder(policy).generate_batch(
+            prompts, max_new_tokens, generator=generator, on_commit=on_commit
+        )
 
 
 class HFMethod(Method):
@@ -206,10 +254,14 @@ class HFMethod(Method):
     generation verifies candidates in its first forward already; those tokens are counted in
     the last round, which keeps tau = (new tokens - 1) / forwards after the first.)"""
 
-    def __init__(self, name: str, info: MethodInfo, target: nn.Module, eos_token_id, **generate_kwargs):
+    def __init__(
+        self, name: str, info: MethodInfo, target: nn.Module, eos_token_id, **generate_kwargs
+    ):
         super().__init__(name, info, target, eos_token_id)
         self.generate_kwargs = generate_kwargs
-        self._calls: list[list[float]] = []  # per forward: [start position, tokens in, t begin, t end]
+        self._calls: list[
+            list[float]
+        ] = []  # per forward: [start position, tokens in, t begin, t end]
         self._cuda = False  # the target is on a GPU (set per generate)
 
     def _before(self, module, args, kwargs):
@@ -219,45 +271,81 @@ class HFMethod(Method):
         self._calls.append([start, ids.shape[-1], time.perf_counter(), 0.0])
 
     def _after(self, module, args, output):
-        if self._cuda:  # the forward's kernels end here, not at their launch: its wait is verification
+        if (
+            self._cuda
+        ):  # the forward's kernels end here, not at their launch: its wait is verification
             torch.cuda.synchronize()
         self._calls[-1][3] = time.perf_counter()
 
     @property
     def batches(self) -> bool:
-        return not self.generate_kwargs  # Hugging Face's assisted generation and prompt lookup refuse batches
+        return (
+            not self.generate_kwargs
+        )  # Hugging Face's assisted generation and prompt lookup refuse batches
 
-    def generate(self, prompt, max_new_tokens, policy, generator=None, on_commit=None) -> DecodeResult:
+    def generate(
+        self, prompt, max_new_tokens, policy, generator=None, on_commit=None
+    ) -> DecodeResult:
         stream = None if on_commit is None else (lambda row, block: on_commit(block))
         return self.generate_batch([prompt], max_new_tokens, policy, generator, stream)[0]
 
-    def generate_batch(self, prompts, max_new_tokens, policy, generator=None, on_commit=None) -> list[DecodeResult]:
+    def generate_batch(
+        self, prompts, max_new_tokens, policy, generator=None, on_commit=None
+    ) -> list[DecodeResult]:
         """`model.generate` on the prompts, left-padded (Hugging Face's batching); assisted
         generation and prompt lookup refuse batches, and so do they here."""
         if len(prompts) > 1 and not self.batches:
-            raise MethodError(f"method {self.name!r}: Hugging Face's assisted generation and prompt lookup decode "
-                              "one sequence at a time")
+            raise MethodError(
+                f"method {self.name!r}: Hugging Face's assisted generation and prompt lookup "
+                "decode "
+                "one sequence at a time"
+            )
         for prompt in prompts:
-            check_fits(len(prompt), max_new_tokens, 0, context_length(self.target))  # HF would decode past it, garbled
+            check_fits(
+                len(prompt), max_new_tokens, 0, context_length(self.target)
+            )  # HF would decode past it, garbled
         device = next(self.target.parameters()).device
         width = max(map(len, prompts))
         eos = self.eos_token_id if self.eos_token_id is not None else []
         pad = eos if isinstance(eos, int) else (eos[0] if eos else 0)
-        ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts], device=device)  # (B, T) left-padded
+        ids = torch.tensor(
+            [[pad] * (width - len(p)) + list(p) for p in prompts], device=device
+        )  # (B, T) left-padded
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
-        sampling = {"do_sample": False} if policy.greedy else {
-            "do_sample": True, "temperature": policy.temperature, "top_k": policy.top_k, "top_p": policy.top_p}
-        if generator is not None and not policy.greedy:  # HF samples from the global RNG: seed it from ours
-            torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=generator, device=generator.device)))
+        sampling = (
+            {"do_sample": False}
+            if policy.greedy
+            else {
+                "do_sample": True,
+                "temperature": policy.temperature,
+                "top_k": policy.top_k,
+                "top_p": policy.top_p,
+            }
+        )
+        if (
+            generator is not None and not policy.greedy
+        ):  # HF samples from the global RNG: seed it from ours
+            torch.manual_seed(
+                int(torch.randint(0, 2**31 - 1, (1,), generator=generator, device=generator.device))
+            )
         self._calls, self._cuda = [], device.type == "cuda"
-        hooks = [self.target.register_forward_pre_hook(self._before, with_kwargs=True),
-                 self.target.register_forward_hook(self._after)]
+        hooks = [
+            self.target.register_forward_pre_hook(self._before, with_kwargs=True),
+            self.target.register_forward_hook(self._after),
+        ]
         start = time.perf_counter()
         try:
             # the weights stay fixed for the call, as the engine decodes (the target's backend)
             with torch.inference_mode(), backend_of(self.target).weights_fixed(self.target):
-                out = self.target.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens, eos_token_id=eos,
-                                           pad_token_id=pad, **sampling, **self.generate_kwargs)
+                out = self.target.generate(
+                    ids,
+                    attention_mask=mask,
+                    max_new_tokens=max_new_tokens,
+                    eos_token_id=eos,
+                    pad_token_id=pad,
+                    **sampling,
+                    **self.generate_kwargs,
+                )
         finally:
             for h in hooks:
                 h.remove()
@@ -265,29 +353,49 @@ class HFMethod(Method):
         stop = {eos} if isinstance(eos, int) else set(eos)
         results = []
         for row, tokens in enumerate(out[:, width:].tolist()):
-            ends = [i for i, t in enumerate(tokens) if t in stop]  # a finished row is padded after its EOS
+            ends = [
+                i for i, t in enumerate(tokens) if t in stop
+            ]  # a finished row is padded after its EOS
             tokens = tokens[: ends[0] + 1] if ends else tokens
             # a row's forwards: the prefill, then one per token after the first (only assisted
             # generation, one sequence, commits more per forward)
             calls = self._calls if len(prompts) == 1 else self._calls[: len(tokens)]
-            stats = self._stats(calls, len(prompts[row]), len(tokens), start, end if len(prompts) == 1 else calls[-1][3])
+            stats = self._stats(
+                calls,
+                len(prompts[row]),
+                len(tokens),
+                start,
+                end if len(prompts) == 1 else calls[-1][3],
+            )
             if on_commit:
                 on_commit(row, tokens)
             results.append(DecodeResult(tokens=tokens, stats=stats))
         return results
 
     @staticmethod
-    def _stats(calls: list[list[float]], prompt_len: int, new_tokens: int, start: float, end: float) -> DecodeStats:
-        stats = DecodeStats(prompt_len=prompt_len, total_s=end - start,
-                            prefill_s=calls[0][3] - start if calls else 0.0)
+    def _stats(
+        calls: list[list[float]], prompt_len: int, new_tokens: int, start: float, end: float
+    ) -> DecodeStats:
+        stats = DecodeStats(
+            prompt_len=prompt_len,
+            total_s=end - start,
+            prefill_s=calls[0][3] - start if calls else 0.0,
+        )
         rounds = calls[1:]
         committed = [b[0] - a[0] for a, b in zip(rounds, rounds[1:])]
         committed.append(new_tokens - 1 - sum(committed))  # the last round: whatever was left
         prev_end = calls[0][3] if calls else start
         for (_, n_in, t0, t1), c in zip(rounds, committed):
             drafts = int(n_in) - 1
-            stats.rounds.append(RoundStats(accepted=max(min(c - 1, drafts), 0), committed=int(c), tree_size=drafts,
-                                           draft_s=t0 - prev_end, verify_s=t1 - t0))
+            stats.rounds.append(
+                RoundStats(
+                    accepted=max(min(c - 1, drafts), 0),
+                    committed=int(c),
+                    tree_size=drafts,
+                    draft_s=t0 - prev_end,
+                    verify_s=t1 - t0,
+                )
+            )
             prev_end = t1
         return stats
 
@@ -307,7 +415,13 @@ def _vanilla(ctx: MethodContext, info, settings, name, runner) -> Method:
 def _prompt_lookup(ctx: MethodContext, info, s: PromptLookupSettings, name, runner) -> Method:
     from eagle.proposers import PromptLookupProposer
 
-    return EngineMethod(name, info, ctx, runner, PromptLookupProposer(num_tokens=s.num_tokens, max_ngram=s.max_ngram))
+    return EngineMethod(
+        name,
+        info,
+        ctx,
+        runner,
+        PromptLookupProposer(num_tokens=s.num_tokens, max_ngram=s.max_ngram),
+    )
 
 
 def _draft_model(ctx: MethodContext, s: DraftSettings, name: str) -> nn.Module:
@@ -327,8 +441,10 @@ def check_same_tokens(ctx: MethodContext, draft: nn.Module, draft_path: str) -> 
 
     vocab, draft_vocab = lm_head(ctx.target).weight.shape[0], lm_head(draft).weight.shape[0]
     if draft_vocab != vocab:
-        raise MethodError(f"the draft LM {draft_path} has a vocabulary of {draft_vocab}, the target "
-                          f"{ctx.target_path} {vocab}: set draft.model to a draft LM of the target's family")
+        raise MethodError(
+            f"the draft LM {draft_path} has a vocabulary of {draft_vocab}, the target "
+            f"{ctx.target_path} {vocab}: set draft.model to a draft LM of the target's family"
+        )
     if ctx.tokenizer is None:
         return
     try:
@@ -336,7 +452,9 @@ def check_same_tokens(ctx: MethodContext, draft: nn.Module, draft_path: str) -> 
     except TargetError:  # no tokenizer in its folder: the vocabulary size is all there is to check
         return
     if tokenizer_hash(draft_tokenizer) != tokenizer_hash(ctx.tokenizer):
-        raise MethodError(f"the draft LM {draft_path} uses another tokenizer than the target {ctx.target_path}")
+        raise MethodError(
+            f"the draft LM {draft_path} uses another tokenizer than the target {ctx.target_path}"
+        )
 
 
 def _draft(ctx: MethodContext, info, s: DraftSettings, name, runner) -> Method:
@@ -344,9 +462,15 @@ def _draft(ctx: MethodContext, info, s: DraftSettings, name, runner) -> Method:
     from eagle.proposers.eagle import pass_shape
 
     template = _tree(ctx, s.tree)
-    compile_mode = ctx.compile_mode if runner == "static" else None  # compiled like EAGLE's drafter, or neither
-    draft = DraftLM(_draft_model(ctx, s, name), cache=runner, compile_mode=compile_mode,
-                    pass_shape=pass_shape(template) if compile_mode is not None else None)
+    compile_mode = (
+        ctx.compile_mode if runner == "static" else None
+    )  # compiled like EAGLE's drafter, or neither
+    draft = DraftLM(
+        _draft_model(ctx, s, name),
+        cache=runner,
+        compile_mode=compile_mode,
+        pass_shape=pass_shape(template) if compile_mode is not None else None,
+    )
     proposer = TemplateProposer(draft, template, proposal=s.proposal, name="draft")
     return EngineMethod(name, info, ctx, runner, proposer, tuple(template.parents))
 
@@ -356,10 +480,20 @@ def _specinfer_merge(ctx: MethodContext, info, s: MergeSettings, name, runner) -
     from eagle.proposers.merge import MergeProposer
 
     if not s.models:
-        raise MethodError(f"method {name!r} needs its SSMs (specinfer.models=[DIR, ...]; make specinfer trains them)")
+        raise MethodError(
+            f"method {name!r} needs its SSMs (specinfer.models=[DIR, ...]; make specinfer trains "
+            "them)"
+        )
     template = _tree(ctx, s.tree)
-    ssms = [TemplateProposer(DraftLM(_draft_model(ctx, DraftSettings(model=path), name), cache=runner), template,
-                             proposal=s.proposal, name=f"ssm{k + 1}") for k, path in enumerate(s.models)]
+    ssms = [
+        TemplateProposer(
+            DraftLM(_draft_model(ctx, DraftSettings(model=path), name), cache=runner),
+            template,
+            proposal=s.proposal,
+            name=f"ssm{k + 1}",
+        )
+        for k, path in enumerate(s.models)
+    ]
     return EngineMethod(name, info, ctx, runner, MergeProposer(ssms, s.budget))
 
 
@@ -376,12 +510,15 @@ def _eagle_lookup(ctx: MethodContext, info, s: EagleLookupSettings, name, runner
     from eagle.proposers.merge import MergeProposer
 
     proposer, _ = _eagle_proposer(ctx, s, name, runner)
-    lookup = PromptLookupProposer(num_tokens=s.num_tokens, max_ngram=s.max_ngram, min_ngram=s.min_ngram)
+    lookup = PromptLookupProposer(
+        num_tokens=s.num_tokens, max_ngram=s.max_ngram, min_ngram=s.min_ngram
+    )
     return EngineMethod(name, info, ctx, runner, MergeProposer([proposer, lookup]))
 
 
 def _eagle_proposer(ctx: MethodContext, s: EagleSettings, name: str, runner: str):
-    """EAGLE's proposer for `s` (its drafter, tree and drafting vocabulary) and its tree template."""
+    """EAGLE's proposer for `s` (its drafter, tree and drafting vocabulary) and its tree template.
+    """
     from eagle.models.checkpoint import load_drafter
     from eagle.models.drafter import EagleDrafter
     from eagle.proposers import eagle_proposer
@@ -392,14 +529,18 @@ def _eagle_proposer(ctx: MethodContext, s: EagleSettings, name: str, runner: str
     elif s.drafter:
         drafter = load_drafter(s.drafter, ctx.target, ctx.tokenizer, ctx.target_path)
     else:
-        raise MethodError(f"method {name!r} needs a trained drafter (eagle.drafter=DIR) or, explicitly, "
-                          "eagle.random=true")
+        raise MethodError(
+            f"method {name!r} needs a trained drafter (eagle.drafter=DIR) or, explicitly, "
+            "eagle.random=true"
+        )
     drafter.to(next(ctx.target.parameters()).dtype)
     backend_of(ctx.target).adopt(drafter)  # the drafter's own linears run the target's kernels
     if s.draft_vocab is not None:
         drafter.restrict_vocab(_draft_vocab(s, name, drafter.config.vocab_size))
     compile_mode = ctx.compile_mode if runner == "static" else None
-    return eagle_proposer(drafter, template, proposal=s.proposal, cache=runner, compile_mode=compile_mode), template
+    return eagle_proposer(
+        drafter, template, proposal=s.proposal, cache=runner, compile_mode=compile_mode
+    ), template
 
 
 def _draft_vocab(s: EagleSettings, name: str, vocab_size: int):
@@ -408,15 +549,21 @@ def _draft_vocab(s: EagleSettings, name: str, vocab_size: int):
 
     counts = None if s.random else load_counts(s.drafter, vocab_size)
     if counts is None:
-        raise MethodError(f"method {name!r}: eagle.draft_vocab needs the token counts of the drafter's training "
-                          f"data (token_counts.safetensors, written by training; for another drafter: python -m "
-                          f"eagle.data.vocab --features DUMP --drafter {s.drafter or 'DIR'})")
+        raise MethodError(
+            f"method {name!r}: eagle.draft_vocab needs the token counts of the drafter's training "
+            f"data (token_counts.safetensors, written by training; for another drafter: python -m "
+            f"eagle.data.vocab --features DUMP --drafter {s.drafter or 'DIR'})"
+        )
     try:
         ids, coverage = draft_vocabulary(counts, s.draft_vocab)
     except ValueError as err:
         raise MethodError(f"method {name!r}: eagle.draft_vocab: {err}") from None
-    print(f"[{name}] drafting from {len(ids)} of {vocab_size} tokens ({coverage:.1%} of the drafter's "
-          "training tokens)", flush=True)
+    print(
+        f"[{name}] drafting from {len(ids)} of {vocab_size} tokens ({coverage:.1%} of the "
+        "drafter's "
+        "training tokens)",
+        flush=True,
+    )
     return ids
 
 
@@ -429,14 +576,25 @@ def _medusa(ctx: MethodContext, info, s: MedusaSettings, name, runner) -> Method
     if s.random:
         heads = MedusaHeads.random(ctx.target, template.depth, ctx.tokenizer, ctx.target_path)
     elif s.heads:
-        heads = load_medusa(s.heads, ctx.target, ctx.tokenizer, ctx.target_path)  # in the target's dtype
+        heads = load_medusa(
+            s.heads, ctx.target, ctx.tokenizer, ctx.target_path
+        )  # in the target's dtype
     else:
-        raise MethodError(f"method {name!r} needs trained Medusa heads (medusa.heads=DIR) or, explicitly, "
-                          f"medusa.random=true")
+        raise MethodError(
+            f"method {name!r} needs trained Medusa heads (medusa.heads=DIR) or, explicitly, "
+            f"medusa.random=true"
+        )
     backend_of(ctx.target).adopt(heads)
     typical = TypicalAcceptance(s.typical_eps, s.typical_delta) if info.lossy else None
-    return EngineMethod(name, info, ctx, runner, medusa_proposer(heads, template, proposal=s.proposal),
-                        tuple(template.parents), typical=typical)
+    return EngineMethod(
+        name,
+        info,
+        ctx,
+        runner,
+        medusa_proposer(heads, template, proposal=s.proposal),
+        tuple(template.parents),
+        typical=typical,
+    )
 
 
 def _hf_generate(ctx: MethodContext, info, settings, name, runner) -> Method:
@@ -448,8 +606,14 @@ def _hf_assisted(ctx: MethodContext, info, s: DraftSettings, name, runner) -> Me
 
 
 def _hf_prompt_lookup(ctx: MethodContext, info, s: PromptLookupSettings, name, runner) -> Method:
-    return HFMethod(name, info, ctx.target, ctx.eos, prompt_lookup_num_tokens=s.num_tokens,
-                    max_matching_ngram_size=s.max_ngram)
+    return HFMethod(
+        name,
+        info,
+        ctx.target,
+        ctx.eos,
+        prompt_lookup_num_tokens=s.num_tokens,
+        max_matching_ngram_size=s.max_ngram,
+    )
 
 
 @dataclass(frozen=True)
@@ -458,29 +622,41 @@ class MethodInfo:
 
     build: Callable[..., Method]
     settings: type | None = None  # its typed settings class
-    section: str | None = None    # the decode config's section holding them (shared by related methods)
-    takes_tree: bool = False      # NAME@TREE
+    # the decode config's section holding them (shared by related methods)
+    section: str | None = None
+    takes_tree: bool = False  # NAME@TREE
     needs_draft_lm: bool = False
-    lossy: str | None = None      # why it does not preserve the target's distribution
-    wide: bool = False            # verifies a wide tree every round: bf16 pays off where it is fast
-    engine: bool = True           # runs in our loop (runner options apply); False: Hugging Face's generate
+    lossy: str | None = None  # why it does not preserve the target's distribution
+    wide: bool = False  # verifies a wide tree every round: bf16 pays off where it is fast
+    engine: bool = True  # runs in our loop (runner options apply); False: Hugging Face's generate
 
 
 METHODS: dict[str, MethodInfo] = {
     "vanilla": MethodInfo(_vanilla),
     "eagle": MethodInfo(_eagle, EagleSettings, "eagle", takes_tree=True, wide=True),
-    "eagle_lookup": MethodInfo(_eagle_lookup, EagleLookupSettings, "eagle_lookup", takes_tree=True, wide=True),
+    "eagle_lookup": MethodInfo(
+        _eagle_lookup, EagleLookupSettings, "eagle_lookup", takes_tree=True, wide=True
+    ),
     "draft": MethodInfo(_draft, DraftSettings, "draft", takes_tree=True, needs_draft_lm=True),
-    "specinfer_merge": MethodInfo(_specinfer_merge, MergeSettings, "specinfer", takes_tree=True, needs_draft_lm=True),
+    "specinfer_merge": MethodInfo(
+        _specinfer_merge, MergeSettings, "specinfer", takes_tree=True, needs_draft_lm=True
+    ),
     "prompt_lookup": MethodInfo(_prompt_lookup, PromptLookupSettings, "prompt_lookup"),
     "medusa": MethodInfo(_medusa, MedusaSettings, "medusa", takes_tree=True, wide=True),
-    "medusa_typical": MethodInfo(_medusa, MedusaSettings, "medusa", takes_tree=True, wide=True,
-                                 lossy="typical acceptance"),
+    "medusa_typical": MethodInfo(
+        _medusa, MedusaSettings, "medusa", takes_tree=True, wide=True, lossy="typical acceptance"
+    ),
     "hf_generate": MethodInfo(_hf_generate, engine=False),
-    "hf_assisted": MethodInfo(_hf_assisted, DraftSettings, "draft", needs_draft_lm=True, engine=False),
-    "hf_prompt_lookup": MethodInfo(_hf_prompt_lookup, PromptLookupSettings, "prompt_lookup", engine=False),
+    "hf_assisted": MethodInfo(
+        _hf_assisted, DraftSettings, "draft", needs_draft_lm=True, engine=False
+    ),
+    "hf_prompt_lookup": MethodInfo(
+        _hf_prompt_lookup, PromptLookupSettings, "prompt_lookup", engine=False
+    ),
 }
-SECTIONS = sorted({info.section for info in METHODS.values() if info.section})  # decode config sections
+SECTIONS = sorted(
+    {info.section for info in METHODS.values() if info.section}
+)  # decode config sections
 
 
 @dataclass(frozen=True)
@@ -498,15 +674,22 @@ class MethodSpec:
         rest, pct, vocab = rest.partition("%")
         base, at, tree = rest.partition("@")
         if base not in METHODS:
-            raise MethodError(f"unknown method {text!r}; choose one of {', '.join(METHODS)} "
-                              f"(as NAME[@TREE][%K][:RUNNER])")
+            raise MethodError(
+                f"unknown method {text!r}; choose one of {', '.join(METHODS)} "
+                f"(as NAME[@TREE][%K][:RUNNER])"
+            )
         info = METHODS[base]
         if pct and not (info.settings and issubclass(info.settings, EagleSettings)):
-            raise MethodError(f"method {text!r}: %K (a draft vocabulary of K tokens) is for eagle and eagle_lookup "
-                              f"only, as eagle%1024")
+            raise MethodError(
+                f"method {text!r}: %K (a draft vocabulary of K tokens) is for eagle and "
+                "eagle_lookup "
+                f"only, as eagle%1024"
+            )
         if pct and (not vocab.isdigit() or int(vocab) < 1):
-            raise MethodError(f"method {text!r}: K must be a positive integer, as eagle%1024 "
-                              f"(in this order: NAME[@TREE][%K][:RUNNER])")
+            raise MethodError(
+                f"method {text!r}: K must be a positive integer, as eagle%1024 "
+                f"(in this order: NAME[@TREE][%K][:RUNNER])"
+            )
         if at and not info.takes_tree:
             takes = ", ".join(k for k, v in METHODS.items() if v.takes_tree)
             raise MethodError(f"method {text!r}: only {takes} take a tree, as NAME@TREE")
@@ -514,9 +697,13 @@ class MethodSpec:
             raise MethodError(f"method {text!r}: no tree name after @ (as {base}@chain5)")
         if colon:
             if not info.engine:
-                raise MethodError(f"method {text!r}: {base} runs Hugging Face's generate, which takes no runner")
+                raise MethodError(
+                    f"method {text!r}: {base} runs Hugging Face's generate, which takes no runner"
+                )
             if runner not in RUNNERS:
-                raise MethodError(f"method {text!r}: unknown runner {runner!r}; choose one of {RUNNERS}")
+                raise MethodError(
+                    f"method {text!r}: unknown runner {runner!r}; choose one of {RUNNERS}"
+                )
         return cls(base, tree or None, runner or None, int(vocab) if pct else None)
 
     @property
@@ -524,8 +711,12 @@ class MethodSpec:
         return METHODS[self.base]
 
     def __str__(self) -> str:
-        return (self.base + (f"@{self.tree}" if self.tree else "") + (f"%{self.draft_vocab}" if self.draft_vocab else "")
-                + (f":{self.runner}" if self.runner else ""))
+        return (
+            self.base
+            + (f"@{self.tree}" if self.tree else "")
+            + (f"%{self.draft_vocab}" if self.draft_vocab else "")
+            + (f":{self.runner}" if self.runner else "")
+        )
 
 
 def short(label: str) -> str:
@@ -550,8 +741,11 @@ def method_settings(spec: MethodSpec, sections: Mapping[str, Mapping[str, Any]])
     return replace(settings, draft_vocab=spec.draft_vocab) if spec.draft_vocab else settings
 
 
-def build_method(spec: str | MethodSpec, ctx: MethodContext,
-                 sections: Mapping[str, Mapping[str, Any]] | None = None) -> Method:
+def build_method(
+    spec: str | MethodSpec,
+    ctx: MethodContext,
+    sections: Mapping[str, Mapping[str, Any]] | None = None,
+) -> Method:
     """Build the method `spec` names against `ctx`, with its settings from `sections`."""
     spec = MethodSpec.parse(spec) if isinstance(spec, str) else spec
     info = spec.info
@@ -584,7 +778,8 @@ def dtype_overrides(spec: Mapping[str, str] | Sequence[str] | None) -> dict[str,
     for item in spec:
         label, eq, dtype = str(item).rpartition("=")
         if not eq or not label or not dtype:
-            raise ValueError(f"benchmark.dtypes: {item!r} is not LABEL=DTYPE "
-                             "(e.g. vanilla:dynamic=bfloat16)")
+            raise ValueError(
+                f"benchmark.dtypes: {item!r} is not LABEL=DTYPE (e.g. vanilla:dynamic=bfloat16)"
+            )
         out[label] = dtype
     return out

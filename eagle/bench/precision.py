@@ -60,7 +60,9 @@ class DtypeChoice:
         return f"{self.dtype} (verifying {self.width} tokens, measured here: {times}{kept})"
 
 
-def _forward_ms(model: nn.Module, tokens: torch.Tensor, cache, prefix: int, clock: Callable[[], float]) -> float:
+def _forward_ms(
+    model: nn.Module, tokens: torch.Tensor, cache, prefix: int, clock: Callable[[], float]
+) -> float:
     """Milliseconds of one forward of `tokens` on top of `cache`'s `prefix` tokens (a GPU's
     kernels waited for), after which the cache is cropped back to `prefix`."""
     device = tokens.device
@@ -76,9 +78,17 @@ def _forward_ms(model: nn.Module, tokens: torch.Tensor, cache, prefix: int, cloc
 
 
 @torch.inference_mode()
-def faster_dtype(models: Mapping[str, nn.Module], width: int, prefix: int = 128, reps: int = 10,
-                 warmup: int = 3, seed: int = 0, prefer: str | None = "float32", margin: float = 0.05,
-                 clock: Callable[[], float] = time.perf_counter) -> DtypeChoice:
+def faster_dtype(
+    models: Mapping[str, nn.Module],
+    width: int,
+    prefix: int = 128,
+    reps: int = 10,
+    warmup: int = 3,
+    seed: int = 0,
+    prefer: str | None = "float32",
+    margin: float = 0.05,
+    clock: Callable[[], float] = time.perf_counter,
+) -> DtypeChoice:
     """Time one verification forward of `width` tokens after `prefix` cached ones for each of
     `models` (dtype name -> the same target in that dtype); return the faster dtype.
 
@@ -97,10 +107,14 @@ def faster_dtype(models: Mapping[str, nn.Module], width: int, prefix: int = 128,
     vocab = min(int(m.config.vocab_size) for m in models.values())
     ids = torch.randint(0, vocab, (1, prefix + width), generator=g)
     devices = {name: next(model.parameters()).device for name, model in models.items()}
-    tokens = {name: ids[:, prefix:].to(device) for name, device in devices.items()}  # the timed forward's
+    tokens = {
+        name: ids[:, prefix:].to(device) for name, device in devices.items()
+    }  # the timed forward's
     caches = {name: new_cache(prefix + width) for name in models}
     for name, model in models.items():
-        target_forward(model, ids[:, :prefix].to(devices[name]), caches[name], logits_slice=slice(-1, None))
+        target_forward(
+            model, ids[:, :prefix].to(devices[name]), caches[name], logits_slice=slice(-1, None)
+        )
     times: dict[str, list[float]] = {name: [] for name in models}
     for rep in range(warmup + reps):
         for name, model in models.items():
@@ -137,9 +151,10 @@ class KernelChoice:
     rounds: int = 0  # timed rounds behind each median
 
     def describe(self) -> str:
-        times = "; ".join(f"{name} " + ", ".join(f"{_tokens(n)} {ms:.2f} ms"
-                                                 for n, ms in by.items())
-                          for name, by in self.ms.items())
+        times = "; ".join(
+            f"{name} " + ", ".join(f"{_tokens(n)} {ms:.2f} ms" for n, ms in by.items())
+            for name, by in self.ms.items()
+        )
         count = f"median of {self.rounds} rounds each, " if self.rounds else ""
         return f"{self.kernels}, {self.why} ({count}measured here: {times})"
 
@@ -176,10 +191,17 @@ def pick_kernels(ms: Mapping[str, Mapping[int, float]], margin: float = 0.05) ->
 
 
 @torch.inference_mode()
-def faster_kernels(model: nn.Module, kernels: tuple[str, ...] = KERNELS,
-                   tree: tuple[int, ...] = PROBE_TREE, prefix: int = 128, rounds: int = 3,
-                   turns: int = 3, seed: int = 0, margin: float = 0.05,
-                   clock: Callable[[], float] = time.perf_counter) -> KernelChoice:
+def faster_kernels(
+    model: nn.Module,
+    kernels: tuple[str, ...] = KERNELS,
+    tree: tuple[int, ...] = PROBE_TREE,
+    prefix: int = 128,
+    rounds: int = 3,
+    turns: int = 3,
+    seed: int = 0,
+    margin: float = 0.05,
+    clock: Callable[[], float] = time.perf_counter,
+) -> KernelChoice:
     """Time decoding rounds of `model` with each of `kernels` and leave it on the one
     `pick_kernels` chooses; `tree`: the parents of the tree a round verifies.
 
@@ -195,8 +217,10 @@ def faster_kernels(model: nn.Module, kernels: tuple[str, ...] = KERNELS,
     `rounds` timed steps and `rounds` timed trees. Each figure is the median of its
     turns x rounds."""
     if not kernels or rounds < 1 or turns < 1 or prefix < 1:
-        raise ValueError(f"faster_kernels needs kernels, rounds, turns and prefix >= 1, got "
-                         f"{kernels}, {rounds}, {turns}, {prefix}")
+        raise ValueError(
+            f"faster_kernels needs kernels, rounds, turns and prefix >= 1, got "
+            f"{kernels}, {rounds}, {turns}, {prefix}"
+        )
     device = next(model.parameters()).device
     g = torch.Generator().manual_seed(seed)
     vocab = int(model.config.vocab_size)

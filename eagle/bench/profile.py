@@ -94,20 +94,37 @@ def timed(patches: Iterable[Patch], timers: Timers):
 
 DRAFT_PARTS = ("drafter: FC + decoder layer", "drafter: LM head", "children: top-k / sampling",
                "drafter: mask + positions", "drafter: cache ops")
-VERIFY_PARTS = ("target: tree forward", "target: logits processing", "acceptance", "target: KV compaction")
+VERIFY_PARTS = (
+    "target: tree forward",
+    "target: logits processing",
+    "acceptance",
+    "target: KV compaction",
+)
 
 
-def round_breakdown(timers: Timers, rounds: int, draft_s: float, verify_s: float, passes: int) -> dict:
+def round_breakdown(
+    timers: Timers, rounds: int, draft_s: float, verify_s: float, passes: int
+) -> dict:
     """Milliseconds per round of every part, the bookkeeping left over, and per drafter pass."""
-    ms = {part: 1000 * timers.seconds.get(part, 0.0) / rounds for part in (*DRAFT_PARTS, *VERIFY_PARTS)}
+    ms = {
+        part: 1000 * timers.seconds.get(part, 0.0) / rounds
+        for part in (*DRAFT_PARTS, *VERIFY_PARTS)
+    }
     draft_ms, verify_ms = 1000 * draft_s / rounds, 1000 * verify_s / rounds
     ms["drafting: Python bookkeeping"] = draft_ms - sum(ms[p] for p in DRAFT_PARTS)
     ms["verification: Python bookkeeping"] = verify_ms - sum(ms[p] for p in VERIFY_PARTS)
     per_pass = {p: ms[p] * rounds / max(passes, 1) for p in DRAFT_PARTS[:2]}
-    return {"rounds": rounds, "draft_ms": draft_ms, "verify_ms": verify_ms, "round_ms": draft_ms + verify_ms,
-            "drafter_passes_per_round": passes / rounds, "parts_ms": ms,
-            "drafter_pass_ms": sum(per_pass.values()), "drafter_pass_parts_ms": per_pass,
-            "calls": dict(timers.calls)}
+    return {
+        "rounds": rounds,
+        "draft_ms": draft_ms,
+        "verify_ms": verify_ms,
+        "round_ms": draft_ms + verify_ms,
+        "drafter_passes_per_round": passes / rounds,
+        "parts_ms": ms,
+        "drafter_pass_ms": sum(per_pass.values()),
+        "drafter_pass_parts_ms": per_pass,
+        "calls": dict(timers.calls),
+    }
 
 
 def round_patches(eagle, compiled: bool = False) -> list[Patch]:
@@ -122,21 +139,40 @@ def round_patches(eagle, compiled: bool = False) -> list[Patch]:
         raise ValueError("profile: the eagle method must be a template proposer")
     model = eagle.proposer.model
     if compiled:
-        inside = [(model, "_scores", "drafter: FC + decoder layer"), (model, "_scores_fixed", "drafter: FC + decoder layer")]
+        inside = [
+            (model, "_scores", "drafter: FC + decoder layer"),
+            (model, "_scores_fixed", "drafter: FC + decoder layer"),
+        ]
     else:
-        inside = [(model.drafter, "forward", "drafter: FC + decoder layer"),
-                  (model.cache, "prepare", "drafter: mask + positions")]
+        inside = [
+            (model.drafter, "forward", "drafter: FC + decoder layer"),
+            (model.cache, "prepare", "drafter: mask + positions"),
+        ]
     return [
-        *inside, (model.drafter, "logits", "drafter: LM head"), (eagle.proposer, "_choose", "children: top-k / sampling"),
-        (model.cache, "keep", "drafter: cache ops"), (model.cache, "reserve", "drafter: cache ops"),
-        (eagle.runner, "verify", "target: tree forward"), (SamplingPolicy, "probs", "target: logits processing"),
-        (engine, "verify_tree_greedy", "acceptance"), (engine, "verify_tree_stochastic", "acceptance"),
-        (eagle.runner, "commit", "target: KV compaction")]
+        *inside,
+        (model.drafter, "logits", "drafter: LM head"),
+        (eagle.proposer, "_choose", "children: top-k / sampling"),
+        (model.cache, "keep", "drafter: cache ops"),
+        (model.cache, "reserve", "drafter: cache ops"),
+        (eagle.runner, "verify", "target: tree forward"),
+        (SamplingPolicy, "probs", "target: logits processing"),
+        (engine, "verify_tree_greedy", "acceptance"),
+        (engine, "verify_tree_stochastic", "acceptance"),
+        (eagle.runner, "commit", "target: KV compaction"),
+    ]
 
 
-def profile_round(eagle, dtype: str, vanillas: Mapping[str, object], prompts: Sequence[list[int]], new_tokens: int,
-                  policy: SamplingPolicy, seed: int = 0, device: str | torch.device = "cpu",
-                  compiled: bool = False) -> dict:
+def profile_round(
+    eagle,
+    dtype: str,
+    vanillas: Mapping[str, object],
+    prompts: Sequence[list[int]],
+    new_tokens: int,
+    policy: SamplingPolicy,
+    seed: int = 0,
+    device: str | torch.device = "cpu",
+    compiled: bool = False,
+) -> dict:
     """EAGLE's round split into its parts, beside vanilla decoding's step. `eagle` runs in
     `dtype`; `vanillas` holds vanilla decoding in that dtype (the parts' yardstick) and in any
     other to compare with (dtype -> method). Every method warms up, then decodes every prompt
@@ -155,7 +191,9 @@ def profile_round(eagle, dtype: str, vanillas: Mapping[str, object], prompts: Se
         out = {name: DecodeStats(prompt_len=0) for name in runs}
         for ids in progress(prompts, desc=f"profile: {', '.join(runs)}", unit="prompt"):
             for name, method in runs.items():
-                out[name].rounds += method.generate(ids, new_tokens, policy, seeded_generator(seed, device)).stats.rounds
+                out[name].rounds += method.generate(
+                    ids, new_tokens, policy, seeded_generator(seed, device)
+                ).stats.rounds
         return out
 
     for method in (*vanillas.values(), eagle):
@@ -166,17 +204,26 @@ def profile_round(eagle, dtype: str, vanillas: Mapping[str, object], prompts: Se
     timers = Timers(cuda=str(device).startswith("cuda"))
     with timed(patches, timers):  # the breakdown: the same decodes again, every part timed
         spec = decode_all({"eagle (timed)": eagle})["eagle (timed)"]
-    passes = timers.calls.get("drafter: FC + decoder layer", 0)  # (compiled: mask building included)
+    passes = timers.calls.get(
+        "drafter: FC + decoder layer", 0
+    )  # (compiled: mask building included)
     breakdown = round_breakdown(timers, len(spec.rounds), spec.draft_s, spec.verify_s, passes)
     breakdown["tau"] = spec.tau
-    steps = {d: 1000 * (p.draft_s + p.verify_s) / len(p.rounds) for d, p in plain.items()}  # ms per token
+    steps = {
+        d: 1000 * (p.draft_s + p.verify_s) / len(p.rounds) for d, p in plain.items()
+    }  # ms per token
     step_ms, fastest = steps[dtype], min(steps, key=steps.get)
     untimed_round_ms = 1000 * (bare.draft_s + bare.verify_s) / len(bare.rounds)
     breakdown["untimed_round_ms"] = untimed_round_ms  # the timers' own cost is round_ms - this
     eagle_ms = untimed_round_ms / bare.tau  # per token
-    return {"vanilla": {"step_ms": step_ms}, "vanilla_by_dtype": {d: {"step_ms": ms} for d, ms in steps.items()},
-            "eagle": breakdown, "speedup": step_ms / eagle_ms, "fastest_vanilla": fastest,
-            "speedup_vs_fastest": steps[fastest] / eagle_ms}
+    return {
+        "vanilla": {"step_ms": step_ms},
+        "vanilla_by_dtype": {d: {"step_ms": ms} for d, ms in steps.items()},
+        "eagle": breakdown,
+        "speedup": step_ms / eagle_ms,
+        "fastest_vanilla": fastest,
+        "speedup_vs_fastest": steps[fastest] / eagle_ms,
+    }
 
 
 def breakdown_markdown(report: dict) -> str:
@@ -185,23 +232,42 @@ def breakdown_markdown(report: dict) -> str:
     b = report["eagle"]
     for part, ms in b["parts_ms"].items():
         lines.append(f"| {part} | {ms:.2f} | {ms / b['round_ms']:.0%} |")
-    lines.append(f"| **round** (draft {b['draft_ms']:.2f} + verify {b['verify_ms']:.2f}) | {b['round_ms']:.2f} | |")
+    lines.append(
+        f"| **round** (draft {b['draft_ms']:.2f} + verify {b['verify_ms']:.2f}) | "
+        f"{b['round_ms']:.2f} | |"
+    )
     if "untimed_round_ms" in b:
-        lines.append(f"| round without the timers (the speedups' round) | {b['untimed_round_ms']:.2f} | |")
+        lines.append(
+            f"| round without the timers (the speedups' round) | {b['untimed_round_ms']:.2f} | |"
+        )
     v = report["vanilla"]
     layer_ms = v["step_ms"] / report["target_layers"]
-    lines += ["", f"- {report['method']}, {report['dtype']}, {report['threads']} threads, {report['prompts']} prompts x "
-                  f"{report['new_tokens']} tokens; tree {report['tree']} ({report['tree_nodes']} nodes)",
-              f"- tau {b['tau']:.2f}; vanilla step {v['step_ms']:.2f} ms; speedup {report['speedup']:.2f}x; "
-              f"speedup / tau {report['speedup'] / b['tau']:.2f}",
-              *([f"- against the faster vanilla ({report['fastest_vanilla']}, "
-                 f"{report['vanilla_by_dtype'][report['fastest_vanilla']]['step_ms']:.2f} ms per token): "
-                 f"{report['speedup_vs_fastest']:.2f}x"] if len(report.get("vanilla_by_dtype", {})) > 1 else []),
-              f"- drafter pass (FC + layer + LM head) {b['drafter_pass_ms']:.2f} ms = "
-              f"{b['drafter_pass_ms'] / layer_ms:.1f} target layers (a vanilla step / {report['target_layers']} "
-              f"layers = {layer_ms:.2f} ms); {b['drafter_passes_per_round']:.1f} passes per round",
-              f"- verifying {report['tree_nodes'] + 1} tokens: {b['parts_ms']['target: tree forward']:.2f} ms = "
-              f"{b['parts_ms']['target: tree forward'] / v['step_ms']:.2f} vanilla steps"]
+    lines += [
+        "",
+        f"- {report['method']}, {report['dtype']}, {report['threads']} threads, "
+        f"{report['prompts']} prompts x "
+        f"{report['new_tokens']} tokens; tree {report['tree']} ({report['tree_nodes']} nodes)",
+        f"- tau {b['tau']:.2f}; vanilla step {v['step_ms']:.2f} ms; speedup "
+        f"{report['speedup']:.2f}x; "
+        f"speedup / tau {report['speedup'] / b['tau']:.2f}",
+        *(
+            [
+                f"- against the faster vanilla ({report['fastest_vanilla']}, "
+                f"{report['vanilla_by_dtype'][report['fastest_vanilla']]['step_ms']:.2f} ms per "
+                "token): "
+                f"{report['speedup_vs_fastest']:.2f}x"
+            ]
+            if len(report.get("vanilla_by_dtype", {})) > 1
+            else []
+        ),
+        f"- drafter pass (FC + layer + LM head) {b['drafter_pass_ms']:.2f} ms = "
+        f"{b['drafter_pass_ms'] / layer_ms:.1f} target layers (a vanilla step / "
+        f"{report['target_layers']} "
+        f"layers = {layer_ms:.2f} ms); {b['drafter_passes_per_round']:.1f} passes per round",
+        f"- verifying {report['tree_nodes'] + 1} tokens: "
+        f"{b['parts_ms']['target: tree forward']:.2f} ms = "
+        f"{b['parts_ms']['target: tree forward'] / v['step_ms']:.2f} vanilla steps",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -230,13 +296,28 @@ def run_profile(methods: Methods, pc: ProfileConfig, seed: int = 0) -> Path:
     dtypes = dict.fromkeys((dtype, "float32") if cpu else (dtype,))
     vanillas = {d: methods.build("vanilla", d) for d in dtypes}
     prompts = [encode_prompt(tokenizer, p) for p in load_eval_set(pc.eval_set, pc.num_prompts)]
-    figures = profile_round(eagle, dtype, vanillas, prompts, pc.new_tokens,
-                            SamplingPolicy(temperature=pc.temperature), seed=seed,
-                            device=methods.device, compiled=bool(methods.compile_mode))
-    report = {"method": "eagle", "dtype": dtype, "device": str(methods.device),
-              "threads": torch.get_num_threads(), "prompts": len(prompts),
-              "new_tokens": pc.new_tokens, "temperature": pc.temperature,
-              "tree": methods.sections["eagle"].get("tree"),
-              "tree_nodes": eagle.proposer.max_nodes,
-              "target_layers": int(target.config.num_hidden_layers), **figures}
+    figures = profile_round(
+        eagle,
+        dtype,
+        vanillas,
+        prompts,
+        pc.new_tokens,
+        SamplingPolicy(temperature=pc.temperature),
+        seed=seed,
+        device=methods.device,
+        compiled=bool(methods.compile_mode),
+    )
+    report = {
+        "method": "eagle",
+        "dtype": dtype,
+        "device": str(methods.device),
+        "threads": torch.get_num_threads(),
+        "prompts": len(prompts),
+        "new_tokens": pc.new_tokens,
+        "temperature": pc.temperature,
+        "tree": methods.sections["eagle"].get("tree"),
+        "tree_nodes": eagle.proposer.max_nodes,
+        "target_layers": int(target.config.num_hidden_layers),
+        **figures,
+    }
     return write_report(pc.out_dir, "profile", report, breakdown_markdown(report))

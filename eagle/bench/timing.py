@@ -32,11 +32,21 @@ if TYPE_CHECKING:
     from eagle.bench.builder import Methods
 
 # what a timed method reports (eagle.bench.benchmark.MethodResult fields)
-TIMED = ("tau", "ms_per_token", "ms_per_round", "draft_ms_per_round", "verify_ms_per_round", "new_tokens",
-         "peak_memory_mb", "tree_parents")
+TIMED = (
+    "tau",
+    "ms_per_token",
+    "ms_per_round",
+    "draft_ms_per_round",
+    "verify_ms_per_round",
+    "new_tokens",
+    "peak_memory_mb",
+    "tree_parents",
+)
 
 
-def random_target(shape: Mapping, dtype: str | torch.dtype, device: str | torch.device, seed: int = 0) -> nn.Module:
+def random_target(
+    shape: Mapping, dtype: str | torch.dtype, device: str | torch.device, seed: int = 0
+) -> nn.Module:
     """A causal LM of `shape` (kwargs of `AutoConfig.for_model`; `model_type` defaults to llama)
     with random weights, built directly on `device` in `dtype`; it never stops at an EOS."""
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -46,12 +56,19 @@ def random_target(shape: Mapping, dtype: str | torch.dtype, device: str | torch.
     torch.manual_seed(seed)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=resolve_dtype(dtype))
-    model.generation_config.eos_token_id = None  # random weights: stopping early would shorten the timing
+    # random weights: stopping early would shorten the timing
+    model.generation_config.eos_token_id = None
     return model.eval().requires_grad_(False)
 
 
-def time_methods(target: nn.Module, methods: Mapping[str, Method], prompt_len: int, new_tokens: int,
-                 repeats: int, seed: int = 0) -> dict[str, dict]:
+def time_methods(
+    target: nn.Module,
+    methods: Mapping[str, Method],
+    prompt_len: int,
+    new_tokens: int,
+    repeats: int,
+    seed: int = 0,
+) -> dict[str, dict]:
     """Greedy-decode one random prompt `repeats` times with each method, after one untimed
     generation that compiles (and records) every graph; returns the `TIMED` figures per method."""
     device = next(target.parameters()).device
@@ -81,7 +98,10 @@ def project(timed: Mapping[str, dict], results: dict) -> list[dict]:
     tau of another projects nothing (checked where both record their tree)."""
     if "eagle:static" not in timed:
         raise ValueError("a projection needs the timed round of method eagle:static")
-    round_ms, tree = timed["eagle:static"]["ms_per_round"], timed["eagle:static"].get("tree_parents")
+    round_ms, tree = (
+        timed["eagle:static"]["ms_per_round"],
+        timed["eagle:static"].get("tree_parents"),
+    )
     base_ms = timed.get("vanilla:static", {}).get("ms_per_round")
     rows = []
     for run in results["runs"]:
@@ -90,38 +110,73 @@ def project(timed: Mapping[str, dict], results: dict) -> list[dict]:
             continue
         measured_on = run["methods"][source].get("tree_parents")
         if tree is not None and measured_on is not None and list(measured_on) != list(tree):
-            raise ValueError(f"the tau of {source} ({run['eval_set']}, T={run['temperature']:g}) was measured on a "
-                             f"tree of {len(measured_on)} nodes, the timed round verifies one of {len(tree)}: benchmark "
-                             "eagle with the timed eagle.tree")
+            raise ValueError(
+                f"the tau of {source} ({run['eval_set']}, T={run['temperature']:g}) was measured "
+                "on a "
+                f"tree of {len(measured_on)} nodes, the timed round verifies one of {len(tree)}: "
+                "benchmark "
+                "eagle with the timed eagle.tree"
+            )
         tau = run["methods"][source]["tau"]
         ms = round_ms / tau
-        rows.append({"kind": "projection", "eval_set": run["eval_set"], "temperature": run["temperature"],
-                     "tau": tau, "tau_method": source, "tau_target": run["target"], "round_ms": round_ms,
-                     "projected_ms_per_token": ms,
-                     "projected_speedup_vs_static": base_ms / ms if base_ms else None})
+        rows.append(
+            {
+                "kind": "projection",
+                "eval_set": run["eval_set"],
+                "temperature": run["temperature"],
+                "tau": tau,
+                "tau_method": source,
+                "tau_target": run["target"],
+                "round_ms": round_ms,
+                "projected_ms_per_token": ms,
+                "projected_speedup_vs_static": base_ms / ms if base_ms else None,
+            }
+        )
     return rows
 
 
 def markdown(report: dict) -> str:
-    lines = [f"### Timing at {report['shape_name']} shape, random weights ({report['params_b']:.2f}B parameters, "
-             f"{report['dtype']}, {report['device']}, compile: {report['compile_mode']})", "",
-             f"Bandwidth floor: {report['floor_ms_per_token']:.2f} ms/token ({report['weights_gb']:.1f} GB of "
-             f"weights read once per token at {report['bandwidth_gb_s']:g} GB/s).", "",
-             "| method | ms/token | ms/round after prefill | draft + verify ms/round | tau (random drafter) | "
-             "first generation s |", "|---|---:|---:|---|---:|---:|"]
+    lines = [
+        f"### Timing at {report['shape_name']} shape, random weights ({report['params_b']:.2f}B "
+        "parameters, "
+        f"{report['dtype']}, {report['device']}, compile: {report['compile_mode']})",
+        "",
+        f"Bandwidth floor: {report['floor_ms_per_token']:.2f} ms/token ({report['weights_gb']:.1f} "
+        "GB of "
+        f"weights read once per token at {report['bandwidth_gb_s']:g} GB/s).",
+        "",
+        "| method | ms/token | ms/round after prefill | draft + verify ms/round | tau (random "
+        "drafter) | "
+        "first generation s |",
+        "|---|---:|---:|---|---:|---:|",
+    ]
     for name, m in report["methods"].items():
-        lines.append(f"| {name} | {m['ms_per_token']:.2f} | {m['ms_per_round']:.2f} | "
-                     f"{m['draft_ms_per_round']:.2f} + {m['verify_ms_per_round']:.2f} | {m['tau']:.2f} | "
-                     f"{m['warmup_s']:.1f} |")
+        lines.append(
+            f"| {name} | {m['ms_per_token']:.2f} | {m['ms_per_round']:.2f} | "
+            f"{m['draft_ms_per_round']:.2f} + {m['verify_ms_per_round']:.2f} | {m['tau']:.2f} | "
+            f"{m['warmup_s']:.1f} |"
+        )
     if report.get("projection"):
-        lines += ["", "**Projection** (not a measurement): the timed eagle:static round divided by the tau "
-                  "measured on a trained target.", "",
-                  "| eval set | T | tau (measured, trained target) | projected ms/token | projected speedup vs "
-                  "vanilla:static |", "|---|---:|---:|---:|---:|"]
+        lines += [
+            "",
+            "**Projection** (not a measurement): the timed eagle:static round divided by the tau "
+            "measured on a trained target.",
+            "",
+            "| eval set | T | tau (measured, trained target) | projected ms/token | projected "
+            "speedup vs "
+            "vanilla:static |",
+            "|---|---:|---:|---:|---:|",
+        ]
         for p in report["projection"]:
-            speedup = "-" if p["projected_speedup_vs_static"] is None else f"{p['projected_speedup_vs_static']:.2f}x"
-            lines.append(f"| {p['eval_set']} | {p['temperature']:g} | {p['tau']:.2f} | "
-                         f"{p['projected_ms_per_token']:.2f} | {speedup} |")
+            speedup = (
+                "-"
+                if p["projected_speedup_vs_static"] is None
+                else f"{p['projected_speedup_vs_static']:.2f}x"
+            )
+            lines.append(
+                f"| {p['eval_set']} | {p['temperature']:g} | {p['tau']:.2f} | "
+                f"{p['projected_ms_per_token']:.2f} | {speedup} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -182,20 +237,35 @@ def run_timing(methods: Methods, tc: TimingConfig, seed: int = 0) -> Path:
     device_name = torch.cuda.get_device_name(device) if cuda else device
     bandwidth = tc.bandwidth_gb_s or gpu_bandwidth_gb_s(device_name)
     if bandwidth is None:
-        raise ValueError(f"no nominal memory bandwidth is known for {device_name!r}: give "
-                         "timing.bandwidth_gb_s (GB/s) for the floor")
-    report = {"kind": "timing", "shape_name": tc.shape_name, "shape": shape,
-              "params_b": sum(p.numel() for p in target.parameters()) / 1e9, "dtype": dtype,
-              "device": device_name, "compile_mode": methods.compile_mode,
-              "tree": methods.sections["eagle"].get("tree"), "prompt_len": tc.prompt_len,
-              "new_tokens": tc.new_tokens, "repeats": tc.repeats, "weights_gb": gb,
-              "bandwidth_gb_s": bandwidth, "floor_ms_per_token": 1000 * gb / bandwidth,
-              "methods": {}, "tau_from": str(tc.tau_from) if tc.tau_from else None,
-              "projection": None, "torch": torch.__version__}
+        raise ValueError(
+            f"no nominal memory bandwidth is known for {device_name!r}: give "
+            "timing.bandwidth_gb_s (GB/s) for the floor"
+        )
+    report = {
+        "kind": "timing",
+        "shape_name": tc.shape_name,
+        "shape": shape,
+        "params_b": sum(p.numel() for p in target.parameters()) / 1e9,
+        "dtype": dtype,
+        "device": device_name,
+        "compile_mode": methods.compile_mode,
+        "tree": methods.sections["eagle"].get("tree"),
+        "prompt_len": tc.prompt_len,
+        "new_tokens": tc.new_tokens,
+        "repeats": tc.repeats,
+        "weights_gb": gb,
+        "bandwidth_gb_s": bandwidth,
+        "floor_ms_per_token": 1000 * gb / bandwidth,
+        "methods": {},
+        "tau_from": str(tc.tau_from) if tc.tau_from else None,
+        "projection": None,
+        "torch": torch.__version__,
+    }
     for name in tc.methods:  # the report is rewritten after each: a killed run keeps what it timed
         method = build_method(name, methods.context(dtype, target=target), methods.sections)
-        report["methods"] |= time_methods(target, {name: method}, tc.prompt_len, tc.new_tokens,
-                                          tc.repeats, seed=seed)
+        report["methods"] |= time_methods(
+            target, {name: method}, tc.prompt_len, tc.new_tokens, tc.repeats, seed=seed
+        )
         write_timing(report, tc.out_dir)
     if results is not None:
         report["projection"] = project(report["methods"], results)

@@ -53,8 +53,12 @@ class Candidate:
                           # `best_subtree` alone: 1 + its nodes' acceptance per position
 
 
-def position_paths(generate: Callable[[list[int], int], list[int]], probe: TreeTemplate, prompt: list[int],
-                   text: list[int]) -> list[RankPathT]:
+def position_paths(
+    generate: Callable[[list[int], int], list[int]],
+    probe: TreeTemplate,
+    prompt: list[int],
+    text: list[int],
+) -> list[RankPathT]:
     """The probe's accepted path from every position of a greedy text.
 
     Args:
@@ -74,7 +78,9 @@ def position_paths(generate: Callable[[list[int], int], list[int]], probe: TreeT
     return out
 
 
-def acceptance_by_position(probe: TreeTemplate, paths: Sequence[Sequence[RankPathT]]) -> list[float]:
+def acceptance_by_position(
+    probe: TreeTemplate, paths: Sequence[Sequence[RankPathT]]
+) -> list[float]:
     """Share of probed positions (all texts) at which each probe node is accepted; root = 1."""
     index = {p: i for i, p in enumerate(probe.paths, start=1)}
     hits, n = [0] * (probe.num_nodes + 1), 0
@@ -87,8 +93,12 @@ def acceptance_by_position(probe: TreeTemplate, paths: Sequence[Sequence[RankPat
     return [h / max(n, 1) for h in hits]
 
 
-def replay(paths: Sequence[Sequence[RankPathT]], tree: TreeTemplate, max_new_tokens: int,
-           chains: Sequence[Sequence[ChainHitT]] | None = None) -> list[tuple[int, int]]:
+def replay(
+    paths: Sequence[Sequence[RankPathT]],
+    tree: TreeTemplate,
+    max_new_tokens: int,
+    chains: Sequence[Sequence[ChainHitT]] | None = None,
+) -> list[tuple[int, int]]:
     """The rounds of greedy decoding with `tree` over the probed texts, replayed, as (tokens
     committed, tokens verified) per round: each round accepts the longest prefix of the probe's
     path at its root that `tree` holds, plus one token, cut at max_new_tokens (and at the text's
@@ -122,24 +132,30 @@ def replay(paths: Sequence[Sequence[RankPathT]], tree: TreeTemplate, max_new_tok
     return rounds
 
 
-def simulate(paths: Sequence[Sequence[RankPathT]], tree: TreeTemplate, max_new_tokens: int,
-             chains: Sequence[Sequence[ChainHitT]] | None = None) -> float:
+def simulate(
+    paths: Sequence[Sequence[RankPathT]],
+    tree: TreeTemplate,
+    max_new_tokens: int,
+    chains: Sequence[Sequence[ChainHitT]] | None = None,
+) -> float:
     """tau (tokens committed per round after the prefill) of greedy decoding with `tree` (and
     `chains` merged into it) over the probed texts: `replay`'s rounds."""
     rounds = replay(paths, tree, max_new_tokens, chains)
     return sum(step for step, _ in rounds) / max(len(rounds), 1)
 
 
-def chain_hits(lookup: Callable[[list[int]], list[int]], prompt: list[int], text: list[int]) -> list[ChainHitT]:
+def chain_hits(
+    lookup: Callable[[list[int]], list[int]], prompt: list[int], text: list[int]
+) -> list[ChainHitT]:
     """What a drafter that reads only the tokens (prompt lookup's `lookup`) proposes from every
     position of a greedy text: entry t, (the chain's length, how many of its tokens the text goes
     on with) in a round whose root is text[t], i.e. from the tokens prompt + text[:t + 1]; the
     entries line up with `position_paths`'."""
     out = []
     for t in range(len(text) - 1):
-        chain = lookup(prompt + text[:t + 1])
+        chain = lookup(prompt + text[: t + 1])
         accepted = 0
-        for token, following in zip(chain, text[t + 1:]):
+        for token, following in zip(chain, text[t + 1 :]):
             if token != following:
                 break
             accepted += 1
@@ -147,7 +163,9 @@ def chain_hits(lookup: Callable[[list[int]], list[int]], prompt: list[int], text
     return out
 
 
-def best_subtree(probe: TreeTemplate, by_node: Sequence[float], size: int, name: str | None = None) -> Candidate:
+def best_subtree(
+    probe: TreeTemplate, by_node: Sequence[float], size: int, name: str | None = None
+) -> Candidate:
     """The `size`-node subtree of `probe` with the largest total acceptance (its tokens per
     round at an average position: `predicted_tau` of the returned candidate).
 
@@ -165,7 +183,9 @@ def best_subtree(probe: TreeTemplate, by_node: Sequence[float], size: int, name:
         size: draft nodes to keep (at most the probe's).
     """
     if len(by_node) != probe.num_nodes + 1:
-        raise TreeError(f"{len(by_node)} acceptance values for the {probe.num_nodes + 1} nodes of {probe.name}")
+        raise TreeError(
+            f"{len(by_node)} acceptance values for the {probe.num_nodes + 1} nodes of {probe.name}"
+        )
     if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= probe.num_nodes:
         raise TreeError(f"subtree size must be in 1..{probe.num_nodes}, got {size!r}")
     kept = {0}
@@ -180,12 +200,18 @@ def best_subtree(probe: TreeTemplate, by_node: Sequence[float], size: int, name:
             eligible.add(siblings[nxt])
         eligible.update(c for c in probe.children[node] if probe.ranks[c] == 0)
     paths = [probe.paths[i - 1] for i in sorted(kept) if i > 0]
-    per_round = 1.0 + sum(by_node[i] for i in kept if i > 0)  # tokens per round at an average position
+    per_round = 1.0 + sum(
+        by_node[i] for i in kept if i > 0
+    )  # tokens per round at an average position
     return Candidate(TreeTemplate.from_paths(paths, name or f"best{size}"), per_round)
 
 
-def candidates(probe: TreeTemplate, paths: Sequence[Sequence[RankPathT]], sizes: Sequence[int],
-               max_new_tokens: int) -> list[Candidate]:
+def candidates(
+    probe: TreeTemplate,
+    paths: Sequence[Sequence[RankPathT]],
+    sizes: Sequence[int],
+    max_new_tokens: int,
+) -> list[Candidate]:
     """`best_subtree` for each size (sizes beyond the probe's are skipped), with the tau
     that `simulate` predicts for it."""
     by_node = acceptance_by_position(probe, paths)
@@ -237,7 +263,10 @@ class RoundCost:
         for tree, _, verify in measured:
             by_tokens.setdefault(tree.num_nodes + 1, []).append(verify)
         sizes = sorted(by_tokens)
-        pooled = isotonic([sum(by_tokens[n]) / len(by_tokens[n]) for n in sizes], [len(by_tokens[n]) for n in sizes])
+        pooled = isotonic(
+            [sum(by_tokens[n]) / len(by_tokens[n]) for n in sizes],
+            [len(by_tokens[n]) for n in sizes],
+        )
         verify_ms = tuple(zip(sizes, pooled))
         x = np.array([[1.0, *drafter_passes(t)] for t, _, _ in measured])  # (k, 3)
         y = np.array([d for _, d, _ in measured])
@@ -269,8 +298,11 @@ class RoundCost:
         return self.draft(tree) + self.verify(tree.num_nodes + 1 if tokens is None else tokens)
 
     def to_dict(self) -> dict:
-        return {"verify_ms": [list(p) for p in self.verify_ms], "draft_ms": dict(zip("abc", self.draft_coef)),
-                "draft_formula": "a + b * passes + c * rows"}
+        return {
+            "verify_ms": [list(p) for p in self.verify_ms],
+            "draft_ms": dict(zip("abc", self.draft_coef)),
+            "draft_formula": "a + b * passes + c * rows",
+        }
 
 
 def isotonic(values: Sequence[float], weights: Sequence[float]) -> list[float]:
@@ -292,27 +324,36 @@ class MachineCost:
     On a CPU with fast bf16 a wide tree may keep bf16 while chains and small trees keep float32
     (`eagle.bench.machine_tree.measure_round_cost`), and a verification of n tokens costs
     differently in each: one curve fitted through both would price a bf16 tree by float32's
-    neighbours and the reverse. So each dtype gets its own `RoundCost`, fitted on every round timed in it (a tree kept in one
-    dtype was timed in both, and counts in both fits); a dtype timed on fewer than the three trees
-    a fit needs prices its trees by their own measured rounds.
-    """
+    neighbours and the reverse. So each dtype gets its own `RoundCost`, fitted on every round timed
+    in it (a tree kept in one dtype was timed in both, and counts in both fits); a dtype timed on
+    fewer than the three trees a fit needs prices its trees by their own measured rounds."""
 
     by_dtype: dict[str, RoundCost]  # dtype -> the fit of the rounds timed in it
     dtypes: dict[str, str]  # tree name -> the dtype it decodes in
     measured_ms: dict[str, float]  # tree name -> its measured round (draft + verify) in that dtype
 
     @classmethod
-    def fit(cls, measured: Sequence[tuple[TreeTemplate, str, float, float]], dtypes: dict[str, str]) -> MachineCost:
+    def fit(
+        cls, measured: Sequence[tuple[TreeTemplate, str, float, float]], dtypes: dict[str, str]
+    ) -> MachineCost:
         """From (tree, dtype, draft ms per round, verify ms per round) of every tree in every dtype
         timed, and the dtype each tree keeps (`dtypes`, by tree name)."""
         by_dtype: dict[str, list[tuple[TreeTemplate, float, float]]] = {}
         for tree, dtype, draft, verify in measured:
             by_dtype.setdefault(dtype, []).append((tree, draft, verify))
-        own = {tree.name: draft + verify for tree, dtype, draft, verify in measured if dtype == dtypes[tree.name]}
+        own = {
+            tree.name: draft + verify
+            for tree, dtype, draft, verify in measured
+            if dtype == dtypes[tree.name]
+        }
         missing = sorted(set(dtypes) - set(own))
         if missing:
             raise ValueError(f"trees without a round timed in their dtype: {missing}")
-        return cls({d: RoundCost.fit(rows) for d, rows in by_dtype.items() if len(rows) >= 3}, dict(dtypes), own)
+        return cls(
+            {d: RoundCost.fit(rows) for d, rows in by_dtype.items() if len(rows) >= 3},
+            dict(dtypes),
+            own,
+        )
 
     def round_ms(self, tree: TreeTemplate, tokens: int | None = None) -> float:
         """As `RoundCost.round_ms`, in the tree's dtype. A dtype without a fit prices the tree by
@@ -330,23 +371,40 @@ class MachineCost:
         return measured + ref.verify(tokens) - ref.verify(own)
 
     def to_dict(self) -> dict:
-        return {"by_dtype": {d: c.to_dict() for d, c in self.by_dtype.items()},
-                "measured_round_ms": self.measured_ms,
-                "unfitted_dtypes": sorted(set(self.dtypes.values()) - set(self.by_dtype))}
+        return {
+            "by_dtype": {d: c.to_dict() for d, c in self.by_dtype.items()},
+            "measured_round_ms": self.measured_ms,
+            "unfitted_dtypes": sorted(set(self.dtypes.values()) - set(self.by_dtype)),
+        }
 
 
-def choose_for_machine(found: Sequence[Candidate], cost: RoundCost | MachineCost, vanilla_ms: float) -> list[dict]:
+def choose_for_machine(
+    found: Sequence[Candidate], cost: RoundCost | MachineCost, vanilla_ms: float
+) -> list[dict]:
     """Every candidate with its predicted round time and speedup (tau x vanilla step / round),
     best first: the first is the tree for this machine."""
-    rows = [{"tree": c.tree.name, "nodes": c.tree.num_nodes, "depth": c.tree.depth, "predicted_tau": c.predicted_tau,
-             "predicted_round_ms": cost.round_ms(c.tree),
-             "predicted_speedup": c.predicted_tau * vanilla_ms / cost.round_ms(c.tree)} for c in found]
+    rows = [
+        {
+            "tree": c.tree.name,
+            "nodes": c.tree.num_nodes,
+            "depth": c.tree.depth,
+            "predicted_tau": c.predicted_tau,
+            "predicted_round_ms": cost.round_ms(c.tree),
+            "predicted_speedup": c.predicted_tau * vanilla_ms / cost.round_ms(c.tree),
+        }
+        for c in found
+    ]
     return sorted(rows, key=lambda r: -r["predicted_speedup"])
 
 
-def choose_merged(found: Sequence[Candidate], paths: Sequence[Sequence[RankPathT]],
-                  chains: Sequence[Sequence[ChainHitT]], cost: RoundCost | MachineCost, vanilla_ms: float,
-                  max_new_tokens: int) -> list[dict]:
+def choose_merged(
+    found: Sequence[Candidate],
+    paths: Sequence[Sequence[RankPathT]],
+    chains: Sequence[Sequence[ChainHitT]],
+    cost: RoundCost | MachineCost,
+    vanilla_ms: float,
+    max_new_tokens: int,
+) -> list[dict]:
     """Every candidate with a chain merged into it each round (`chains`: prompt lookup's, for
     `eagle_lookup`), best first: its rounds replayed over the probed texts (`replay`), each priced
     by the cost model at the tokens it verifies, so a chain that drafts often makes a wide tree
@@ -356,9 +414,17 @@ def choose_merged(found: Sequence[Candidate], paths: Sequence[Sequence[RankPathT
         rounds = replay(paths, c.tree, max_new_tokens, chains)
         n, committed = max(len(rounds), 1), sum(step for step, _ in rounds)
         ms = sum(cost.round_ms(c.tree, verified) for _, verified in rounds)
-        rows.append({"tree": c.tree.name, "nodes": c.tree.num_nodes, "depth": c.tree.depth,
-                     "predicted_tau": committed / n, "predicted_verified": sum(v for _, v in rounds) / n,
-                     "predicted_round_ms": ms / n, "predicted_speedup": committed * vanilla_ms / ms if ms else 0.0})
+        rows.append(
+            {
+                "tree": c.tree.name,
+                "nodes": c.tree.num_nodes,
+                "depth": c.tree.depth,
+                "predicted_tau": committed / n,
+                "predicted_verified": sum(v for _, v in rounds) / n,
+                "predicted_round_ms": ms / n,
+                "predicted_speedup": committed * vanilla_ms / ms if ms else 0.0,
+            }
+        )
     return sorted(rows, key=lambda r: -r["predicted_speedup"])
 
 
@@ -366,9 +432,14 @@ def write_tree(candidate: Candidate, path: str | Path, source: str = "") -> Path
     """Save a candidate as a `kind: paths` tree config, with where it came from as a comment."""
     path = Path(path)
     tree = candidate.tree
-    header = [f"# {tree.summary()}; predicted tau {candidate.predicted_tau:.3f} (greedy)",
-              "# chosen by eagle.bench.tree_search.best_subtree" + (f" from {source}" if source else "")]
-    body = yaml.safe_dump({"kind": "paths", "paths": [list(p) for p in tree.paths]}, default_flow_style=None,
-                          sort_keys=False)
+    header = [
+        f"# {tree.summary()}; predicted tau {candidate.predicted_tau:.3f} (greedy)",
+        "# chosen by eagle.bench.tree_search.best_subtree" + (f" from {source}" if source else ""),
+    ]
+    body = yaml.safe_dump(
+        {"kind": "paths", "paths": [list(p) for p in tree.paths]},
+        default_flow_style=None,
+        sort_keys=False,
+    )
     path.write_text("\n".join(header) + "\n" + body)
     return path

@@ -39,8 +39,13 @@ def shift_batch(input_ids: Tensor, features: Tensor, loss_mask: Tensor) -> dict[
         m_{t+1} (0 at the last position).
     """
     weight = F.pad(loss_mask[:, 2:], (0, 1)).float()  # (B, T-1)
-    return {"features_in": features[:, :-1], "input_ids": input_ids[:, 1:], "prev_ids": input_ids[:, :-1],
-            "target": features[:, 1:], "weight": weight}
+    return {
+        "features_in": features[:, :-1],
+        "input_ids": input_ids[:, 1:],
+        "prev_ids": input_ids[:, :-1],
+        "target": features[:, 1:],
+        "weight": weight,
+    }
 
 
 def collate(items: Sequence[Mapping[str, Tensor]]) -> dict[str, Tensor]:
@@ -82,5 +87,7 @@ class TokenSamples(torch.utils.data.Dataset):
 
     def __getitem__(self, i: int) -> dict[str, Tensor]:
         s = self.samples[i]
-        return {"input_ids": torch.from_numpy(np.asarray(s["input_ids"], dtype=np.int64)),
-                "loss_mask": torch.from_numpy(np.asarray(s["loss_mask"], dtype=np.int64))}
+        return {
+            "input_ids": torch.from_numpy(np.asarray(s["input_ids"], dtype=np.int64)),
+            "loss_mask": torch.from_numpy(np.asarray(s["loss_mask"], dtype=np.int64)),
+        }

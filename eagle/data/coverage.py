@@ -50,13 +50,18 @@ def agreement(model: nn.Module, input_ids: Tensor, target_argmax: Tensor, prompt
         (N,) float agreement in [0, 1].
     """
     if input_ids.shape != target_argmax.shape:
-        raise ValueError(f"input_ids {tuple(input_ids.shape)} and target_argmax {tuple(target_argmax.shape)} differ")
+        raise ValueError(
+            f"input_ids {tuple(input_ids.shape)} and target_argmax {tuple(target_argmax.shape)} "
+            "differ"
+        )
     if not 0 < prompt_len <= input_ids.shape[1]:
         raise ValueError(f"prompt_len {prompt_len} outside the rows' length {input_ids.shape[1]}")
     out = []
     for i in range(0, len(input_ids), batch_size):
-        guess = argmax_next(model, input_ids[i: i + batch_size])[:, prompt_len - 1:]  # (b, T - prompt_len + 1)
-        want = target_argmax[i: i + batch_size, prompt_len - 1:].to(guess.device)
+        guess = argmax_next(model, input_ids[i : i + batch_size])[
+            :, prompt_len - 1 :
+        ]  # (b, T - prompt_len + 1)
+        want = target_argmax[i : i + batch_size, prompt_len - 1 :].to(guess.device)
         out.append((guess == want).float().mean(-1).cpu())
     return torch.cat(out)
 
@@ -66,8 +71,12 @@ def covered(agree: Tensor, criterion: CoverCriterion) -> Tensor:
     return agree >= criterion.threshold
 
 
-def coverage_report(agree: Mapping[str, Tensor], boosted: Sequence[str], baseline: str | None,
-                    criterion: CoverCriterion) -> dict:
+def coverage_report(
+    agree: Mapping[str, Tensor],
+    boosted: Sequence[str],
+    baseline: str | None,
+    criterion: CoverCriterion,
+) -> dict:
     """Per-model coverage and mean agreement, the boosted set's union coverage, and how it
     compares with the baseline (one SSM trained on all the data for the same budget).
 
@@ -76,8 +85,13 @@ def coverage_report(agree: Mapping[str, Tensor], boosted: Sequence[str], baselin
         boosted: the boost-tuned SSMs' names, in order.
         baseline: the baseline's name, or None.
     """
-    models = {name: {"coverage": float(covered(a, criterion).float().mean()), "mean_agreement": float(a.mean())}
-              for name, a in agree.items()}
+    models = {
+        name: {
+            "coverage": float(covered(a, criterion).float().mean()),
+            "mean_agreement": float(a.mean()),
+        }
+        for name, a in agree.items()
+    }
     union = torch.stack([covered(agree[n], criterion) for n in boosted]).any(0)
     # what each SSM adds: samples it covers that none of the SSMs before it covers
     new = []
@@ -86,9 +100,14 @@ def coverage_report(agree: Mapping[str, Tensor], boosted: Sequence[str], baselin
         c = covered(agree[n], criterion)
         new.append(float((c & ~seen).float().mean()))
         seen |= c
-    report = {"threshold": criterion.threshold, "samples": int(union.numel()), "models": models,
-              "boosted": list(boosted), "union_coverage": float(union.float().mean()),
-              "added_by_each": dict(zip(boosted, new))}
+    report = {
+        "threshold": criterion.threshold,
+        "samples": int(union.numel()),
+        "models": models,
+        "boosted": list(boosted),
+        "union_coverage": float(union.float().mean()),
+        "added_by_each": dict(zip(boosted, new)),
+    }
     if baseline is not None:
         base = models[baseline]["coverage"]
         report["baseline"] = baseline
@@ -98,24 +117,43 @@ def coverage_report(agree: Mapping[str, Tensor], boosted: Sequence[str], baselin
 
 def coverage_markdown(report: dict) -> str:
     """The report as a Markdown table, with its verdict in words."""
-    lines = [f"Coverage of {report['samples']} held-out self-distilled samples (covered: the model's argmax "
-             f"is the target's on >= {report['threshold']:.0%} of the continuation)", "",
-             "| model | coverage | mean agreement | new coverage |", "|---|---:|---:|---:|"]
+    lines = [
+        f"Coverage of {report['samples']} held-out self-distilled samples (covered: the model's "
+        "argmax "
+        f"is the target's on >= {report['threshold']:.0%} of the continuation)",
+        "",
+        "| model | coverage | mean agreement | new coverage |",
+        "|---|---:|---:|---:|",
+    ]
     for name, m in report["models"].items():
         added = report["added_by_each"].get(name)
-        lines.append(f"| {name} | {m['coverage']:.1%} | {m['mean_agreement']:.3f} | "
-                     f"{'' if added is None else f'{added:.1%}'} |")
-    lines.append(f"| union of {', '.join(report['boosted'])} | {report['union_coverage']:.1%} | | |")
+        lines.append(
+            f"| {name} | {m['coverage']:.1%} | {m['mean_agreement']:.3f} | "
+            f"{'' if added is None else f'{added:.1%}'} |"
+        )
+    lines.append(
+        f"| union of {', '.join(report['boosted'])} | {report['union_coverage']:.1%} | | |"
+    )
     if "baseline" in report:
         verdict = "beats" if report["union_beats_baseline"] else "does NOT beat"
-        lines += ["", f"The union {verdict} the {report['baseline']} "
-                      f"({report['union_coverage']:.1%} vs {report['models'][report['baseline']]['coverage']:.1%})."]
+        lines += [
+            "",
+            f"The union {verdict} the {report['baseline']} "
+            f"({report['union_coverage']:.1%} vs "
+            f"{report['models'][report['baseline']]['coverage']:.1%}).",
+        ]
     return "\n".join(lines) + "\n"
 
 
-def measure_coverage(distill_dir: str | Path, ssms: Sequence[str], baseline: str | None,
-                     threshold: float, out_dir: str | Path, also: Sequence[str] = (),
-                     device: str = "cpu") -> Path:
+def measure_coverage(
+    distill_dir: str | Path,
+    ssms: Sequence[str],
+    baseline: str | None,
+    threshold: float,
+    out_dir: str | Path,
+    also: Sequence[str] = (),
+    device: str = "cpu",
+) -> Path:
     """SpecInfer's boost-tuning report: each SSM's coverage of the held-out rows of the
     self-distilled data in `distill_dir`, the union of the boost-tuned `ssms` (model folders, in
     boost-tuning order) and the `baseline` (one SSM trained on all rows for the same budget;
@@ -125,8 +163,11 @@ def measure_coverage(distill_dir: str | Path, ssms: Sequence[str], baseline: str
     ids, argmax, prompt_len = split_rows(splits["validation"], f"{distill_dir} validation")
     boosted = {f"ssm_{k + 1}": str(p) for k, p in enumerate(ssms)}
     base = f"baseline ({Path(str(baseline)).parent.name})" if baseline else None
-    models = {**boosted, **({base: str(baseline)} if base else {}),
-              **{Path(str(p)).parent.name: str(p) for p in also}}
+    models = {
+        **boosted,
+        **({base: str(baseline)} if base else {}),
+        **{Path(str(p)).parent.name: str(p) for p in also},
+    }
     agree = {}
     for name, path in progress(models.items(), desc="coverage", unit="model"):
         model, _ = load_target(path, dtype=torch.float32, device=device, with_tokenizer=False)

@@ -8,9 +8,9 @@ at temperature 0), and stores every row with the target's argmax after each posi
 
 Layout (`out_dir`):
 
-    metadata.json                   what produced it and what it holds (an `eagle.artifacts` sidecar)
-    train/shard-00000/data.arrow    Arrow stream file: `datasets.Dataset.from_file` reads it
-    train/shard-00000/shard.json    rows, tokens, bytes and sha256 of data.arrow
+    metadata.json                 what produced it and what it holds (an eagle.artifacts sidecar)
+    train/shard-00000/data.arrow  Arrow stream file: `datasets.Dataset.from_file` reads it
+    train/shard-00000/shard.json  rows, tokens, bytes and sha256 of data.arrow
     validation/shard-00000/...
 
 Each row: `input_ids` (int32 list: the prompt followed by its continuation), `prompt_len`
@@ -78,8 +78,13 @@ def _device(model: nn.Module) -> torch.device:
 
 
 @torch.inference_mode()
-def sample_continuations(target: nn.Module, prompts: torch.Tensor, new_tokens: int, policy: SamplingPolicy,
-                         generator: torch.Generator | None) -> torch.Tensor:
+def sample_continuations(
+    target: nn.Module,
+    prompts: torch.Tensor,
+    new_tokens: int,
+    policy: SamplingPolicy,
+    generator: torch.Generator | None,
+) -> torch.Tensor:
     """Continue each prompt by `new_tokens` tokens sampled from the target.
 
     Args:
@@ -101,14 +106,18 @@ def sample_continuations(target: nn.Module, prompts: torch.Tensor, new_tokens: i
     if new_tokens == 0:
         return ids.clone()
     cache = new_cache(ids.shape[1] + new_tokens)
-    out = target_forward(target, ids, cache, logits_slice=slice(-1, None))  # prefill: logits (B, 1, V)
+    out = target_forward(
+        target, ids, cache, logits_slice=slice(-1, None)
+    )  # prefill: logits (B, 1, V)
     tokens = []
     for step in range(new_tokens):
         probs = policy.probs(out.logits[:, -1])  # (B, V): p after the policy
         token = policy.sample(probs, generator)  # (B,)
         tokens.append(token)
         if step + 1 < new_tokens:
-            out = target_forward(target, token[:, None], cache)  # one step; positions follow the cache
+            out = target_forward(
+                target, token[:, None], cache
+            )  # one step; positions follow the cache
     return torch.cat([ids, torch.stack(tokens, dim=1)], dim=1)
 
 
@@ -126,7 +135,9 @@ def target_argmax(target: nn.Module, ids: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"ids must be (B, T), got shape {tuple(ids.shape)}")
     device = _device(target)
     # features for every position; the head below, per row (logits_slice: none here)
-    features = target_forward(target, ids.to(device, torch.long), logits_slice=slice(0, 0)).features  # (B, T, H)
+    features = target_forward(
+        target, ids.to(device, torch.long), logits_slice=slice(0, 0)
+    ).features  # (B, T, H)
     return torch.stack([argmax(head_logits(target, features[i])) for i in range(features.size(0))])
 
 
@@ -137,10 +148,15 @@ def split_rows(dataset, where: str = "") -> tuple[torch.Tensor, torch.Tensor, in
     lengths = {len(r) for r in columns["input_ids"]}
     prompt_lens = sorted(set(columns["prompt_len"]))
     if len(lengths) != 1 or len(prompt_lens) != 1:
-        raise DistillError(f"{where}: rows of lengths {sorted(lengths)} and prompt lengths {prompt_lens}; one of "
-                           f"each is needed (distil with equal prompt lengths)")
-    return (torch.tensor(np.asarray(columns["input_ids"], dtype=np.int64)),
-            torch.tensor(np.asarray(columns["target_argmax"], dtype=np.int64)), int(prompt_lens[0]))
+        raise DistillError(
+            f"{where}: rows of lengths {sorted(lengths)} and prompt lengths {prompt_lens}; one of "
+            f"each is needed (distil with equal prompt lengths)"
+        )
+    return (
+        torch.tensor(np.asarray(columns["input_ids"], dtype=np.int64)),
+        torch.tensor(np.asarray(columns["target_argmax"], dtype=np.int64)),
+        int(prompt_lens[0]),
+    )
 
 
 # ------------------------------------------------------------------------------ plan
@@ -157,7 +173,8 @@ def prompts_fingerprint(prompts: Sequence[Sequence[int]]) -> str:
 
 
 def shard_seed(seed: int, split: str, shard: int) -> int:
-    """The seed of shard `shard` of `split`: a hash of the three, so shards draw independent streams."""
+    """The seed of shard `shard` of `split`: a hash of the three, so shards draw independent
+    streams."""
     digest = hashlib.sha256(f"eagle-distill:{seed}:{split}:{shard}".encode()).digest()
     return int.from_bytes(digest[:8], "little") & (2**63 - 1)
 
@@ -166,20 +183,28 @@ def row_schema():
     """The `datasets.Features` of a shard; its Arrow schema carries them as metadata."""
     import datasets
 
-    return datasets.Features({
-        "input_ids": datasets.List(datasets.Value("int32")),
-        "prompt_len": datasets.Value("int32"),
-        "target_argmax": datasets.List(datasets.Value("int32")),
-    })
+    return datasets.Features(
+        {
+            "input_ids": datasets.List(datasets.Value("int32")),
+            "prompt_len": datasets.Value("int32"),
+            "target_argmax": datasets.List(datasets.Value("int32")),
+        }
+    )
 
 
 # ---------------------------------------------------------------------------- writing
 
 
-def _batch_rows(target: nn.Module, prompts: Sequence[Sequence[int]], new_tokens: int, policy: SamplingPolicy,
-                generator: torch.Generator | None) -> list[tuple[list[int], list[int]]]:
+def _batch_rows(
+    target: nn.Module,
+    prompts: Sequence[Sequence[int]],
+    new_tokens: int,
+    policy: SamplingPolicy,
+    generator: torch.Generator | None,
+) -> list[tuple[list[int], list[int]]]:
     """(input_ids, target_argmax) of each prompt, in order; prompts of equal length are sampled
-    together (a batch normally holds one length; mixed lengths are grouped in order of appearance)."""
+    together (a batch normally holds one length; mixed lengths are grouped in order of appearance).
+    """
     device = _device(target)
     groups: dict[int, list[int]] = {}
     for i, p in enumerate(prompts):
@@ -196,17 +221,27 @@ def _batch_rows(target: nn.Module, prompts: Sequence[Sequence[int]], new_tokens:
     return rows
 
 
-def write_shard(target: nn.Module, prompts: Sequence[Sequence[int]], shard_dir: Path, *, new_tokens: int,
-                policy: SamplingPolicy, generator: torch.Generator | None, batch_size: int, plan: str,
-                on_batch: Callable[[int], None] | None = None) -> dict:
+def write_shard(
+    target: nn.Module,
+    prompts: Sequence[Sequence[int]],
+    shard_dir: Path,
+    *,
+    new_tokens: int,
+    policy: SamplingPolicy,
+    generator: torch.Generator | None,
+    batch_size: int,
+    plan: str,
+    on_batch: Callable[[int], None] | None = None,
+) -> dict:
     """Sample and write one shard atomically (`eagle.data.shards.write_shard`).
 
     `on_batch(n)` is called after each batch of n rows is on disk (progress bar; the tests'
     simulated crash). Returns the shard's info (also written to `shard.json`).
     """
+
     def batches() -> Iterator[shards.Batch]:
         for a in range(0, len(prompts), batch_size):
-            batch = prompts[a: a + batch_size]
+            batch = prompts[a : a + batch_size]
             done = _batch_rows(target, batch, new_tokens, policy, generator)
             columns = {
                 "input_ids": [np.asarray(ids, np.int32) for ids, _ in done],
@@ -215,7 +250,9 @@ def write_shard(target: nn.Module, prompts: Sequence[Sequence[int]], shard_dir: 
             }
             yield columns, {"tokens": sum(len(ids) for ids, _ in done)}
 
-    return shards.write_shard(shard_dir, row_schema().arrow_schema, batches(), _fingerprint(prompts, plan), on_batch)
+    return shards.write_shard(
+        shard_dir, row_schema().arrow_schema, batches(), _fingerprint(prompts, plan), on_batch
+    )
 
 
 def _fingerprint(prompts: Sequence[Sequence[int]], plan: str) -> dict[str, str]:
@@ -227,10 +264,21 @@ def shard_name(k: int) -> str:
     return f"shard-{k:05d}"
 
 
-def generate_distilled(target: nn.Module, tokenizer, prompts: dict[str, list[list[int]]], out_dir: str | Path, *,
-                       new_tokens: int, policy: SamplingPolicy, batch_size: int = 8, shard_size: int = 256,
-                       seed: int = 0, target_path: str | None = None, overwrite: bool = False,
-                       progress: bool = True) -> dict:
+def generate_distilled(
+    target: nn.Module,
+    tokenizer,
+    prompts: dict[str, list[list[int]]],
+    out_dir: str | Path,
+    *,
+    new_tokens: int,
+    policy: SamplingPolicy,
+    batch_size: int = 8,
+    shard_size: int = 256,
+    seed: int = 0,
+    target_path: str | None = None,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> dict:
     """Let the target continue `prompts` and write the rows to `out_dir`, resumably.
 
     Args:
@@ -263,10 +311,15 @@ def generate_distilled(target: nn.Module, tokenizer, prompts: dict[str, list[lis
         empty = next((i for i, p in enumerate(rows) if not p), None)
         if empty is not None:
             raise ValueError(f"{split} prompt {empty} is empty")
-    context, longest = context_length(target), max((len(p) for rows in prompts.values() for p in rows), default=0)
+    context, longest = (
+        context_length(target),
+        max((len(p) for rows in prompts.values() for p in rows), default=0),
+    )
     if context is not None and longest + new_tokens > context:
-        raise DistillError(f"a prompt of {longest} tokens + new_tokens={new_tokens} pass the target's context of "
-                           f"{context} positions: shorten the prompts or lower new_tokens")
+        raise DistillError(
+            f"a prompt of {longest} tokens + new_tokens={new_tokens} pass the target's context of "
+            f"{context} positions: shorten the prompts or lower new_tokens"
+        )
     out_dir = Path(out_dir)
     device = _device(target)
     identity = TargetIdentity.of(target, tokenizer, target_path, with_lm_head=True)
@@ -278,12 +331,18 @@ def generate_distilled(target: nn.Module, tokenizer, prompts: dict[str, list[lis
         "dtype": str(next(target.parameters()).dtype).removeprefix("torch."),
         "device_type": device.type,  # CPU and CUDA generators draw different streams
         "new_tokens": int(new_tokens),
-        "policy": {"temperature": float(policy.temperature), "top_k": int(policy.top_k),
-                   "top_p": float(policy.top_p)},
+        "policy": {
+            "temperature": float(policy.temperature),
+            "top_k": int(policy.top_k),
+            "top_p": float(policy.top_p),
+        },
         "seed": int(seed),
         "shard_size": int(shard_size),
         "batch_size": int(batch_size),
-        "splits": {s: {"prompts": len(prompts[s]), "fingerprint": prompts_fingerprint(prompts[s])} for s in SPLITS},
+        "splits": {
+            s: {"prompts": len(prompts[s]), "fingerprint": prompts_fingerprint(prompts[s])}
+            for s in SPLITS
+        },
     }
     plan_id = shards.plan_hash(plan)
     art = Artifact(out_dir, DISTILL_META, plan, "distilled data")
@@ -291,16 +350,32 @@ def generate_distilled(target: nn.Module, tokenizer, prompts: dict[str, list[lis
     started = time.time()
     art.write(status="incomplete", format=FORMAT)
 
-    every = [(split, k, a, b) for split in SPLITS for k, (a, b) in enumerate(shard_ranges(len(prompts[split]), shard_size))]
+    every = [
+        (split, k, a, b)
+        for split in SPLITS
+        for k, (a, b) in enumerate(shard_ranges(len(prompts[split]), shard_size))
+    ]
     infos: dict[str, list[dict]] = {s: [] for s in SPLITS}
     skipped = 0
     total = sum(b - a for _, _, a, b in every)
     with progress_bar(total=total, desc="distill", unit="sample", disable=not progress) as bar:
         for split, k, a, b in every:
             rows, shard_dir = prompts[split][a:b], out_dir / split / shard_name(k)
-            generator = None if policy.greedy else seeded_generator(shard_seed(seed, split, k), device)
-            write = partial(write_shard, target, rows, shard_dir, new_tokens=new_tokens, policy=policy,
-                            generator=generator, batch_size=batch_size, plan=plan_id, on_batch=bar.update)
+            generator = (
+                None if policy.greedy else seeded_generator(shard_seed(seed, split, k), device)
+            )
+            write = partial(
+                write_shard,
+                target,
+                rows,
+                shard_dir,
+                new_tokens=new_tokens,
+                policy=policy,
+                generator=generator,
+                batch_size=batch_size,
+                plan=plan_id,
+                on_batch=bar.update,
+            )
             info, kept = shards.reuse_or_write(shard_dir, _fingerprint(rows, plan_id), write)
             if kept:
                 skipped += 1
@@ -309,18 +384,29 @@ def generate_distilled(target: nn.Module, tokenizer, prompts: dict[str, list[lis
     if skipped:
         log.info("distill: %d of %d shards were complete already (kept)", skipped, len(every))
 
-    splits = {s: {"rows": sum(i["rows"] for i in infos[s]), "tokens": sum(i["tokens"] for i in infos[s]),
-                  "bytes": sum(i["bytes"] for i in infos[s]), "shards": infos[s]} for s in SPLITS}
+    splits = {
+        s: {
+            "rows": sum(i["rows"] for i in infos[s]),
+            "tokens": sum(i["tokens"] for i in infos[s]),
+            "bytes": sum(i["bytes"] for i in infos[s]),
+            "shards": infos[s],
+        }
+        for s in SPLITS
+    }
     return art.write(
         status="complete",
         format=FORMAT,
         target_path=target_path,
         tokenizer_hash=identity.tokenizer_hash,
-        rows="input_ids: prompt + continuation (int32); prompt_len; target_argmax: the target's argmax "
-             "next token after each position of input_ids (int32, same length)",
+        rows="input_ids: prompt + continuation (int32); prompt_len; target_argmax: the "
+        "target's argmax next token after each position of input_ids (int32, same length)",
         eos="generation does not stop at EOS: fixed-length rows",
-        counts={"rows": sum(v["rows"] for v in splits.values()), "tokens": sum(v["tokens"] for v in splits.values()),
-                "shards": len(every), "shards_reused": skipped},
+        counts={
+            "rows": sum(v["rows"] for v in splits.values()),
+            "tokens": sum(v["tokens"] for v in splits.values()),
+            "shards": len(every),
+            "shards_reused": skipped,
+        },
         splits=splits,
         seconds_this_run=round(time.time() - started, 2),
     )
@@ -331,8 +417,14 @@ def generate_distilled(target: nn.Module, tokenizer, prompts: dict[str, list[lis
 
 def read_distill_metadata(out_dir: str | Path) -> dict:
     """The metadata of a complete distilled-data folder; `DistillError` otherwise."""
-    return shards.read_complete(Path(out_dir), DISTILL_META, FORMAT, DistillError, "distilled data",
-                                "python -m data_gen.distill")
+    return shards.read_complete(
+        Path(out_dir),
+        DISTILL_META,
+        FORMAT,
+        DistillError,
+        "distilled data",
+        "python -m data_gen.distill",
+    )
 
 
 def load_distilled(out_dir: str | Path) -> tuple[dict, dict[str, Any]]:
@@ -345,9 +437,14 @@ def load_distilled(out_dir: str | Path) -> tuple[dict, dict[str, Any]]:
     out = {}
     for split in SPLITS:
         infos = meta.get("splits", {}).get(split, {}).get("shards", [])
-        parts = [shards.open_shard(out_dir / split / info["name"], info, DistillError, REDO) for info in infos]
+        parts = [
+            shards.open_shard(out_dir / split / info["name"], info, DistillError, REDO)
+            for info in infos
+        ]
         if parts:
             out[split] = datasets.concatenate_datasets(parts) if len(parts) > 1 else parts[0]
         else:
-            out[split] = datasets.Dataset.from_dict({k: [] for k in row_schema()}, features=row_schema())
+            out[split] = datasets.Dataset.from_dict(
+                {k: [] for k in row_schema()}, features=row_schema()
+            )
     return meta, out

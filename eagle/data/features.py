@@ -156,7 +156,8 @@ def batch_features(model: nn.Module, samples: Sequence[dict], pad_id: int) -> li
 
 
 def write_shard(model: nn.Module, samples: Sequence[dict], shard_dir: Path, *, batch_size: int,
-                dtype: str, pad_id: int, plan: str, on_batch: Callable[[int], None] | None = None) -> dict:
+                dtype: str, pad_id: int, plan: str,
+                on_batch: Callable[[int], None] | None = None) -> dict:
     """Compute and write one shard atomically (`eagle.data.shards.write_shard`).
 
     Batches are formed after sorting the shard's samples by length (less padding); rows are
@@ -168,7 +169,7 @@ def write_shard(model: nn.Module, samples: Sequence[dict], shard_dir: Path, *, b
 
     def batches() -> Iterator[shards.Batch]:
         for a in range(0, len(order), batch_size):
-            batch = [samples[i] for i in order[a: a + batch_size]]
+            batch = [samples[i] for i in order[a : a + batch_size]]
             feats = batch_features(model, batch, pad_id)
             columns = {
                 "id": [s["id"] for s in batch],
@@ -177,10 +178,17 @@ def write_shard(model: nn.Module, samples: Sequence[dict], shard_dir: Path, *, b
                 "length": [int(s["input_ids"].size) for s in batch],
                 "features": [encode_features(f, dtype) for f in feats],
             }
-            yield columns, {"tokens": sum(columns["length"]),
-                            "loss_tokens": int(sum(int(s["loss_mask"].sum()) for s in batch))}
+            yield (
+                columns,
+                {
+                    "tokens": sum(columns["length"]),
+                    "loss_tokens": int(sum(int(s["loss_mask"].sum()) for s in batch)),
+                },
+            )
 
-    return shards.write_shard(shard_dir, row_schema().arrow_schema, batches(), _fingerprint(samples, plan), on_batch)
+    return shards.write_shard(
+        shard_dir, row_schema().arrow_schema, batches(), _fingerprint(samples, plan), on_batch
+    )
 
 
 def _fingerprint(samples: Sequence[dict], plan: str) -> dict[str, str]:
@@ -188,10 +196,23 @@ def _fingerprint(samples: Sequence[dict], plan: str) -> dict[str, str]:
     return {"samples_fingerprint": samples_fingerprint(samples), "plan": plan}
 
 
-def dump_features(model: nn.Module, tokenizer, samples: dict[str, list[dict]], out_dir: str | Path, *,
-                  target_path: str | None = None, source: dict | None = None, max_len: int | None = None,
-                  shard_size: int = 512, batch_size: int = 8, dtype: str = "bfloat16",
-                  overwrite: bool = False, progress: bool = True, rank: int = 0, world_size: int = 1) -> dict:
+def dump_features(
+    model: nn.Module,
+    tokenizer,
+    samples: dict[str, list[dict]],
+    out_dir: str | Path,
+    *,
+    target_path: str | None = None,
+    source: dict | None = None,
+    max_len: int | None = None,
+    shard_size: int = 512,
+    batch_size: int = 8,
+    dtype: str = "bfloat16",
+    overwrite: bool = False,
+    progress: bool = True,
+    rank: int = 0,
+    world_size: int = 1,
+) -> dict:
     """Write the features of `samples` (split -> list of samples) to `out_dir`, resumably.
 
     Several processes (GPUs, machines) write one dump together: each is given `rank` and
@@ -225,14 +246,28 @@ def dump_features(model: nn.Module, tokenizer, samples: dict[str, list[dict]], o
     context = context_length(model)
     longest = max((s["input_ids"].size for rows in samples.values() for s in rows), default=0)
     if context is not None and longest > context:
-        raise FeatureDumpError(f"a sample has {longest} tokens, past the target's context of {context} positions: "
-                               f"lower max_len to {context} or less")
+        raise FeatureDumpError(
+            f"a sample has {longest} tokens, past the target's context of {context} positions: "
+            f"lower max_len to {context} or less"
+        )
     rows = embeddings(model).weight.shape[0]
-    top = max((int(s["input_ids"].max()) for split in samples.values() for s in split if s["input_ids"].size), default=-1)
-    if top >= rows:  # the embedding would fail with a bare IndexError (a device-side assert on a GPU)
-        raise FeatureDumpError(f"the samples hold token id {top}, past the target's {rows} embedding rows: they were "
-                               f"tokenised with another tokenizer than the model's; use the tokenizer the target was "
-                               f"trained with ({target_path or 'the target folder'})")
+    top = max(
+        (
+            int(s["input_ids"].max())
+            for split in samples.values()
+            for s in split
+            if s["input_ids"].size
+        ),
+        default=-1,
+    )
+    if (
+        top >= rows
+    ):  # the embedding would fail with a bare IndexError (a device-side assert on a GPU)
+        raise FeatureDumpError(
+            f"the samples hold token id {top}, past the target's {rows} embedding rows: they were "
+            f"tokenised with another tokenizer than the model's; use the tokenizer the target was "
+            f"trained with ({target_path or 'the target folder'})"
+        )
     identity = TargetIdentity.of(model, tokenizer, target_path, with_lm_head=True)
     hidden = identity.hidden_size
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -246,10 +281,17 @@ def dump_features(model: nn.Module, tokenizer, samples: dict[str, list[dict]], o
         "shard_size": shard_size,
         "dtype": dtype,
         # the precision the features are computed in: a resumed dump must not mix two
-        "compute": {"dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
-                    "device_type": next(model.parameters()).device.type},
-        "splits": {s: {"samples": len(samples.get(s, [])), "fingerprint": samples_fingerprint(samples.get(s, []))}
-                   for s in SPLITS},
+        "compute": {
+            "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+            "device_type": next(model.parameters()).device.type,
+        },
+        "splits": {
+            s: {
+                "samples": len(samples.get(s, [])),
+                "fingerprint": samples_fingerprint(samples.get(s, [])),
+            }
+            for s in SPLITS
+        },
     }
     plan_id = shards.plan_hash(plan)
     dump = Artifact(out_dir, METADATA, plan, "feature dump")
@@ -259,18 +301,24 @@ def dump_features(model: nn.Module, tokenizer, samples: dict[str, list[dict]], o
     dump.write(status="incomplete", format=FORMAT)
 
     # every shard of the dump, in one global order; this process's are every world_size-th
-    every = [(split, k, a, b) for split in SPLITS
-             for k, (a, b) in enumerate(shard_ranges(len(samples.get(split, [])), shard_size))]
+    every = [
+        (split, k, a, b)
+        for split in SPLITS
+        for k, (a, b) in enumerate(shard_ranges(len(samples.get(split, [])), shard_size))
+    ]
     mine = [shard for i, shard in enumerate(every) if i % world_size == rank]
     infos: dict[tuple[str, int], dict] = {}
     desc = f"features (rank {rank} of {world_size})" if world_size > 1 else "features"
     total = sum(b - a for _, _, a, b in mine)
     with progress_bar(total=total, desc=desc, unit="sample", disable=not progress) as bar:
-        computed = {"tokens": 0, "since": time.time()}  # the bar's tokens/s: this run's forwards only
+        computed = {
+            "tokens": 0,
+            "since": time.time(),
+        }  # the bar's tokens/s: this run's forwards only
 
         def advance(rows: list[dict], done: list[int], n: int) -> None:
             """n more of `rows` are on disk (written in order): count their tokens."""
-            computed["tokens"] += sum(len(r["input_ids"]) for r in rows[done[0]: done[0] + n])
+            computed["tokens"] += sum(len(r["input_ids"]) for r in rows[done[0] : done[0] + n])
             done[0] += n
             bar.update(n)
             rate = computed["tokens"] / max(time.time() - computed["since"], 1e-9)
@@ -278,12 +326,26 @@ def dump_features(model: nn.Module, tokenizer, samples: dict[str, list[dict]], o
 
         for split, k, a, b in mine:
             rows, shard_dir = samples[split][a:b], out_dir / split / f"shard_{k:05d}"
-            write = partial(write_shard, model, rows, shard_dir, batch_size=batch_size, dtype=dtype, pad_id=pad_id,
-                            plan=plan_id, on_batch=partial(advance, rows, [0]))
-            infos[split, k], kept = shards.reuse_or_write(shard_dir, _fingerprint(rows, plan_id), write)
+            write = partial(
+                write_shard,
+                model,
+                rows,
+                shard_dir,
+                batch_size=batch_size,
+                dtype=dtype,
+                pad_id=pad_id,
+                plan=plan_id,
+                on_batch=partial(advance, rows, [0]),
+            )
+            infos[split, k], kept = shards.reuse_or_write(
+                shard_dir, _fingerprint(rows, plan_id), write
+            )
             if kept:
                 bar.update(b - a)  # done by an earlier run
-    def others() -> str | None:  # the other processes' shards: finished yet? (the first missing one)
+
+    def others() -> (
+        str | None
+    ):  # the other processes' shards: finished yet? (the first missing one)
         for split, k, a, b in every:
             if (split, k) not in infos:
                 shard = out_dir / split / f"shard_{k:05d}"
@@ -298,8 +360,14 @@ def dump_features(model: nn.Module, tokenizer, samples: dict[str, list[dict]], o
         # look again after writing "incomplete": the rank that finished meanwhile may have
         # written "complete" before this write, which would otherwise stand over it
         if (missing := others()) is not None:
-            log.warning("rank %d of %d: its %d shards are done; the dump is complete once every rank "
-                        "has finished (%s is not yet)", rank, world_size, len(mine), missing)
+            log.warning(
+                "rank %d of %d: its %d shards are done; the dump is complete once every rank "
+                "has finished (%s is not yet)",
+                rank,
+                world_size,
+                len(mine),
+                missing,
+            )
             return incomplete
 
     split_info: dict[str, Any] = {}
@@ -325,7 +393,7 @@ def dump_features(model: nn.Module, tokenizer, samples: dict[str, list[dict]], o
             "dtype": dtype,
             "hidden_size": hidden,
             "encoding": "raw little-endian bytes of a (length, hidden_size) array; bfloat16 as "
-                        "its 16-bit patterns (torch.bfloat16 viewed as int16)",
+            "its 16-bit patterns (torch.bfloat16 viewed as int16)",
             "what": "the target's last hidden state, after the final norm (the LM head's input)",
         },
         counts={
@@ -345,13 +413,16 @@ def dump_features(model: nn.Module, tokenizer, samples: dict[str, list[dict]], o
 
 
 def read_metadata(dump_dir: str | Path) -> dict:
-    return shards.read_complete(Path(dump_dir), METADATA, FORMAT, FeatureDumpError, "feature dump",
-                                "python -m data_gen")
+    return shards.read_complete(
+        Path(dump_dir), METADATA, FORMAT, FeatureDumpError, "feature dump", "python -m data_gen"
+    )
 
 
 def made_for(meta: dict) -> TargetIdentity:
     """The identity of the target a dump's features came from."""
-    return TargetIdentity.from_dict({**meta["params"]["target"], "target_path": meta.get("target_path") or ""})
+    return TargetIdentity.from_dict(
+        {**meta["params"]["target"], "target_path": meta.get("target_path") or ""}
+    )
 
 
 def verify_shard(shard_dir: Path, info: dict, verify: str = "checksum") -> None:
@@ -365,15 +436,21 @@ class FeatureShards(torch.utils.data.Dataset):
     Items: `{"input_ids": long (T,), "loss_mask": long (T,), "features": (T, H) storage dtype}`.
     """
 
-    def __init__(self, dump_dir: str | Path, split: str, meta: dict | None = None, verify: str = "checksum"):
+    def __init__(
+        self, dump_dir: str | Path, split: str, meta: dict | None = None, verify: str = "checksum"
+    ):
         self.dump_dir = Path(dump_dir)
         self.meta = meta if meta is not None else read_metadata(dump_dir)
         self.dtype = self.meta["features"]["dtype"]
         self.hidden_size = int(self.meta["features"]["hidden_size"])
         if split not in self.meta["splits"]:
             raise FeatureDumpError(f"feature dump {dump_dir} has no {split!r} split")
-        self.shards = [shards.open_shard(self.dump_dir / split / info["name"], info, FeatureDumpError, REDO, verify)
-                       for info in self.meta["splits"][split]["shards"]]
+        self.shards = [
+            shards.open_shard(
+                self.dump_dir / split / info["name"], info, FeatureDumpError, REDO, verify
+            )
+            for info in self.meta["splits"][split]["shards"]
+        ]
         self.offsets = np.cumsum([0] + [len(p) for p in self.shards])
 
     def __len__(self) -> int:
@@ -384,7 +461,9 @@ class FeatureShards(torch.utils.data.Dataset):
         feature (`eagle.data.vocab.count_tokens`)."""
         for shard in self.shards:
             table = shard.data  # the Arrow table: list columns, flattened chunk by chunk
-            for ids, mask in zip(table.column("input_ids").chunks, table.column("loss_mask").chunks, strict=True):
+            for ids, mask in zip(
+                table.column("input_ids").chunks, table.column("loss_mask").chunks, strict=True
+            ):
                 yield ids.flatten().to_numpy(), mask.flatten().to_numpy()
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
@@ -398,8 +477,9 @@ class FeatureShards(torch.utils.data.Dataset):
         }
 
 
-def open_feature_dump(dump_dir: str | Path, identity: TargetIdentity | None = None,
-                      verify: str = "checksum") -> tuple[dict, dict[str, FeatureShards]]:
+def open_feature_dump(
+    dump_dir: str | Path, identity: TargetIdentity | None = None, verify: str = "checksum"
+) -> tuple[dict, dict[str, FeatureShards]]:
     """Validate a dump (and, given the training target's `identity`, that it came from that
     target: tokenizer, sizes, LM head) and open both splits."""
     meta = read_metadata(dump_dir)

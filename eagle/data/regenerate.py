@@ -45,7 +45,8 @@ from eagle.target import TargetIdentity
 
 log = logging.getLogger(__name__)
 
-# /2: replies kept as written, whitespace included (/1 stripped them): a /1 file is not extended in /2
+# /2: replies kept as written, whitespace included (/1 stripped them): a /1 file is not extended in
+# /2
 FORMAT = "eagle-regenerated/2"
 SPEAKERS = {"system": "system", "user": "human", "assistant": "gpt"}  # back to ShareGPT's names
 
@@ -83,12 +84,17 @@ def cut_reply(tokenizer, text: str, max_new_tokens: int) -> tuple[str, bool]:
     return tokenizer.decode(ids[:max_new_tokens], skip_special_tokens=True), True
 
 
-def to_sharegpt(cid: str, system: list[dict], users: list[str], replies: list[str], cut: int) -> dict:
+def to_sharegpt(
+    cid: str, system: list[dict], users: list[str], replies: list[str], cut: int
+) -> dict:
     """One regenerated conversation as a ShareGPT record (`cut_replies`: replies that reached
     max_new_tokens before their end-of-turn token)."""
     turns = [{"from": SPEAKERS["system"], "value": m["content"]} for m in system]
     for user, reply in zip(users, replies):
-        turns += [{"from": SPEAKERS["user"], "value": user}, {"from": SPEAKERS["assistant"], "value": reply}]
+        turns += [
+            {"from": SPEAKERS["user"], "value": user},
+            {"from": SPEAKERS["assistant"], "value": reply},
+        ]
     return {"id": cid, "conversations": turns, "cut_replies": cut}
 
 
@@ -99,37 +105,64 @@ def _stop_ids(model: nn.Module, tokenizer) -> list[int]:
     if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
         ids.append(tokenizer.eos_token_id)
     if not ids:
-        raise RegenerateError("the target names no end-of-turn token (generation_config.eos_token_id): replies "
-                              "would never end")
+        raise RegenerateError(
+            "the target names no end-of-turn token (generation_config.eos_token_id): replies "
+            "would never end"
+        )
     return ids
 
 
 @torch.inference_mode()
-def reply_batch(model: nn.Module, tokenizer, chats: list[list[dict]], max_new_tokens: int,
-                policy: SamplingPolicy, stop: list[int]) -> tuple[list[str], list[bool]]:
+def reply_batch(
+    model: nn.Module,
+    tokenizer,
+    chats: list[list[dict]],
+    max_new_tokens: int,
+    policy: SamplingPolicy,
+    stop: list[int],
+) -> tuple[list[str], list[bool]]:
     """The target's next reply to each chat (left-padded, one `generate`); returns the texts and
     whether each was cut at `max_new_tokens` (no end-of-turn token)."""
-    texts = [tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in chats]
-    rows = tokenizer(texts, add_special_tokens=False)["input_ids"]  # the template wrote its own specials
+    texts = [
+        tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in chats
+    ]
+    rows = tokenizer(texts, add_special_tokens=False)[
+        "input_ids"
+    ]  # the template wrote its own specials
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop[0]
     width = max(len(r) for r in rows)
     device = next(model.parameters()).device
     # left padding: every prompt ends at the same column, where generation starts
     ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], device=device)  # (B, L)
-    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=device)  # (B, L)
+    mask = torch.tensor(
+        [[0] * (width - len(r)) + [1] * len(r) for r in rows], device=device
+    )  # (B, L)
     sampling = policy.temperature > 0
     out = model.generate(
-        input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=sampling, eos_token_id=stop,
+        input_ids=ids,
+        attention_mask=mask,
+        max_new_tokens=max_new_tokens,
+        do_sample=sampling,
+        eos_token_id=stop,
         pad_token_id=pad,
-        **({"temperature": policy.temperature, "top_k": policy.top_k or 0, "top_p": policy.top_p or 1.0}
-           if sampling else {"temperature": None, "top_k": None, "top_p": None}))
+        **(
+            {
+                "temperature": policy.temperature,
+                "top_k": policy.top_k or 0,
+                "top_p": policy.top_p or 1.0,
+            }
+            if sampling
+            else {"temperature": None, "top_k": None, "top_p": None}
+        ),
+    )
     new = out[:, width:]  # (B, <= max_new_tokens)
     replies, cut = [], []
     for row in new.tolist():
         ends = [i for i, t in enumerate(row) if t in stop]
         cut.append(not ends)
-        # as written, whitespace included: a reply the target begins with a space-led token keeps it, so
-        # the dump's tokens are the target's own (stripped, they would start on another token)
+        # as written, whitespace included: a reply the target begins with a space-led token keeps
+        # it, so the dump's tokens are the target's own (stripped, they would start on another
+        # token)
         replies.append(tokenizer.decode(row[: ends[0]] if ends else row, skip_special_tokens=True))
     return replies, cut
 
@@ -155,45 +188,78 @@ def _count(path: Path) -> dict[str, int]:
         for line in f:
             record = json.loads(line)
             counts["conversations"] += 1
-            counts["replies"] += sum(t["from"] == SPEAKERS["assistant"] for t in record["conversations"])
+            counts["replies"] += sum(
+                t["from"] == SPEAKERS["assistant"] for t in record["conversations"]
+            )
             counts["cut_replies"] += record["cut_replies"]
     return counts
 
 
-def regenerate(model: nn.Module, tokenizer, conversations: Iterable[dict], out_path: str | Path,
-               max_new_tokens: int, policy: SamplingPolicy, batch_size: int = 8, max_turns: int = 1,
-               max_prompt_tokens: int = 1024, seed: int = 0, source: Any = None, overwrite: bool = False,
-               progress: bool = True, total: int | None = None, replies: str = "target") -> dict:
+def regenerate(
+    model: nn.Module,
+    tokenizer,
+    conversations: Iterable[dict],
+    out_path: str | Path,
+    max_new_tokens: int,
+    policy: SamplingPolicy,
+    batch_size: int = 8,
+    max_turns: int = 1,
+    max_prompt_tokens: int = 1024,
+    seed: int = 0,
+    source: Any = None,
+    overwrite: bool = False,
+    progress: bool = True,
+    total: int | None = None,
+    replies: str = "target",
+) -> dict:
     """Write the target's replies to `conversations` (or with `replies="source"` the source's own,
     cut alike) as ShareGPT JSONL to `out_path` (see the module docstring); returns the plan
     sidecar's contents with its counts."""
     if max_new_tokens < 1 or batch_size < 1 or max_turns < 1:
-        raise RegenerateError(f"max_new_tokens, batch_size and max_turns must be >= 1, got {max_new_tokens}, "
-                              f"{batch_size}, {max_turns}")
+        raise RegenerateError(
+            f"max_new_tokens, batch_size and max_turns must be >= 1, got {max_new_tokens}, "
+            f"{batch_size}, {max_turns}"
+        )
     if replies not in ("target", "source"):
-        raise RegenerateError(f"replies must be 'target' (the target writes them) or 'source' (the source's own), "
-                              f"got {replies!r}")
+        raise RegenerateError(
+            f"replies must be 'target' (the target writes them) or 'source' (the source's own), "
+            f"got {replies!r}"
+        )
     from_source = replies == "source"
 
     out_path = Path(out_path)
     meta_path = out_path.with_name(out_path.name + ".json")
     ident = TargetIdentity.of(model, tokenizer)
-    plan = {"format": FORMAT, "target": ident.to_dict(), "max_new_tokens": max_new_tokens,
-            "policy": {"temperature": policy.temperature, "top_k": policy.top_k, "top_p": policy.top_p},
-            "batch_size": batch_size, "max_turns": max_turns, "max_prompt_tokens": max_prompt_tokens, "seed": seed,
-            "dtype": str(next(model.parameters()).dtype).removeprefix("torch."), "source": source}
-    if from_source:  # no sampling: the policy, seed and dtype play no part (the key is absent for "target",
+    plan = {
+        "format": FORMAT,
+        "target": ident.to_dict(),
+        "max_new_tokens": max_new_tokens,
+        "policy": {"temperature": policy.temperature, "top_k": policy.top_k, "top_p": policy.top_p},
+        "batch_size": batch_size,
+        "max_turns": max_turns,
+        "max_prompt_tokens": max_prompt_tokens,
+        "seed": seed,
+        "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+        "source": source,
+    }
+    if (
+        from_source
+    ):  # no sampling: the policy, seed and dtype play no part (the key is absent for "target",
         # so files regenerated before the option existed keep their plan)
         plan.update(replies="source", policy=None, seed=None, dtype=None)
     finished = False  # the file's run ended (its last batch may be short: the source ran out)
     if out_path.exists() and not overwrite:
         if not meta_path.exists():
-            raise RegenerateError(f"{out_path} exists and was not written by a regeneration (no {meta_path.name}); "
-                                  f"use another file or overwrite=true")
+            raise RegenerateError(
+                f"{out_path} exists and was not written by a regeneration (no {meta_path.name}); "
+                f"use another file or overwrite=true"
+            )
         previous = json.loads(meta_path.read_text())
         if previous.get("plan") != plan:
-            raise RegenerateError(f"{out_path} was regenerated with other settings ({meta_path}); use another "
-                                  f"file or overwrite=true")
+            raise RegenerateError(
+                f"{out_path} was regenerated with other settings ({meta_path}); use another "
+                f"file or overwrite=true"
+            )
         finished = previous.get("status") == "complete"
     elif out_path.exists():
         out_path.unlink()
@@ -201,7 +267,8 @@ def regenerate(model: nn.Module, tokenizer, conversations: Iterable[dict], out_p
     done, keep_bytes, past = _whole_batches(out_path, batch_size)
     long_prompts = no_reply = 0
     stop = None if from_source else _stop_ids(model, tokenizer)
-    # counts every conversation read from the source (`total` of them are asked for), skipped ones too
+    # counts every conversation read from the source (`total` of them are asked for), skipped ones
+    # too
     desc = "copying the source's replies" if from_source else "regenerating replies"
     bar = progress_bar(total=total, desc=desc, unit="conv", disable=not progress)
 
@@ -220,8 +287,12 @@ def regenerate(model: nn.Module, tokenizer, conversations: Iterable[dict], out_p
                     no_reply += 1
                     bar.update()
                     continue
-            first = tokenizer.apply_chat_template(system + [{"role": "user", "content": users[0]}], tokenize=True,
-                                                  add_generation_prompt=True, return_dict=False)  # token ids
+            first = tokenizer.apply_chat_template(
+                system + [{"role": "user", "content": users[0]}],
+                tokenize=True,
+                add_generation_prompt=True,
+                return_dict=False,
+            )  # token ids
             if len(first) > max_prompt_tokens:
                 long_prompts += 1
                 bar.update()
@@ -229,11 +300,15 @@ def regenerate(model: nn.Module, tokenizer, conversations: Iterable[dict], out_p
             yield conv["id"], system, users, answers
 
     items = usable()
-    skipped = sum(1 for _ in islice(items, done))  # the batches a previous run wrote (the plan fixes their order)
+    skipped = sum(
+        1 for _ in islice(items, done)
+    )  # the batches a previous run wrote (the plan fixes their order)
     bar.update(skipped)
     if skipped < done:
-        raise RegenerateError(f"{out_path} holds {done} conversations, more than the {skipped} asked for now "
-                              f"(or than the source holds)")
+        raise RegenerateError(
+            f"{out_path} holds {done} conversations, more than the {skipped} asked for now "
+            f"(or than the source holds)"
+        )
     # the file is not whole from here until the run ends: a feature dump refuses it meanwhile
     # (data_gen.conversations.check_finished)
     meta_path.write_text(json.dumps({"plan": plan, "status": "incomplete"}, indent=2) + "\n")
@@ -241,7 +316,11 @@ def regenerate(model: nn.Module, tokenizer, conversations: Iterable[dict], out_p
         if finished:
             log.info("%s: sampling its last, short batch again (%d line(s))", out_path, past)
         else:
-            log.warning("%s: dropping %d line(s) of a batch an interrupted run left incomplete", out_path, past)
+            log.warning(
+                "%s: dropping %d line(s) of a batch an interrupted run left incomplete",
+                out_path,
+                past,
+            )
         with out_path.open("r+b") as f:
             f.truncate(keep_bytes)
     with out_path.open("a") as f:
@@ -256,10 +335,13 @@ def regenerate(model: nn.Module, tokenizer, conversations: Iterable[dict], out_p
                 for i in rows:
                     chats[i].append({"role": "user", "content": batch[i][2][turn]})
                 if from_source:
-                    texts, was_cut = zip(*(cut_reply(tokenizer, batch[i][3][turn], max_new_tokens) for i in rows))
+                    texts, was_cut = zip(
+                        *(cut_reply(tokenizer, batch[i][3][turn], max_new_tokens) for i in rows)
+                    )
                 else:
-                    texts, was_cut = reply_batch(model, tokenizer, [chats[i] for i in rows], max_new_tokens, policy,
-                                                 stop)
+                    texts, was_cut = reply_batch(
+                        model, tokenizer, [chats[i] for i in rows], max_new_tokens, policy, stop
+                    )
                 for i, text, c in zip(rows, texts, was_cut):
                     chats[i].append({"role": "assistant", "content": text})
                     written[i].append(text)
@@ -267,7 +349,9 @@ def regenerate(model: nn.Module, tokenizer, conversations: Iterable[dict], out_p
             for (cid, system, users, _), reply, c in zip(batch, written, cut):
                 f.write(json.dumps(to_sharegpt(cid, system, users, reply, c)) + "\n")
             f.flush()
-            os.fsync(f.fileno())  # a batch is on disk before the next starts: a crash loses at most one
+            os.fsync(
+                f.fileno()
+            )  # a batch is on disk before the next starts: a crash loses at most one
             bar.update(len(batch))
             b += 1
     bar.close()
@@ -275,8 +359,13 @@ def regenerate(model: nn.Module, tokenizer, conversations: Iterable[dict], out_p
     if from_source:
         counts["unanswered_skipped"] = no_reply
     if counts["cut_replies"]:
-        log.warning("%s: %d of %d replies reached max_new_tokens=%d before their end of turn (kept, cut)",
-                    out_path, counts["cut_replies"], counts["replies"], max_new_tokens)
+        log.warning(
+            "%s: %d of %d replies reached max_new_tokens=%d before their end of turn (kept, cut)",
+            out_path,
+            counts["cut_replies"],
+            counts["replies"],
+            max_new_tokens,
+        )
     meta = {"plan": plan, "status": "complete", "counts": counts}
     meta_path.write_text(json.dumps(meta, indent=2) + "\n")
     return meta

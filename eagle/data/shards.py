@@ -33,7 +33,9 @@ SHARD_META = "shard.json"
 DATA_FILE = "data.arrow"
 VERIFY = ("checksum", "size", "none")
 
-Batch = tuple[dict[str, list], dict[str, int]]  # (columns: name -> values, counts summed into shard.json)
+Batch = tuple[
+    dict[str, list], dict[str, int]
+]  # (columns: name -> values, counts summed into shard.json)
 
 
 def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
@@ -61,7 +63,9 @@ def plan_hash(plan: dict) -> str:
 # ----------------------------------------------------------------------------- writing
 
 
-def start(art: Artifact, overwrite: bool, error: type[Exception], several_processes: bool = False) -> None:
+def start(
+    art: Artifact, overwrite: bool, error: type[Exception], several_processes: bool = False
+) -> None:
     """Open a dataset folder for writing: one made with the same plan is resumed; one made with
     another plan is `error` unless `overwrite` (refused with several processes: one would delete
     the others' shards), then deleted. A folder holding another kind of dataset (its format's
@@ -71,20 +75,30 @@ def start(art: Artifact, overwrite: bool, error: type[Exception], several_proces
     kind = str(art.params.get("format", "")).split("/")[0]
     found = str((art.meta() or {}).get("params", {}).get("format", "")).split("/")[0]
     if found != kind:
-        raise error(f"{art.folder} holds another kind of dataset ({found or 'unknown'}), not a {art.what} ({kind}); "
-                    "choose another out_dir (overwrite=true never deletes another kind)")
+        raise error(
+            f"{art.folder} holds another kind of dataset ({found or 'unknown'}), not a {art.what} "
+            f"({kind}); "
+            "choose another out_dir (overwrite=true never deletes another kind)"
+        )
     diff = art.differences()
     stale = f"the {art.what} in {art.folder} was made with other settings (differs in {diff})"
     if not overwrite:
         raise error(f"{stale}; pass overwrite=true or choose another out_dir")
     if several_processes:
-        raise error(f"{stale}; overwrite=true is refused with several processes: delete it, or run one")
+        raise error(
+            f"{stale}; overwrite=true is refused with several processes: delete it, or run one"
+        )
     log.warning("overwriting the %s in %s (settings differ in %s)", art.what, art.folder, diff)
     shutil.rmtree(art.folder)
 
 
-def write_shard(shard_dir: Path, schema, batches: Iterable[Batch], fingerprint: dict[str, str],
-                on_batch: Callable[[int], None] | None = None) -> dict:
+def write_shard(
+    shard_dir: Path,
+    schema,
+    batches: Iterable[Batch],
+    fingerprint: dict[str, str],
+    on_batch: Callable[[int], None] | None = None,
+) -> dict:
     """Write `batches` as one shard, atomically: into `<shard_dir>.tmp`, then a rename.
 
     Args:
@@ -117,24 +131,37 @@ def write_shard(shard_dir: Path, schema, batches: Iterable[Batch], fingerprint: 
                 counts[key] = counts.get(key, 0) + value
             if on_batch is not None:
                 on_batch(n)
-    info = {"name": shard_dir.name, "rows": rows, **counts, "bytes": (tmp / DATA_FILE).stat().st_size,
-            "sha256": file_sha256(tmp / DATA_FILE), **fingerprint}
+    info = {
+        "name": shard_dir.name,
+        "rows": rows,
+        **counts,
+        "bytes": (tmp / DATA_FILE).stat().st_size,
+        "sha256": file_sha256(tmp / DATA_FILE),
+        **fingerprint,
+    }
     (tmp / SHARD_META).write_text(json.dumps(info, indent=2) + "\n")
     os.replace(tmp, shard_dir)  # atomic on POSIX: the shard is either absent or complete
     return info
 
 
 def complete_shard(shard_dir: Path, fingerprint: dict[str, str]) -> dict | None:
-    """The info of a finished shard made from these inputs, or None (absent, partial, other inputs)."""
+    """The info of a finished shard made from these inputs, or None (absent, partial, other inputs).
+    """
     info = read_json(shard_dir / SHARD_META) if shard_dir.exists() else None
     data = shard_dir / DATA_FILE
-    if (info is not None and all(info.get(k) == v for k, v in fingerprint.items())
-            and data.exists() and data.stat().st_size == info.get("bytes")):
+    if (
+        info is not None
+        and all(info.get(k) == v for k, v in fingerprint.items())
+        and data.exists()
+        and data.stat().st_size == info.get("bytes")
+    ):
         return info
     return None
 
 
-def reuse_or_write(shard_dir: Path, fingerprint: dict[str, str], write: Callable[[], dict]) -> tuple[dict, bool]:
+def reuse_or_write(
+    shard_dir: Path, fingerprint: dict[str, str], write: Callable[[], dict]
+) -> tuple[dict, bool]:
     """A complete shard of these inputs is kept; otherwise whatever is there (damaged, or made from
     other inputs) is deleted and `write()` makes it. Returns (info, kept)."""
     info = complete_shard(shard_dir, fingerprint)
@@ -149,7 +176,9 @@ def reuse_or_write(shard_dir: Path, fingerprint: dict[str, str], write: Callable
 # ----------------------------------------------------------------------------- reading
 
 
-def read_complete(folder: Path, name: str, fmt: str, error: type[Exception], what: str, run: str) -> dict:
+def read_complete(
+    folder: Path, name: str, fmt: str, error: type[Exception], what: str, run: str
+) -> dict:
     """The sidecar of a complete dataset folder; `error` with the fix otherwise (`run`: the
     command that makes it)."""
     path = folder / name
@@ -161,12 +190,16 @@ def read_complete(folder: Path, name: str, fmt: str, error: type[Exception], wha
     if meta.get("format") != fmt:
         raise error(f"{folder}: unknown {what} format {meta.get('format')!r} (want {fmt})")
     if meta.get("status") != "complete":
-        raise error(f"the {what} in {folder} is incomplete (status {meta.get('status')!r}: an interrupted "
-                    f"run): rerun `{run}` with the same settings to finish it")
+        raise error(
+            f"the {what} in {folder} is incomplete (status {meta.get('status')!r}: an interrupted "
+            f"run): rerun `{run}` with the same settings to finish it"
+        )
     return meta
 
 
-def verify_shard(shard_dir: Path, info: dict, error: type[Exception], redo: str, verify: str = "checksum") -> None:
+def verify_shard(
+    shard_dir: Path, info: dict, error: type[Exception], redo: str, verify: str = "checksum"
+) -> None:
     """Check one shard against its info: present, of the recorded size, and (checksum) sha256."""
     if verify not in VERIFY:
         raise ValueError(f"verify must be one of {VERIFY}, got {verify!r}")
@@ -177,13 +210,19 @@ def verify_shard(shard_dir: Path, info: dict, error: type[Exception], redo: str,
         return
     size = data.stat().st_size
     if size != info["bytes"]:
-        raise error(f"shard {shard_dir} is corrupt or partial: {size} bytes, metadata says {info['bytes']}{redo}")
+        raise error(
+            f"shard {shard_dir} is corrupt or partial: {size} bytes, metadata says "
+            f"{info['bytes']}{redo}"
+        )
     if verify == "checksum" and file_sha256(data) != info["sha256"]:
         raise error(f"shard {shard_dir} is corrupt: sha256 differs from the metadata{redo}")
 
 
-def open_shard(shard_dir: Path, info: dict, error: type[Exception], redo: str, verify: str = "checksum") -> Any:
-    """`verify_shard`, then the shard as a memory-mapped `datasets.Dataset` holding the recorded rows."""
+def open_shard(
+    shard_dir: Path, info: dict, error: type[Exception], redo: str, verify: str = "checksum"
+) -> Any:
+    """`verify_shard`, then the shard as a memory-mapped `datasets.Dataset` holding the recorded
+    rows."""
     import datasets
 
     verify_shard(shard_dir, info, error, redo, verify)
@@ -191,7 +230,9 @@ def open_shard(shard_dir: Path, info: dict, error: type[Exception], redo: str, v
         ds = datasets.Dataset.from_file(str(shard_dir / DATA_FILE))
     except Exception as err:  # noqa: BLE001 - pyarrow raises several types for bad files
         first = str(err).splitlines()[0] if str(err) else ""
-        raise error(f"shard {shard_dir} cannot be read ({type(err).__name__}: {first}): corrupt{redo}") from err
+        raise error(
+            f"shard {shard_dir} cannot be read ({type(err).__name__}: {first}): corrupt{redo}"
+        ) from err
     if len(ds) != info["rows"]:
         raise error(f"shard {shard_dir} holds {len(ds)} rows, metadata says {info['rows']}{redo}")
     return ds

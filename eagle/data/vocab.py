@@ -53,7 +53,9 @@ def draft_vocabulary(counts: Tensor, k: int) -> tuple[Tensor, float]:
     """
     vocab = counts.numel()
     if not 1 <= k <= vocab:
-        raise ValueError(f"a draft vocabulary of {k} tokens: choose 1..{vocab} (the target's vocabulary)")
+        raise ValueError(
+            f"a draft vocabulary of {k} tokens: choose 1..{vocab} (the target's vocabulary)"
+        )
     # a stable descending sort keeps the lower id first among equal counts
     order = torch.sort(counts, descending=True, stable=True).indices[:k]
     total = int(counts.sum())
@@ -68,7 +70,9 @@ def save_counts(dir: str | Path, counts: Tensor) -> Path:
     from eagle.models.checkpoint import write_atomic
 
     path = Path(dir) / COUNTS_NAME
-    write_atomic(path, lambda tmp: save_file({"counts": counts.to(torch.int64).contiguous()}, str(tmp)))
+    write_atomic(
+        path, lambda tmp: save_file({"counts": counts.to(torch.int64).contiguous()}, str(tmp))
+    )
     return path
 
 
@@ -84,16 +88,24 @@ def load_counts(dir: str | Path, vocab_size: int | None = None) -> Tensor | None
     if counts is None or counts.dim() != 1 or counts.dtype != torch.int64:
         raise CheckpointError(f"{path} must hold `counts`, a 1-D int64 tensor")
     if vocab_size is not None and counts.numel() != vocab_size:
-        raise CheckpointError(f"{path} counts {counts.numel()} tokens, the target's vocabulary has {vocab_size}")
+        raise CheckpointError(
+            f"{path} counts {counts.numel()} tokens, the target's vocabulary has {vocab_size}"
+        )
     return counts
 
 
 def main(argv: list[str] | None = None) -> None:
     from eagle.data.features import FeatureShards, made_for, read_metadata
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--features", type=Path, required=True, help="a feature dump (python -m data_gen)")
-    parser.add_argument("--drafter", type=Path, required=True, help="the checkpoint folder to write the counts into")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--features", type=Path, required=True, help="a feature dump (python -m data_gen)"
+    )
+    parser.add_argument(
+        "--drafter", type=Path, required=True, help="the checkpoint folder to write the counts into"
+    )
     parser.add_argument("--split", default="train")
     args = parser.parse_args(argv)
     if not args.drafter.is_dir():
@@ -109,9 +121,13 @@ def main(argv: list[str] | None = None) -> None:
     except CheckpointError as err:
         raise SystemExit(f"error: {err}") from None
     if not target:
-        raise SystemExit(f"--drafter {args.drafter}: its config.json names no target to check the dump against")
+        raise SystemExit(
+            f"--drafter {args.drafter}: its config.json names no target to check the dump against"
+        )
     try:
-        made_for(meta).check(TargetIdentity.from_dict(target), f"the feature dump {args.features}", head="warn")
+        made_for(meta).check(
+            TargetIdentity.from_dict(target), f"the feature dump {args.features}", head="warn"
+        )
     except TargetMismatchError as err:
         raise SystemExit(f"error: {err}; the drafter's counts are left as they were") from None
     shards = FeatureShards(args.features, args.split, meta, verify="size")

@@ -22,6 +22,19 @@ from eagle.decoding.runners import (
 )
 from eagle.decoding.stats import DecodeResult, DecodeStats, RoundStats, tau
 
-__all__ = ["RUNNERS", "ContextOverflowError", "DecodeResult", "DecodeState", "DecodeStats", "DraftTree",
-           "DynamicRunner", "Proposer", "RoundStats", "SpeculativeDecoder", "StaticRunner", "VanillaProposer",
-           "make_runner", "tau"]
+__all__ = [
+    "RUNNERS",
+    "ContextOverflowError",
+    "DecodeResult",
+    "DecodeState",
+    "DecodeStats",
+    "DraftTree",
+    "DynamicRunner",
+    "Proposer",
+    "RoundStats",
+    "SpeculativeDecoder",
+    "StaticRunner",
+    "VanillaProposer",
+    "make_runner",
+    "tau",
+]

@@ -9,7 +9,10 @@ from torch import nn
 
 from eagle.decoding.backend import backend_of
 
-CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # torch.compile modes that capture CUDA graphs
+CUDA_GRAPH_MODES = (
+    "reduce-overhead",
+    "max-autotune",
+)  # torch.compile modes that capture CUDA graphs
 
 
 def compile_static(fn: Callable, mode: str | None, module: nn.Module | None = None) -> Callable:
@@ -49,6 +52,7 @@ def compile_static(fn: Callable, mode: str | None, module: nn.Module | None = No
     dynamic = on_cpu and backend_of(module).dynamic_compile
     compiled = torch.compile(fn, dynamic=dynamic, options=list_mode_options(mode) or None)
     if on_cpu:
+
         def frozen(*args):
             with inductor_config.patch(freezing=True):
                 return compiled(*args)

@@ -56,7 +56,9 @@ class DraftCache:
     def reserve(self, need: int) -> None:
         """Raise unless `need` entries fit (a growing cache always has room)."""
 
-    def prepare(self, start: int, visible: Tensor, write_at: int, positions: Tensor) -> Tensor | dict:
+    def prepare(
+        self, start: int, visible: Tensor, write_at: int, positions: Tensor
+    ) -> Tensor | dict:
         raise NotImplementedError
 
     def keep(self, length: int) -> None:
@@ -74,7 +76,9 @@ class DynamicDraftCache(DraftCache):
         super().__init__(config, dtype, device)
         self._length = 0
         self.local = is_local(config)
-        self._positions: list[Tensor] = []  # with local layers: the position of every entry, in pieces
+        self._positions: list[
+            Tensor
+        ] = []  # with local layers: the position of every entry, in pieces
 
     @property
     def length(self) -> int:
@@ -83,12 +87,16 @@ class DynamicDraftCache(DraftCache):
     def begin(self, max_len: int) -> None:
         self.hf, self._length, self._positions = new_cache(max_len), 0, []
 
-    def prepare(self, start: int, visible: Tensor, write_at: int, positions: Tensor) -> Tensor | dict:
+    def prepare(
+        self, start: int, visible: Tensor, write_at: int, positions: Tensor
+    ) -> Tensor | dict:
         n, s = visible.shape
         end = cache_length(self.hf)
         if write_at != end or start + s - n != end:
-            raise RuntimeError(f"a growing draft cache only appends: a pass writing at {write_at} (window from "
-                               f"{start}, {s} entries) does not follow its {end} entries")
+            raise RuntimeError(
+                f"a growing draft cache only appends: a pass writing at {write_at} (window from "
+                f"{start}, {s} entries) does not follow its {end} entries"
+            )
         mask = tree_attention_mask(start, visible, self.dtype)  # (1, 1, n, start + s)
         if not self.local:
             return mask
@@ -113,8 +121,13 @@ class StaticDraftCache(DraftCache):
 
     fixed_shape = True
 
-    def __init__(self, config, dtype: torch.dtype, device: torch.device | str,
-                 kv_shape: tuple[int, int] | None = None):
+    def __init__(
+        self,
+        config,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        kv_shape: tuple[int, int] | None = None,
+    ):
         super().__init__(config, dtype, device)
         self.kv_shape, self.local = kv_shape, is_local(config)
         self.slot_pos: Tensor | None = None
@@ -125,7 +138,9 @@ class StaticDraftCache(DraftCache):
 
     def begin(self, max_len: int) -> None:
         if max_len < 1:
-            raise ValueError("a static draft cache needs the sequence's max_len (DecodeState.max_len)")
+            raise ValueError(
+                "a static draft cache needs the sequence's max_len (DecodeState.max_len)"
+            )
         layers = self.config.num_hidden_layers
         if self.hf is None or not self.hf.fits(layers, max_len, self.dtype, self.device):
             self.hf = StaticKVCache(layers, max_len, self.dtype, self.device)
@@ -137,10 +152,14 @@ class StaticDraftCache(DraftCache):
 
     def reserve(self, need: int) -> None:
         if need > self.hf.max_len:
-            raise RuntimeError(f"the static draft cache ({self.hf.max_len} slots) cannot hold {need} entries; "
-                               "size it for prompt + new tokens + tree (DecodeState.max_len)")
+            raise RuntimeError(
+                f"the static draft cache ({self.hf.max_len} slots) cannot hold {need} entries; "
+                "size it for prompt + new tokens + tree (DecodeState.max_len)"
+            )
 
-    def prepare(self, start: int | Tensor, visible: Tensor, write_at: int | Tensor, positions: Tensor) -> Tensor:
+    def prepare(
+        self, start: int | Tensor, visible: Tensor, write_at: int | Tensor, positions: Tensor
+    ) -> Tensor:
         # no checks here: this runs inside compiled passes, with 0-d tensors for start and write_at
         mask = self.hf.prepare(start, visible, write_at)  # (1, 1, n, max_len)
         if not self.local:
@@ -171,9 +190,19 @@ class RowsDraftCache:
         keep_rows(rows)              only these rows (sequences still decoding) stay
     """
 
-    def __init__(self, config, dtype: torch.dtype, device: torch.device | str,
-                 kv_shape: tuple[int, int] | None = None):
-        self.config, self.dtype, self.device, self.kv_shape = config, dtype, torch.device(device), kv_shape
+    def __init__(
+        self,
+        config,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        kv_shape: tuple[int, int] | None = None,
+    ):
+        self.config, self.dtype, self.device, self.kv_shape = (
+            config,
+            dtype,
+            torch.device(device),
+            kv_shape,
+        )
         self.local = is_local(config)
         self.hf: StaticKVCache | None = None
         self.lengths: list[int] = []
@@ -193,18 +222,27 @@ class RowsDraftCache:
         n, s = visible.shape[-2:]
         committed = torch.tensor(self.lengths, device=self.device)  # (B,)
         if max(self.lengths) + offset + n > self.hf.max_len:
-            raise RuntimeError(f"the draft cache ({self.hf.max_len} slots) cannot hold {max(self.lengths) + offset + n} "
-                               "entries; size it for prompt + new tokens + tree (DecodeState.max_len)")
+            raise RuntimeError(
+                f"the draft cache ({self.hf.max_len} slots) cannot hold "
+                f"{max(self.lengths) + offset + n} "
+                "entries; size it for prompt + new tokens + tree (DecodeState.max_len)"
+            )
         mask = self.hf.prepare(committed, visible, committed + offset)  # (B, 1, n, max_len)
         if not self.local:
             return mask
-        slots = self.hf.slots if self.hf.slots.dim() == 2 else self.hf.slots.expand(len(self.lengths), n)
+        slots = (
+            self.hf.slots
+            if self.hf.slots.dim() == 2
+            else self.hf.slots.expand(len(self.lengths), n)
+        )
         self.slot_pos.scatter_(1, slots, positions)
         return for_layers(self.config, mask, positions, self.slot_pos)
 
     def advance(self, counts: Sequence[int]) -> None:
         self.lengths = [c + k for c, k in zip(self.lengths, counts)]
-        self.hf.length = max(self.lengths)  # what the cache says to a model that asks (get_seq_length)
+        self.hf.length = max(
+            self.lengths
+        )  # what the cache says to a model that asks (get_seq_length)
 
     def keep_rows(self, rows: Sequence[int]) -> None:
         if len(rows) == len(self.lengths):
@@ -215,8 +253,13 @@ class RowsDraftCache:
             self.slot_pos = self.slot_pos[list(rows)]
 
 
-def draft_cache(kind: str, config, dtype: torch.dtype, device: torch.device | str,
-                kv_shape: tuple[int, int] | None = None) -> DraftCache:
+def draft_cache(
+    kind: str,
+    config,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    kv_shape: tuple[int, int] | None = None,
+) -> DraftCache:
     """A draft cache of `kind` ("dynamic" or "static") for a model with Hugging Face `config`
     (a static one allocated up front when `kv_shape`, (KV heads, head dim), is given)."""
     if kind == "dynamic":

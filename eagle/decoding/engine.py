@@ -46,8 +46,16 @@ from eagle.sampling import RowProbs, SamplingPolicy, argmax, check_generator
 from eagle.target import context_length, longrope_switch
 from eagle.tree import Tree
 
-__all__ = ["ContextOverflowError", "DecodeResult", "DecodeState", "DecodeStats", "DraftTree", "Proposer",
-           "SpeculativeDecoder", "VanillaProposer"]
+__all__ = [
+    "ContextOverflowError",
+    "DecodeResult",
+    "DecodeState",
+    "DecodeStats",
+    "DraftTree",
+    "Proposer",
+    "SpeculativeDecoder",
+    "VanillaProposer",
+]
 
 
 @dataclass
@@ -99,7 +107,8 @@ class Proposer:
 
     name = "proposer"
     max_nodes = 0  # the most draft nodes one round proposes (a static runner pads every tree to it)
-    context: int | None = None  # the most positions its own model reads (a draft LM's), None: no limit
+    # the most positions its own model reads (a draft LM's), None: no limit
+    context: int | None = None
 
     def reset(self, state: DecodeState) -> None:
         """Called once after the target's prefill, before the first round."""
@@ -113,7 +122,9 @@ class Proposer:
     def fork(self) -> Proposer:
         """A proposer for one more sequence decoded beside this one's (a batch): the same models
         and settings, its own state (caches, histories). Stateless proposers return a copy."""
-        raise NotImplementedError(f"{self.name} cannot draft for several sequences at once: it has no fork()")
+        raise NotImplementedError(
+            f"{self.name} cannot draft for several sequences at once: it has no fork()"
+        )
 
     def for_batch(self, n: int) -> list[Proposer]:
         """This proposer and n - 1 forks of it, one per sequence of a batch. The forks are kept
@@ -137,8 +148,13 @@ class Proposer:
         """One tree per sequence still decoding (`states`, in batch order)."""
         return [proposer.propose(state) for proposer, state in zip(self._rows, states)]
 
-    def accept_batch(self, states: Sequence[DecodeState], trees: Sequence[DraftTree], paths: Sequence[list[int]],
-                     keep: Sequence[int]) -> None:
+    def accept_batch(
+        self,
+        states: Sequence[DecodeState],
+        trees: Sequence[DraftTree],
+        paths: Sequence[list[int]],
+        keep: Sequence[int],
+    ) -> None:
         """Told each sequence's accepted path; only the sequences `keep` (indices into `states`)
         go on, the others finished."""
         for i in keep:
@@ -172,9 +188,15 @@ class SpeculativeDecoder:
         runner: how the target runs and keeps its KV; None is a fresh `DynamicRunner`.
     """
 
-    def __init__(self, target: nn.Module, proposer: Proposer | None = None,
-                 policy: SamplingPolicy | None = None, eos_token_id: int | Sequence[int] | None = None,
-                 typical: TypicalAcceptance | None = None, runner: TargetRunner | None = None):
+    def __init__(
+        self,
+        target: nn.Module,
+        proposer: Proposer | None = None,
+        policy: SamplingPolicy | None = None,
+        eos_token_id: int | Sequence[int] | None = None,
+        typical: TypicalAcceptance | None = None,
+        runner: TargetRunner | None = None,
+    ):
         self.target = target
         self.runner = runner or DynamicRunner(target)
         self.proposer = proposer or VanillaProposer()
@@ -182,7 +204,11 @@ class SpeculativeDecoder:
         self.typical = typical
         if eos_token_id is None:
             eos_token_id = getattr(target.generation_config, "eos_token_id", None)
-        eos = [] if eos_token_id is None else ([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id))
+        eos = (
+            []
+            if eos_token_id is None
+            else ([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id))
+        )
         self.eos = set(eos)
         self.max_context = context_length(target)
 
@@ -190,24 +216,35 @@ class SpeculativeDecoder:
         check_fits(prompt_len, max_new_tokens, tree_size, self.max_context)
 
     @torch.inference_mode()
-    def generate(self, input_ids: Tensor | Sequence[int], max_new_tokens: int,
-                 generator: torch.Generator | None = None,
-                 on_commit: Callable[[list[int]], None] | None = None) -> DecodeResult:
+    def generate(
+        self,
+        input_ids: Tensor | Sequence[int],
+        max_new_tokens: int,
+        generator: torch.Generator | None = None,
+        on_commit: Callable[[list[int]], None] | None = None,
+    ) -> DecodeResult:
         """Generate up to `max_new_tokens` tokens after `input_ids` ((1, T) or a list).
 
         `on_commit` receives each committed block of tokens (streaming output).
         """
         ids = torch.as_tensor(input_ids, dtype=torch.long)
         if ids.dim() > 2 or (ids.dim() == 2 and ids.shape[0] != 1):
-            raise ValueError(f"generate decodes one sequence: give (T,) or (1, T) token ids, not {tuple(ids.shape)} "
-                             "(generate_batch decodes several)")
+            raise ValueError(
+                "generate decodes one sequence: give (T,) or (1, T) token ids, not "
+                f"{tuple(ids.shape)} "
+                "(generate_batch decodes several)"
+            )
         stream = None if on_commit is None else (lambda row, block: on_commit(block))
         return self.generate_batch([ids.reshape(-1).tolist()], max_new_tokens, generator, stream)[0]
 
     @torch.inference_mode()
-    def generate_batch(self, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int],
-                       generator: torch.Generator | None = None,
-                       on_commit: Callable[[int, list[int]], None] | None = None) -> list[DecodeResult]:
+    def generate_batch(
+        self,
+        prompts: Sequence[Sequence[int]],
+        max_new_tokens: int | Sequence[int],
+        generator: torch.Generator | None = None,
+        on_commit: Callable[[int, list[int]], None] | None = None,
+    ) -> list[DecodeResult]:
         """Decode several sequences at once: every round, each one's draft tree, verified in ONE
         target forward for all of them, each by the same exact rules as alone.
 
@@ -224,33 +261,53 @@ class SpeculativeDecoder:
         with self.runner.decoding():  # the weights stay fixed for the call (the runner's backend)
             return self._generate_batch(prompts, max_new_tokens, generator, on_commit)
 
-    def _generate_batch(self, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int],
-                        generator: torch.Generator | None, on_commit: Callable[[int, list[int]], None] | None
-                        ) -> list[DecodeResult]:
+    def _generate_batch(
+        self,
+        prompts: Sequence[Sequence[int]],
+        max_new_tokens: int | Sequence[int],
+        generator: torch.Generator | None,
+        on_commit: Callable[[int, list[int]], None] | None,
+    ) -> list[DecodeResult]:
         prompts = [list(map(int, p)) for p in prompts]
-        budgets = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
+        budgets = (
+            [max_new_tokens] * len(prompts)
+            if isinstance(max_new_tokens, int)
+            else list(max_new_tokens)
+        )
         if not prompts or len(budgets) != len(prompts):
-            raise ValueError(f"generate_batch needs prompts and one max_new_tokens for all or one each, got "
-                             f"{len(prompts)} prompts and {len(budgets)} budgets")
+            raise ValueError(
+                f"generate_batch needs prompts and one max_new_tokens for all or one each, got "
+                f"{len(prompts)} prompts and {len(budgets)} budgets"
+            )
         runner, policy = self.runner, self.policy
         tree_size = max(self.proposer.max_nodes, runner.tree_size)
         vocab = self.target.get_input_embeddings().weight.shape[0]
         switch = longrope_switch(self.target)
         check_longrope([len(ids) for ids in prompts], budgets, tree_size, switch)
         # One sequence is served wherever plain decoding would be: near the context's end its rounds
-        # verify no tree (`_within_context`); a draft LM still needs its tree's room in its own context
-        # (below), where its positions may be a table. A batch's rows share slots past their own lengths
-        # (each padded to the round's widest tree, a ragged batch to its longest row), so a batch keeps
-        # room for a whole tree.
+        # verify no tree (`_within_context`); a draft LM still needs its tree's room in its own
+        # context (below), where its positions may be a table. A batch's rows share slots past their
+        # own lengths (each padded to the round's widest tree, a ragged batch to its longest row),
+        # so a batch keeps room for a whole tree.
         alone = len(prompts) == 1
         for row, (ids, budget) in enumerate(zip(prompts, budgets)):
             self.check_fits(len(ids), budget, 0 if alone else tree_size)
-            if self.proposer.context is not None:  # a draft LM of a shorter context: an index error mid-decode
-                check_fits(len(ids), budget, tree_size, self.proposer.context, f"{self.proposer.name}'s draft model")
+            if (
+                self.proposer.context is not None
+            ):  # a draft LM of a shorter context: an index error mid-decode
+                check_fits(
+                    len(ids),
+                    budget,
+                    tree_size,
+                    self.proposer.context,
+                    f"{self.proposer.name}'s draft model",
+                )
             bad = [t for t in ids if not 0 <= t < vocab]
             if bad:  # else an IndexError deep in the embedding (a device-side assert on a GPU)
-                raise ValueError(f"prompt {row} holds token ids outside the target's vocabulary of {vocab}: "
-                                 f"{bad[:5]} (tokenised for another model?)")
+                raise ValueError(
+                    f"prompt {row} holds token ids outside the target's vocabulary of {vocab}: "
+                    f"{bad[:5]} (tokenised for another model?)"
+                )
         device = next(self.target.parameters()).device
         if not policy.greedy:
             check_generator(generator, device)
@@ -258,17 +315,31 @@ class SpeculativeDecoder:
         stats = [DecodeStats(prompt_len=len(ids)) for ids in prompts]
         start = time.perf_counter()
 
-        # Prefill: every prompt enters the cache (right-padded); its last logits give the first token.
+        # Prefill: every prompt enters the cache (right-padded); its last logits give the first
+        # token.
         width = max(map(len, prompts))
-        padded = torch.tensor([ids + [ids[-1]] * (width - len(ids)) for ids in prompts], device=device)  # (B, T)
-        out = runner.prefill(padded, max(len(ids) + b for ids, b in zip(prompts, budgets)) + tree_size + 1,
-                             lengths=[len(ids) for ids in prompts])
+        padded = torch.tensor(
+            [ids + [ids[-1]] * (width - len(ids)) for ids in prompts], device=device
+        )  # (B, T)
+        out = runner.prefill(
+            padded,
+            max(len(ids) + b for ids, b in zip(prompts, budgets)) + tree_size + 1,
+            lengths=[len(ids) for ids in prompts],
+        )
         states, new_tokens, live = [], [], []
         for row, ids in enumerate(prompts):
             first = self._sample(out.logits[row, -1], generator)
-            states.append(DecodeState(tokens=ids + [first], prompt_len=len(ids),
-                                      new_features=out.features[row:row + 1, :len(ids)], policy=policy,
-                                      vocab_size=out.logits.shape[-1], generator=generator, max_len=runner.capacity))
+            states.append(
+                DecodeState(
+                    tokens=ids + [first],
+                    prompt_len=len(ids),
+                    new_features=out.features[row : row + 1, : len(ids)],
+                    policy=policy,
+                    vocab_size=out.logits.shape[-1],
+                    generator=generator,
+                    max_len=runner.capacity,
+                )
+            )
             new_tokens.append([first])
             if on_commit:
                 on_commit(row, [first])
@@ -284,7 +355,11 @@ class SpeculativeDecoder:
         if live:
             proposer.reset_batch([states[row] for row in live])
         # a longrope target's one sequence below its switch, which it may cross (check_longrope)
-        below = switch if switch is not None and len(prompts) == 1 and len(prompts[0]) <= switch else None
+        below = (
+            switch
+            if switch is not None and len(prompts) == 1 and len(prompts[0]) <= switch
+            else None
+        )
 
         while live:
             t0 = time.perf_counter()
@@ -303,17 +378,30 @@ class SpeculativeDecoder:
             t2 = time.perf_counter()
 
             going = []
-            for i, (row, tree, (path, next_token, features)) in enumerate(zip(live, verifying, verified)):
-                block, done = self._cut(tree.tokens[[j - 1 for j in path[1:]]].tolist() + [next_token],
-                                        budgets[row] - len(new_tokens[row]))
+            for i, (row, tree, (path, next_token, features)) in enumerate(
+                zip(live, verifying, verified)
+            ):
+                block, done = self._cut(
+                    tree.tokens[[j - 1 for j in path[1:]]].tolist() + [next_token],
+                    budgets[row] - len(new_tokens[row]),
+                )
                 new_tokens[row] += block
                 states[row].tokens += block
                 states[row].new_features = features
                 if on_commit:
                     on_commit(row, block)
-                # the round's drafting is shared by the sequences it drafted for (one after another, or at once)
-                stats[row].rounds.append(RoundStats(accepted=len(path) - 1, committed=len(block), tree_size=tree.size,
-                                                    draft_s=(t1 - t0) / len(live), verify_s=t2 - t1, path=tuple(path)))
+                # the round's drafting is shared by the sequences it drafted for (one after another,
+                # or at once)
+                stats[row].rounds.append(
+                    RoundStats(
+                        accepted=len(path) - 1,
+                        committed=len(block),
+                        tree_size=tree.size,
+                        draft_s=(t1 - t0) / len(live),
+                        verify_s=t2 - t1,
+                        path=tuple(path),
+                    )
+                )
                 if done:
                     stats[row].total_s = time.perf_counter() - start
                 else:
@@ -322,7 +410,9 @@ class SpeculativeDecoder:
                 runner.retire(going)
             if going:
                 t3 = time.perf_counter()
-                proposer.accept_batch([states[row] for row in live], trees, [path for path, _, _ in verified], going)
+                proposer.accept_batch(
+                    [states[row] for row in live], trees, [path for path, _, _ in verified], going
+                )
                 _sync(device)
                 bookkeeping = (time.perf_counter() - t3) / len(going)
                 for i in going:  # proposer bookkeeping is drafting work
@@ -333,14 +423,15 @@ class SpeculativeDecoder:
     def _within_context(self, state: DecodeState, trees: list[DraftTree]) -> list[DraftTree]:
         """One sequence's trees to verify this round: none where the root and the tree would run
         past the target's context (slots and positions alike: the root sits at slot len - 1 and the
-        tree's nodes after it). That round is a plain step, exact as any, and the proposer hears that
-        nothing was accepted, as at a longrope switch (`_at_switch`)."""
+        tree's nodes after it). That round is a plain step, exact as any, and the proposer hears
+        that nothing was accepted, as at a longrope switch (`_at_switch`)."""
         if self.max_context is None or len(state.tokens) + trees[0].size <= self.max_context:
             return trees
         return [DraftTree.empty(trees[0].tokens.device)]
 
-    def _at_switch(self, state: DecodeState, trees: list[DraftTree], switch: int
-                   ) -> tuple[list[DraftTree], int | None]:
+    def _at_switch(
+        self, state: DecodeState, trees: list[DraftTree], switch: int
+    ) -> tuple[list[DraftTree], int | None]:
         """A longrope target's sequence below its `switch` (`eagle.target.longrope_switch`): the
         trees to verify this round, and the switch if the sequence is still below it. A forward
         whose longest position reaches the switch rotates every position with the long factors:
@@ -369,19 +460,23 @@ class SpeculativeDecoder:
             return int(argmax(logits))
         return int(self.policy.sample(self.policy.probs(logits.float()), generator))
 
-    def _verify(self, states: Sequence[DecodeState], trees: Sequence[DraftTree], generator
-                ) -> list[tuple[list[int], int, Tensor]]:
+    def _verify(
+        self, states: Sequence[DecodeState], trees: Sequence[DraftTree], generator
+    ) -> list[tuple[list[int], int, Tensor]]:
         """Score every sequence's root + tree in one target forward, accept a path in each, keep
         only the paths' KV.
 
         Returns:
             per sequence (path, next_token, features): the accepted node indices from the root,
-            the token emitted after them, and the target features of the path's nodes (1, len(path), H).
+            the token emitted after them, and the target features of the path's nodes
+            (1, len(path), H).
         """
         device = next(self.target.parameters()).device
         n = 1 + max(tree.size for tree in trees)
         rows = []
-        for state, tree in zip(states, trees):  # each row: its root, its tree, padded with its root to n
+        for state, tree in zip(
+            states, trees
+        ):  # each row: its root, its tree, padded with its root to n
             root = torch.tensor([state.tokens[-1]], device=device)
             rows.append(torch.cat([root, tree.tokens.to(device), root.expand(n - 1 - tree.size)]))
         x = torch.stack(rows)  # (B, n)
@@ -390,11 +485,13 @@ class SpeculativeDecoder:
         for b, tree in enumerate(trees):
             size = tree.size + 1
             path, next_token = self._accept(tree, x[b, :size], out.logits[b, :size], generator)
-            results.append((path, int(next_token), out.features[b:b + 1, path]))
+            results.append((path, int(next_token), out.features[b : b + 1, path]))
         self.runner.commit([path for path, _, _ in results])
         return results
 
-    def _accept(self, tree: DraftTree, tokens: Tensor, logits: Tensor, generator) -> tuple[list[int], int]:
+    def _accept(
+        self, tree: DraftTree, tokens: Tensor, logits: Tensor, generator
+    ) -> tuple[list[int], int]:
         """The accepted path and the next token of one sequence's verified tree: tokens (n,) the
         root and the tree, logits (n, V) the target's at each of them."""
         parents = list(tree.parents)
@@ -403,9 +500,13 @@ class SpeculativeDecoder:
         if self.typical is not None:
             p = self.policy.probs(logits.float())  # (n, V) temperature-scaled p at every node
             return verify_tree_typical(parents, tokens, p, self.typical.eps, self.typical.delta)
-        p = RowProbs(self.policy, logits.float())  # (n, V), each row computed when the verifier reads it
+        p = RowProbs(
+            self.policy, logits.float()
+        )  # (n, V), each row computed when the verifier reads it
         if tree.size == 0:
-            q_full = logits.new_zeros(logits.shape, dtype=torch.float32)  # (1, V): the root's row is never read
+            q_full = logits.new_zeros(
+                logits.shape, dtype=torch.float32
+            )  # (1, V): the root's row is never read
         elif tree.q is None:
             raise ValueError(f"{self.proposer.name} gave no proposal distributions under sampling")
         else:
@@ -414,23 +515,35 @@ class SpeculativeDecoder:
         return verify_tree_stochastic(parents, tokens, p, q_full, generator, repeats=tree.repeats)
 
 
-def check_fits(prompt_len: int, max_new_tokens: int, tree_size: int, context: int | None,
-               model: str = "the target") -> None:
+def check_fits(
+    prompt_len: int,
+    max_new_tokens: int,
+    tree_size: int,
+    context: int | None,
+    model: str = "the target",
+) -> None:
     """Raise before decoding when a request cannot be served: an empty prompt, no new tokens, or
     prompt + new tokens + the verified tree (root included) past the `context` of `model`."""
     if prompt_len == 0:
         raise ValueError("empty prompt: give at least one token")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+    if (
+        isinstance(max_new_tokens, bool)
+        or not isinstance(max_new_tokens, int)
+        or max_new_tokens < 1
+    ):
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens!r}")
     need = prompt_len + max_new_tokens + tree_size + 1
     if context is not None and need > context:
         room = f"tree ({tree_size + 1})" if tree_size else "1"
         raise ContextOverflowError(
             f"prompt ({prompt_len}) + max_new_tokens ({max_new_tokens}) + {room} = {need} "
-            f"tokens exceed {model}'s context of {context}")
+            f"tokens exceed {model}'s context of {context}"
+        )
 
 
-def check_longrope(prompt_lens: Sequence[int], budgets: Sequence[int], tree_size: int, switch: int | None) -> None:
+def check_longrope(
+    prompt_lens: Sequence[int], budgets: Sequence[int], tree_size: int, switch: int | None
+) -> None:
     """Raise `ContextOverflowError` for a batch that would cross a longrope target's `switch`
     (`eagle.target.longrope_switch`) while decoding. Below it every forward rotates with the short
     factors, and from a prefill past it all of them with the long ones. One sequence crosses it as
@@ -439,17 +552,25 @@ def check_longrope(prompt_lens: Sequence[int], budgets: Sequence[int], tree_size
     so the rows must stay on one side of it."""
     if switch is None or len(prompt_lens) == 1:
         return
-    short = [n + b + tree_size + 1 <= switch for n, b in zip(prompt_lens, budgets)]  # every position below it
+    short = [
+        n + b + tree_size + 1 <= switch for n, b in zip(prompt_lens, budgets)
+    ]  # every position below it
     long = [n > switch for n in prompt_lens]  # the prefill already past it
     if all(short) or all(long):
         return
     bad = next((i for i, (s, lo) in enumerate(zip(short, long)) if not (s or lo)), None)
-    where = (f"prompt {bad} ({prompt_lens[bad]} tokens + {budgets[bad]} new + the tree's {tree_size + 1}) crosses it"
-             if bad is not None else "the batch mixes prompts below and past it")
-    raise ContextOverflowError(f"this target's longrope rotary switches to its long factors at {switch} positions and "
-                               f"in this batch {where}: the batch's longest row would rotate every row's positions. "
-                               f"Keep each row's prompt + new tokens + tree within {switch}, or start every row past it "
-                               f"(prompts of more than {switch} tokens), or decode such a row alone")
+    where = (
+        f"prompt {bad} ({prompt_lens[bad]} tokens + {budgets[bad]} new + the tree's "
+        f"{tree_size + 1}) crosses it"
+        if bad is not None
+        else "the batch mixes prompts below and past it"
+    )
+    raise ContextOverflowError(
+        f"this target's longrope rotary switches to its long factors at {switch} positions and "
+        f"in this batch {where}: the batch's longest row would rotate every row's positions. "
+        f"Keep each row's prompt + new tokens + tree within {switch}, or start every row past it "
+        f"(prompts of more than {switch} tokens), or decode such a row alone"
+    )
 
 
 def check_tree(tree: DraftTree, vocab_size: int, proposer: str) -> None:
@@ -457,11 +578,16 @@ def check_tree(tree: DraftTree, vocab_size: int, proposer: str) -> None:
     (a draft model of another vocabulary): checked on a sequence's first round, where it would
     otherwise end in an index error deep in the verification."""
     if tree.size and not 0 <= int(tree.tokens.min()) <= int(tree.tokens.max()) < vocab_size:
-        raise ValueError(f"{proposer} drafted token ids outside the target's vocabulary of {vocab_size}: "
-                         "is the draft model made for another tokenizer?")
+        raise ValueError(
+            f"{proposer} drafted token ids outside the target's vocabulary of {vocab_size}: "
+            "is the draft model made for another tokenizer?"
+        )
     if tree.q is not None and tree.q.shape[-1] != vocab_size:
-        raise ValueError(f"{proposer} gave proposal distributions over {tree.q.shape[-1]} tokens, the target has "
-                         f"{vocab_size}: is the draft model made for another tokenizer?")
+        raise ValueError(
+            f"{proposer} gave proposal distributions over {tree.q.shape[-1]} tokens, the target "
+            "has "
+            f"{vocab_size}: is the draft model made for another tokenizer?"
+        )
 
 
 def _sync(device: torch.device) -> None:

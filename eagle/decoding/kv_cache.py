@@ -36,25 +36,37 @@ class GrowingLayer(DynamicLayer):
 
     def __init__(self, max_len: int | None = None, **kwargs):
         super().__init__(**kwargs)
-        self.max_len = max_len or None  # the most entries the sequence will need (0/None: unknown): caps the buffer
+        # the most entries the sequence will need (0/None: unknown): caps the buffer
+        self.max_len = max_len or None
         self._keys_buf = self._values_buf = None  # (B, H_kv, capacity, D)
 
     def _owns(self, tensor: torch.Tensor, buf: torch.Tensor | None) -> bool:
-        return buf is not None and tensor.untyped_storage().data_ptr() == buf.untyped_storage().data_ptr()
+        return (
+            buf is not None
+            and tensor.untyped_storage().data_ptr() == buf.untyped_storage().data_ptr()
+        )
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
-               ) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         old = self.get_seq_length()
         new = old + key_states.shape[-2]
-        if not (self._owns(self.keys, self._keys_buf) and self._owns(self.values, self._values_buf)
-                and new <= self._keys_buf.shape[-2]):
+        if not (
+            self._owns(self.keys, self._keys_buf)
+            and self._owns(self.values, self._values_buf)
+            and new <= self._keys_buf.shape[-2]
+        ):
             capacity = max(2 * new, MIN_CAPACITY)  # doubling: amortised O(1) copies per entry
-            if self.max_len is not None:  # ...but no more than the sequence needs (it may still exceed it)
+            if (
+                self.max_len is not None
+            ):  # ...but no more than the sequence needs (it may still exceed it)
                 capacity = max(min(capacity, self.max_len), new)
             keys = key_states.new_empty((*key_states.shape[:-2], capacity, key_states.shape[-1]))
-            values = value_states.new_empty((*value_states.shape[:-2], capacity, value_states.shape[-1]))
+            values = value_states.new_empty(
+                (*value_states.shape[:-2], capacity, value_states.shape[-1])
+            )
             if old:
                 keys[..., :old, :] = self.keys
                 values[..., :old, :] = self.values
@@ -77,34 +89,61 @@ class GrowingCache(DynamicCache):
         super().__init__()
         self.layer_class_to_replicate = functools.partial(GrowingLayer, max_len=max_len)
 
-    def reserve(self, n: int) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor, int] | None:
-        """For a forward that writes the cache itself instead of calling `update` once per layer (the
-        fused kernels' loop over the layers, `eagle.kernels.fused`), which then calls `commit(n)`:
-        every layer's key and value buffers (B, H_kv, capacity, D), the slots (n,) its n new entries
-        go to, and how many slots attention then reads. None, with nothing changed, where a layer is
-        not ready for that: not created or initialised yet, not a view of its buffer (a method of the
-        base class replaced it), lengths that differ, or no room (its `update` grows it)."""
+    def reserve(
+        self, n: int
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor, int] | None:
+        """For a forward that writes the cache itself instead of calling `update` once per layer
+        (the fused kernels' loop over the layers, `eagle.kernels.fused`), which then calls
+        `commit(n)`: every layer's key and value buffers (B, H_kv, capacity, D), the slots (n,) its
+        n new entries go to, and how many slots attention then reads. None, with nothing changed,
+        where a layer is not ready for that: not created or initialised yet, not a view of its
+        buffer (a method of the base class replaced it), lengths that differ, or no room (its
+        `update` grows it)."""
         layers, old = self.layers, None
         if not layers:
             return None
         for layer in layers:
-            if not (isinstance(layer, GrowingLayer) and layer.is_initialized and layer._keys_buf is not None):
+            if not (
+                isinstance(layer, GrowingLayer)
+                and layer.is_initialized
+                and layer._keys_buf is not None
+            ):
                 return None
-            keys, values, keys_buf, values_buf = layer.keys, layer.values, layer._keys_buf, layer._values_buf
+            keys, values, keys_buf, values_buf = (
+                layer.keys,
+                layer.values,
+                layer._keys_buf,
+                layer._values_buf,
+            )
             old = keys.shape[-2] if old is None else old
             # a view of the buffer's first entries starts where the buffer does, with its strides
-            if (keys.data_ptr() != keys_buf.data_ptr() or values.data_ptr() != values_buf.data_ptr()
-                    or keys.stride() != keys_buf.stride() or values.stride() != values_buf.stride()
-                    or keys.shape[-2] != old or values.shape[-2] != old or old + n > keys_buf.shape[-2]):
+            if (
+                keys.data_ptr() != keys_buf.data_ptr()
+                or values.data_ptr() != values_buf.data_ptr()
+                or keys.stride() != keys_buf.stride()
+                or values.stride() != values_buf.stride()
+                or keys.shape[-2] != old
+                or values.shape[-2] != old
+                or old + n > keys_buf.shape[-2]
+            ):
                 return None
-        return ([layer._keys_buf for layer in layers], [layer._values_buf for layer in layers],
-                torch.arange(old, old + n, device=layers[0].keys.device), old + n)
+        return (
+            [layer._keys_buf for layer in layers],
+            [layer._values_buf for layer in layers],
+            torch.arange(old, old + n, device=layers[0].keys.device),
+            old + n,
+        )
 
     def commit(self, n: int) -> None:
         """The n entries written after `reserve(n)` become part of every layer."""
         for layer in self.layers:
-            new = layer.keys.shape[-2] + n  # (`narrow`: a third of the time of `[..., :new, :]`, x 60 a step)
-            layer.keys, layer.values = layer._keys_buf.narrow(-2, 0, new), layer._values_buf.narrow(-2, 0, new)
+            new = (
+                layer.keys.shape[-2] + n
+            )  # (`narrow`: a third of the time of `[..., :new, :]`, x 60 a step)
+            layer.keys, layer.values = (
+                layer._keys_buf.narrow(-2, 0, new),
+                layer._values_buf.narrow(-2, 0, new),
+            )
 
 
 def new_cache(max_len: int | None = None) -> GrowingCache:
@@ -146,16 +185,23 @@ def keep_paths(cache, prefix_len: int, lengths: list[int], paths: list[list[int]
     m = max(len(p) for p in paths)
     src, dst = [], []
     for c, path in zip(lengths, paths):
-        pad = list(range(c + len(path), c + m))  # slots copied onto themselves: every row moves m entries
+        pad = list(
+            range(c + len(path), c + m)
+        )  # slots copied onto themselves: every row moves m entries
         src.append([prefix_len + i for i in path] + pad)
         dst.append(list(range(c, c + len(path))) + pad)
     src, dst = torch.tensor(src, device=device), torch.tensor(dst, device=device)  # (B, m)
     for layer in cache.layers:
         device = layer.keys.device  # a layer's own GPU under device_map
         s, d = (src, dst) if device == src.device else (src.to(device), dst.to(device))
-        for t in (layer.keys, layer.values):  # (B, H_kv, T, D): gather first (a copy), then write in place
+        for t in (
+            layer.keys,
+            layer.values,
+        ):  # (B, H_kv, T, D): gather first (a copy), then write in place
             shape = (t.shape[0], t.shape[1], m, t.shape[3])
-            t.scatter_(2, d[:, None, :, None].expand(shape), t.gather(2, s[:, None, :, None].expand(shape)))
+            t.scatter_(
+                2, d[:, None, :, None].expand(shape), t.gather(2, s[:, None, :, None].expand(shape))
+            )
     crop(cache, max(c + len(p) for c, p in zip(lengths, paths)))
 
 
@@ -163,8 +209,13 @@ def select_rows(cache, rows: list[int]) -> None:
     """Keep only the batch rows `rows` of every layer (the sequences still decoding)."""
     index = torch.tensor(rows, dtype=torch.long, device=cache.layers[0].keys.device)
     for layer in cache.layers:
-        own = index if layer.keys.device == index.device else index.to(layer.keys.device)  # device_map
-        layer.keys, layer.values = layer.keys.index_select(0, own), layer.values.index_select(0, own)
+        own = (
+            index if layer.keys.device == index.device else index.to(layer.keys.device)
+        )  # device_map
+        layer.keys, layer.values = (
+            layer.keys.index_select(0, own),
+            layer.values.index_select(0, own),
+        )
 
 
 def crop(cache, length: int) -> None:

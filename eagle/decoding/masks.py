@@ -31,7 +31,9 @@ def causal_mask(past: int, length: int, dtype: torch.dtype, device=None) -> Tens
     return mask[None, None]
 
 
-def tree_attention_mask(prefix_len: int, visible: Tensor, dtype: torch.dtype, committed: Tensor | None = None) -> Tensor:
+def tree_attention_mask(
+    prefix_len: int, visible: Tensor, dtype: torch.dtype, committed: Tensor | None = None
+) -> Tensor:
     """(B, 1, n, prefix_len + S) for n tree tokens on top of `prefix_len` cached tokens.
 
     Args:
@@ -48,7 +50,9 @@ def tree_attention_mask(prefix_len: int, visible: Tensor, dtype: torch.dtype, co
     low = torch.finfo(dtype).min
     mask[:, 0, :, prefix_len:].masked_fill_(~visible, low)
     if committed is not None:
-        hidden = torch.arange(prefix_len, device=visible.device) >= committed.to(visible.device)[:, None]  # (B, prefix)
+        hidden = (
+            torch.arange(prefix_len, device=visible.device) >= committed.to(visible.device)[:, None]
+        )  # (B, prefix)
         mask[:, 0, :, :prefix_len].masked_fill_(hidden[:, None], low)
     return mask
 
@@ -73,9 +77,13 @@ def window_mask(start: Tensor | int, visible: Tensor, max_len: int, dtype: torch
     start = torch.as_tensor(start, device=visible.device).reshape(-1)  # (B,) or (1,)
     rows = visible if visible.dim() == 3 else visible[None]  # (B, m, S) or (1, m, S)
     b = max(start.shape[0], rows.shape[0])
-    rel = (torch.arange(max_len, device=visible.device) - start[:, None]).expand(b, max_len)  # slot - its row's start
+    rel = (torch.arange(max_len, device=visible.device) - start[:, None]).expand(
+        b, max_len
+    )  # slot - its row's start
     inside = (rel >= 0) & (rel < s)
-    seen = torch.gather(rows.expand(b, m, s), 2, rel.clamp(0, s - 1)[:, None, :].expand(b, m, max_len))
+    seen = torch.gather(
+        rows.expand(b, m, s), 2, rel.clamp(0, s - 1)[:, None, :].expand(b, m, max_len)
+    )
     seen = (seen & inside[:, None]) | (rel < 0)[:, None]  # (B, m, max_len)
     mask = torch.zeros(seen.shape, dtype=dtype, device=visible.device)
     return mask.masked_fill(~seen, torch.finfo(dtype).min)[:, None]
@@ -85,8 +93,11 @@ def sliding_window(config) -> int | None:
     """The attention window of a config whose layers use one, else None."""
     window = getattr(config, "sliding_window", None)
     types = getattr(config, "layer_types", None)
-    if not window or getattr(config, "use_sliding_window", True) is False or (
-            types and "sliding_attention" not in types):
+    if (
+        not window
+        or getattr(config, "use_sliding_window", True) is False
+        or (types and "sliding_attention" not in types)
+    ):
         return None
     return int(window)
 
@@ -106,7 +117,9 @@ def is_local(config) -> bool:
     return sliding_window(config) is not None or attention_chunk(config) is not None
 
 
-def for_layers(config, mask: Tensor, query_pos: Tensor, key_pos: Tensor) -> Tensor | dict[str, Tensor]:
+def for_layers(
+    config, mask: Tensor, query_pos: Tensor, key_pos: Tensor
+) -> Tensor | dict[str, Tensor]:
     """The `attention_mask` to give a Hugging Face model for `mask` (B, 1, n, K).
 
     Without local layers (`is_local`): `mask` itself. A sliding layer also hides every key at or
@@ -116,7 +129,8 @@ def for_layers(config, mask: Tensor, query_pos: Tensor, key_pos: Tensor) -> Tens
     forward takes one), else as the one mask of every layer.
 
     Args:
-        query_pos: (n,) or (B, n) the queries' positions; key_pos: (K,) or (B, K) the keys' positions
+        query_pos: (n,) or (B, n) the queries' positions; key_pos: (K,) or (B, K) the keys'
+        positions
             (per row of a batch, whose rows stand at different positions).
     """
     window, chunk = sliding_window(config), attention_chunk(config)
@@ -124,7 +138,9 @@ def for_layers(config, mask: Tensor, query_pos: Tensor, key_pos: Tensor) -> Tens
         return mask
 
     def hide(far: Tensor) -> Tensor:  # far: (n, K) or (B, n, K), True where the layer hides the key
-        return mask.masked_fill(far[None, None] if far.dim() == 2 else far[:, None], torch.finfo(mask.dtype).min)
+        return mask.masked_fill(
+            far[None, None] if far.dim() == 2 else far[:, None], torch.finfo(mask.dtype).min
+        )
 
     keys, queries = key_pos[..., None, :], query_pos[..., :, None]
     masks = {"full_attention": mask}

@@ -84,7 +84,9 @@ class TargetRunner:
         """Committed tokens of the longest row (of the only one, decoding one sequence)."""
         return max(self.lengths, default=0)
 
-    def prefill(self, ids: Tensor, max_len: int, lengths: Sequence[int] | None = None) -> TargetOutput:
+    def prefill(
+        self, ids: Tensor, max_len: int, lengths: Sequence[int] | None = None
+    ) -> TargetOutput:
         """Fill the cache with the prompts ids (B, T), right-padded: row b is its first lengths[b]
         tokens (all T when None), and may reach `max_len` tokens (tree included). Returns logits
         (B, 1, V) of each row's last prompt token and features (B, T, H)."""
@@ -110,7 +112,8 @@ class TargetRunner:
     def verify(self, tokens: Tensor, parents: Sequence[tuple[int, ...]]) -> TargetOutput:
         """Score each row's root + tree, tokens (B, n), on top of its committed cache. Row b's
         tree has parent list `parents[b]` and is its first len(parents[b]) tokens; the rest of
-        its n are padding, seen by none of its nodes. Returns logits (B, n, V) and features (B, n, H)."""
+        its n are padding, seen by none of its nodes. Returns logits (B, n, V) and features
+        (B, n, H)."""
         raise NotImplementedError
 
     def commit(self, paths: Sequence[Sequence[int]]) -> None:
@@ -131,8 +134,10 @@ class TargetRunner:
 def _trees(parents: Sequence[tuple[int, ...]], width: int, device) -> tuple[Tensor, Tensor]:
     """Each row's tree visibility (B, width, width) and depths (B, width), padded to `width`."""
     trees = [Tree.of(p) for p in parents]
-    return (torch.stack([t.ancestors(width, device) for t in trees]),
-            torch.stack([t.depth_offsets(width, device) for t in trees]))
+    return (
+        torch.stack([t.ancestors(width, device) for t in trees]),
+        torch.stack([t.depth_offsets(width, device) for t in trees]),
+    )
 
 
 class DynamicRunner(TargetRunner):
@@ -152,7 +157,9 @@ class DynamicRunner(TargetRunner):
     def capacity(self) -> int:
         return self._capacity
 
-    def prefill(self, ids: Tensor, max_len: int, lengths: Sequence[int] | None = None) -> TargetOutput:
+    def prefill(
+        self, ids: Tensor, max_len: int, lengths: Sequence[int] | None = None
+    ) -> TargetOutput:
         b, t = ids.shape
         self.lengths = [t] * b if lengths is None else [int(n) for n in lengths]
         self.cache, self._capacity = new_cache(max_len), max_len
@@ -163,23 +170,41 @@ class DynamicRunner(TargetRunner):
         dtype = next(self.target.parameters()).dtype
         mask = tree_attention_mask(0, padded_causal(real, t), dtype)  # (B, 1, t, t)
         positions = torch.arange(t, device=self.device)
-        return target_forward(self.target, ids, self.cache, attention_mask=for_layers(
-            self.target.config, mask, positions, positions), position_ids=positions.expand(b, t), logits_slice=real - 1)
+        return target_forward(
+            self.target,
+            ids,
+            self.cache,
+            attention_mask=for_layers(self.target.config, mask, positions, positions),
+            position_ids=positions.expand(b, t),
+            logits_slice=real - 1,
+        )
 
     def verify(self, tokens: Tensor, parents: Sequence[tuple[int, ...]]) -> TargetOutput:
         b, n = tokens.shape
-        self._prefix = prefix = cache_length(self.cache)  # the cache grows by the tree until `commit`
+        self._prefix = prefix = cache_length(
+            self.cache
+        )  # the cache grows by the tree until `commit`
         ragged = any(c != prefix for c in self.lengths)
         if not ragged and all(len(p) == n and Tree.of(p).is_chain for p in parents):
-            return target_forward(self.target, tokens, self.cache)  # the causal mask and positions are the trees'
+            return target_forward(
+                self.target, tokens, self.cache
+            )  # the causal mask and positions are the trees'
         visible, depths = _trees(parents, n, self.device)  # (B, n, n), (B, n)
         committed = torch.tensor(self.lengths, device=self.device)
         positions = committed[:, None] + depths  # (B, n)
-        mask = tree_attention_mask(prefix, visible, next(self.target.parameters()).dtype,
-                                   committed if ragged else None)
-        keys = torch.cat([torch.arange(prefix, device=self.device).expand(b, prefix), positions], 1)  # (B, prefix + n)
-        return target_forward(self.target, tokens, self.cache, attention_mask=for_layers(
-            self.target.config, mask, positions, keys), position_ids=positions)
+        mask = tree_attention_mask(
+            prefix, visible, next(self.target.parameters()).dtype, committed if ragged else None
+        )
+        keys = torch.cat(
+            [torch.arange(prefix, device=self.device).expand(b, prefix), positions], 1
+        )  # (B, prefix + n)
+        return target_forward(
+            self.target,
+            tokens,
+            self.cache,
+            attention_mask=for_layers(self.target.config, mask, positions, keys),
+            position_ids=positions,
+        )
 
     def commit(self, paths: Sequence[Sequence[int]]) -> None:
         paths = [list(p) for p in paths]
@@ -203,7 +228,7 @@ class DynamicRunner(TargetRunner):
     def committed_kv(self, layer: int, row: int = 0) -> tuple[Tensor, Tensor]:
         kv = self.cache.layers[layer]
         n = self.lengths[row]
-        return kv.keys[row:row + 1, :, :n], kv.values[row:row + 1, :, :n]
+        return kv.keys[row : row + 1, :, :n], kv.values[row : row + 1, :, :n]
 
 
 class StaticRunner(TargetRunner):
@@ -224,8 +249,13 @@ class StaticRunner(TargetRunner):
             `eagle.decoding.compile.compile_static`. The prefill always runs eagerly.
     """
 
-    def __init__(self, target: nn.Module, tree_size: int = 0, max_len: int | None = None,
-                 compile_mode: str | None = None):
+    def __init__(
+        self,
+        target: nn.Module,
+        tree_size: int = 0,
+        max_len: int | None = None,
+        compile_mode: str | None = None,
+    ):
         super().__init__(target)
         if max_len is not None and max_len < 1:
             raise ValueError(f"static cache max_len must be positive, got {max_len}")
@@ -233,12 +263,16 @@ class StaticRunner(TargetRunner):
         self.width = tree_size + 1  # root + tree, every round
         self.max_len = max_len
         self.cache: StaticKVCache | None = None
-        self.local = is_local(target.config)  # sliding or chunked layers: masks need the keys' positions
+        self.local = is_local(
+            target.config
+        )  # sliding or chunked layers: masks need the keys' positions
         self.compiled = compile_mode is not None
         self._forward = compile_static(self._scores, compile_mode, target)
         # slots moved per commit: the longest path (padded); vanilla decoding never moves anything
         self.moves = self.width if tree_size else 0
-        self._src = self._dst = torch.zeros(0, dtype=torch.long, device=self.device)  # the pending move
+        self._src = self._dst = torch.zeros(
+            0, dtype=torch.long, device=self.device
+        )  # the pending move
         self._buffers: dict[tuple[int, ...], tuple[Tensor, Tensor]] = {}
         self._rows: list[int] = []  # the cache row of each sequence still decoding
         self._filled: list[int] = []  # committed tokens of every cache row, parked ones included
@@ -257,18 +291,28 @@ class StaticRunner(TargetRunner):
 
     def _allocate(self, need: int, batch: int) -> None:
         size = self.max_len or -(-need // STATIC_BUCKET) * STATIC_BUCKET
-        if self.compiled and not self.max_len and self.cache is not None and self.cache.max_len >= need:
-            size = self.cache.max_len  # compiled, each size is one more graph: keep the largest built
+        if (
+            self.compiled
+            and not self.max_len
+            and self.cache is not None
+            and self.cache.max_len >= need
+        ):
+            size = (
+                self.cache.max_len
+            )  # compiled, each size is one more graph: keep the largest built
         if need > size:
-            raise ContextOverflowError(f"the request needs {need} cache slots (prompt + new tokens + tree) but "
-                                       f"the static cache holds {size}; raise its max_len (decode.py: static_max_len)")
+            raise ContextOverflowError(
+                f"the request needs {need} cache slots (prompt + new tokens + tree) but "
+                f"the static cache holds {size}; raise its max_len (decode.py: static_max_len)"
+            )
         dtype = next(self.target.parameters()).dtype
         layers = self.target.config.num_hidden_layers
         if self.cache is None or not self.cache.fits(layers, size, dtype, self.device, batch):
             self.cache = StaticKVCache(layers, size, dtype, self.device, batch)
 
-    def _scores(self, ids: Tensor, start: Tensor, visible: Tensor, offsets: Tensor, src: Tensor,
-                dst: Tensor) -> tuple[Tensor, Tensor]:
+    def _scores(
+        self, ids: Tensor, start: Tensor, visible: Tensor, offsets: Tensor, src: Tensor, dst: Tensor
+    ) -> tuple[Tensor, Tensor]:
         """First the last commit's move (slots `src` to `dst`, (moves,) or per row (B, moves));
         then ids (B, n) written at the n slots after `start` (0-d, or per row (B,)), seeing what
         `visible` ((n, n) or (B, n, n)) allows besides the committed context, at positions
@@ -283,26 +327,53 @@ class StaticRunner(TargetRunner):
             rel = slots - first  # (B, max_len)
             width = visible.shape[-1]
             tree = (rel >= 0) & (rel < width)
-            depth = offsets.reshape(-1, width).expand(rel.shape[0], width).gather(1, rel.clamp(0, width - 1))
+            depth = (
+                offsets.reshape(-1, width)
+                .expand(rel.shape[0], width)
+                .gather(1, rel.clamp(0, width - 1))
+            )
             keys = torch.where(tree, first + depth, slots)  # (B, max_len)
             mask = for_layers(self.target.config, mask, positions, keys)
-        out = target_forward(self.target, ids, self.cache, attention_mask=mask,
-                             position_ids=positions if positions.dim() == 2 else positions[None])
+        out = target_forward(
+            self.target,
+            ids,
+            self.cache,
+            attention_mask=mask,
+            position_ids=positions if positions.dim() == 2 else positions[None],
+        )
         return out.logits, out.features
 
-    def prefill(self, ids: Tensor, max_len: int, lengths: Sequence[int] | None = None) -> TargetOutput:
+    def prefill(
+        self, ids: Tensor, max_len: int, lengths: Sequence[int] | None = None
+    ) -> TargetOutput:
         b, t = ids.shape
         self._allocate(max_len, b)
         self.lengths = [t] * b if lengths is None else [int(n) for n in lengths]
         ragged = any(n != t for n in self.lengths)
         real = torch.tensor(self.lengths, device=self.device)
-        visible = padded_causal(real, t) if ragged else torch.ones(t, t, dtype=torch.bool, device=self.device).tril()
+        visible = (
+            padded_causal(real, t)
+            if ragged
+            else torch.ones(t, t, dtype=torch.bool, device=self.device).tril()
+        )
         positions = torch.arange(t, device=self.device)
-        mask = for_layers(self.target.config, self.cache.prepare(0, visible), positions,
-                          torch.arange(self.cache.max_len, device=self.device))  # slot i holds position i
-        out = target_forward(self.target, ids.to(self.device), self.cache, attention_mask=mask,
-                             position_ids=positions.expand(b, t), logits_slice=real - 1 if ragged else slice(-1, None))
-        self.cache.length = max(self._filled)  # what the cache says to a model that asks (get_seq_length)
+        mask = for_layers(
+            self.target.config,
+            self.cache.prepare(0, visible),
+            positions,
+            torch.arange(self.cache.max_len, device=self.device),
+        )  # slot i holds position i
+        out = target_forward(
+            self.target,
+            ids.to(self.device),
+            self.cache,
+            attention_mask=mask,
+            position_ids=positions.expand(b, t),
+            logits_slice=real - 1 if ragged else slice(-1, None),
+        )
+        self.cache.length = max(
+            self._filled
+        )  # what the cache says to a model that asks (get_seq_length)
         self._pending([[]] * b)
         return out
 
@@ -314,7 +385,9 @@ class StaticRunner(TargetRunner):
         src, dst = [], []
         for row, c in enumerate(self._filled):
             path = list(path_of.get(row, []))
-            ids = (path + list(range(len(path), self.moves)))[:self.moves]  # vanilla: nothing (its path is [0])
+            ids = (path + list(range(len(path), self.moves)))[
+                : self.moves
+            ]  # vanilla: nothing (its path is [0])
             src.append([c + i for i in ids])
             dst.append(list(range(c, c + self.moves)))
         shape = (-1,) if len(self._filled) == 1 else (len(self._filled), self.moves)
@@ -331,8 +404,12 @@ class StaticRunner(TargetRunner):
         b, n = tokens.shape
         parents = [tuple(p) for p in parents]
         if n > self.width:
-            raise ValueError(f"a tree of {n - 1} draft nodes does not fit this static runner's {self.width - 1}")
-        ids = torch.cat([tokens, tokens[:, :1].expand(b, self.width - n)], 1)  # (B, width): padded with the root
+            raise ValueError(
+                f"a tree of {n - 1} draft nodes does not fit this static runner's {self.width - 1}"
+            )
+        ids = torch.cat(
+            [tokens, tokens[:, :1].expand(b, self.width - n)], 1
+        )  # (B, width): padded with the root
         if self.cache.batch == 1:  # one sequence: no per-row indices anywhere
             visible, offsets = self._padded(parents[0])
             start = torch.tensor(self._filled[0], device=self.device)
@@ -342,7 +419,9 @@ class StaticRunner(TargetRunner):
         full = torch.zeros(self.cache.batch, self.width, dtype=torch.long, device=self.device)
         full[rows] = ids  # parked rows verify a lone token nothing reads
         trees = dict(zip(self._rows, parents))
-        padded = [self._padded(trees.get(r, (-1,))) for r in range(self.cache.batch)]  # parked: a lone root
+        padded = [
+            self._padded(trees.get(r, (-1,))) for r in range(self.cache.batch)
+        ]  # parked: a lone root
         visible, offsets = torch.stack([v for v, _ in padded]), torch.stack([o for _, o in padded])
         start = torch.tensor(self._filled, device=self.device)
         logits, features = self._forward(full, start, visible, offsets, self._src, self._dst)
@@ -353,7 +432,10 @@ class StaticRunner(TargetRunner):
         width and kept on the device for the next rounds (one tree shape, usually)."""
         if parents not in self._buffers:
             tree = Tree.of(parents)
-            self._buffers[parents] = (tree.ancestors(self.width, self.device), tree.depth_offsets(self.width, self.device))
+            self._buffers[parents] = (
+                tree.ancestors(self.width, self.device),
+                tree.depth_offsets(self.width, self.device),
+            )
         return self._buffers[parents]
 
     def commit(self, paths: Sequence[Sequence[int]]) -> None:
@@ -380,16 +462,25 @@ class StaticRunner(TargetRunner):
     def committed_kv(self, layer: int, row: int = 0) -> tuple[Tensor, Tensor]:
         self.flush()
         r, n = self._rows[row], self.lengths[row]
-        return self.cache.keys[layer][r:r + 1, :, :n], self.cache.values[layer][r:r + 1, :, :n]
+        return self.cache.keys[layer][r : r + 1, :, :n], self.cache.values[layer][r : r + 1, :, :n]
 
 
-def make_runner(kind: str, target: nn.Module, tree_size: int = 0, max_len: int | None = None,
-                compile_mode: str | None = None) -> TargetRunner:
+def make_runner(
+    kind: str,
+    target: nn.Module,
+    tree_size: int = 0,
+    max_len: int | None = None,
+    compile_mode: str | None = None,
+) -> TargetRunner:
     """A target runner of `kind`: "dynamic" (growing cache; `max_len` and `compile_mode` do not
-    apply) or "static" (preallocated, fixed shapes padded to `tree_size` draft nodes, compilable)."""
+    apply) or "static" (preallocated, fixed shapes padded to `tree_size` draft nodes, compilable).
+    """
     if kind == "dynamic":
         if compile_mode is not None:
-            raise ValueError("compile needs the static runner (runner=static): the dynamic one changes shape every round")
+            raise ValueError(
+                "compile needs the static runner (runner=static): the dynamic one changes shape "
+                "every round"
+            )
         return DynamicRunner(target)
     if kind == "static":
         return StaticRunner(target, tree_size=tree_size, max_len=max_len, compile_mode=compile_mode)

@@ -46,9 +46,20 @@ class StaticKVCache:
         batch: rows (sequences decoded together).
     """
 
-    def __init__(self, num_layers: int, max_len: int, dtype: torch.dtype, device: torch.device | str,
-                 batch: int = 1):
-        self.max_len, self.dtype, self.device, self.batch = max_len, dtype, torch.device(device), batch
+    def __init__(
+        self,
+        num_layers: int,
+        max_len: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        batch: int = 1,
+    ):
+        self.max_len, self.dtype, self.device, self.batch = (
+            max_len,
+            dtype,
+            torch.device(device),
+            batch,
+        )
         self.keys: list[Tensor | None] = [None] * num_layers
         self.values: list[Tensor | None] = [None] * num_layers
         # where the next forward writes: (n,) slots of every row, or (B, n) per row
@@ -61,27 +72,46 @@ class StaticKVCache:
             self._allocate(i, (kv_heads, head_dim), (kv_heads, head_dim))
         return self
 
-    def _allocate(self, layer: int, key_shape: tuple[int, int], value_shape: tuple[int, int],
-                  device: torch.device | None = None) -> None:
+    def _allocate(
+        self,
+        layer: int,
+        key_shape: tuple[int, int],
+        value_shape: tuple[int, int],
+        device: torch.device | None = None,
+    ) -> None:
         """(heads, dim) of the layer's keys and of its values: they differ where attention is
         latent (DeepSeek-V3's keys carry a rotary part that its values do not). On `device`, the
         layer's own (a target spread over GPUs by `device_map`), else the cache's."""
         (kh, kd), (vh, vd) = key_shape, value_shape
         device = device or self.device
-        self.keys[layer] = torch.zeros(self.batch, kh, self.max_len, kd, dtype=self.dtype, device=device)
-        self.values[layer] = torch.zeros(self.batch, vh, self.max_len, vd, dtype=self.dtype, device=device)
+        self.keys[layer] = torch.zeros(
+            self.batch, kh, self.max_len, kd, dtype=self.dtype, device=device
+        )
+        self.values[layer] = torch.zeros(
+            self.batch, vh, self.max_len, vd, dtype=self.dtype, device=device
+        )
         if device.type != "cpu":
             for t in (self.keys[layer], self.values[layer]):
-                # fixed addresses: CUDA graphs mutate them in place, never copy them. Not on a CPU, where
-                # compiled passes freeze their weights (eagle.decoding.compile): Dynamo freezes every
-                # static-address tensor with them, as a constant, and the cache's writes would be lost
+                # fixed addresses: CUDA graphs mutate them in place, never copy them. Not on a CPU,
+                # where compiled passes freeze their weights (eagle.decoding.compile): Dynamo
+                # freezes every static-address tensor with them, as a constant, and the cache's
+                # writes would be lost
                 torch._dynamo.mark_static_address(t)
 
-    def fits(self, num_layers: int, max_len: int, dtype: torch.dtype, device, batch: int = 1) -> bool:
-        return (len(self.keys) == num_layers and self.max_len == max_len and self.dtype == dtype
-                and self.device == torch.device(device) and self.batch == batch)
+    def fits(
+        self, num_layers: int, max_len: int, dtype: torch.dtype, device, batch: int = 1
+    ) -> bool:
+        return (
+            len(self.keys) == num_layers
+            and self.max_len == max_len
+            and self.dtype == dtype
+            and self.device == torch.device(device)
+            and self.batch == batch
+        )
 
-    def prepare(self, start: Tensor | int, visible: Tensor, write_at: Tensor | int | None = None) -> Tensor:
+    def prepare(
+        self, start: Tensor | int, visible: Tensor, write_at: Tensor | int | None = None
+    ) -> Tensor:
         """Aim the next forward's n = visible.shape[-2] writes at slots write_at..write_at+n-1
         (default: the last n of the S slots after `start`), and return that forward's mask
         (B, 1, n, max_len) (see `window_mask`). `start` and `write_at` are one slot for every
@@ -90,17 +120,25 @@ class StaticKVCache:
         write_at = start + (s - n) if write_at is None else write_at
         offsets = torch.arange(n, device=self.device)
         per_row = isinstance(write_at, Tensor) and write_at.dim() == 1 and self.batch > 1
-        self.slots = write_at[:, None] + offsets if per_row else write_at + offsets  # (B, n) or (n,)
+        self.slots = (
+            write_at[:, None] + offsets if per_row else write_at + offsets
+        )  # (B, n) or (n,)
         return window_mask(start, visible, self.max_len, self.dtype)
 
     def update(self, key_states: Tensor, value_states: Tensor, layer_idx: int, *args, **kwargs):
         """Called by each attention layer with its new (B, H_kv, n, D) keys and values;
         returns the whole layer (B, H_kv, max_len, D) for attention under the mask."""
         if self.keys[layer_idx] is None:
-            self._allocate(layer_idx, (key_states.shape[1], key_states.shape[-1]),
-                           (value_states.shape[1], value_states.shape[-1]), key_states.device)
+            self._allocate(
+                layer_idx,
+                (key_states.shape[1], key_states.shape[-1]),
+                (value_states.shape[1], value_states.shape[-1]),
+                key_states.device,
+            )
         keys, values = self.keys[layer_idx], self.values[layer_idx]
-        slots = self.slots if self.slots.device == keys.device else self.slots.to(keys.device)  # layers over GPUs
+        slots = (
+            self.slots if self.slots.device == keys.device else self.slots.to(keys.device)
+        )  # layers over GPUs
         if slots.dim() == 1:  # every row writes at the same slots
             keys.index_copy_(2, slots, key_states)
             values.index_copy_(2, slots, value_states)
@@ -111,23 +149,30 @@ class StaticKVCache:
         return keys, values
 
     def reserve(self, n: int) -> tuple[list[Tensor], list[Tensor], Tensor, int] | None:
-        """For a forward that writes the cache itself instead of calling `update` once per layer (the
-        fused kernels' loop over the layers, `eagle.kernels.fused`), which then calls `commit(n)`:
-        every layer's buffers, the slots `prepare` aimed the n new tokens at, and how many slots
-        attention reads (all of them, under the mask). None where a layer is not allocated yet (its
-        first `update` does it) or `prepare` aimed another number of tokens."""
+        """For a forward that writes the cache itself instead of calling `update` once per layer
+        (the fused kernels' loop over the layers, `eagle.kernels.fused`), which then calls
+        `commit(n)`: every layer's buffers, the slots `prepare` aimed the n new tokens at, and how
+        many slots attention reads (all of them, under the mask). None where a layer is not
+        allocated yet (its first `update` does it) or `prepare` aimed another number of tokens."""
         if self.slots.shape[-1] != n or any(k is None for k in self.keys):
             return None
         return self.keys, self.values, self.slots, self.max_len
 
     def commit(self, n: int) -> None:
-        """Nothing to do: the slots were the writer's to fill, and `length` is the owner's bookkeeping."""
+        """Nothing to do: the slots were the writer's to fill, and `length` is the owner's
+        bookkeeping."""
 
     def select_rows(self, rows) -> None:
         """Keep only the batch rows `rows` (sequences still decoding) of every layer."""
         rows = list(rows)
-        self.keys = [None if t is None else t.index_select(0, torch.tensor(rows, device=t.device)) for t in self.keys]
-        self.values = [None if t is None else t.index_select(0, torch.tensor(rows, device=t.device)) for t in self.values]
+        self.keys = [
+            None if t is None else t.index_select(0, torch.tensor(rows, device=t.device))
+            for t in self.keys
+        ]
+        self.values = [
+            None if t is None else t.index_select(0, torch.tensor(rows, device=t.device))
+            for t in self.values
+        ]
         self.batch = len(rows)
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
@@ -139,9 +184,15 @@ class StaticKVCache:
         for t in self.keys + self.values:
             if t is None:
                 continue
-            s, d = (src, dst) if t.device == src.device else (src.to(t.device), dst.to(t.device))  # device_map
+            s, d = (
+                (src, dst) if t.device == src.device else (src.to(t.device), dst.to(t.device))
+            )  # device_map
             if s.dim() == 1:
                 t.index_copy_(2, d, t.index_select(2, s))
             else:
                 shape = (t.shape[0], t.shape[1], s.shape[1], t.shape[3])
-                t.scatter_(2, d[:, None, :, None].expand(shape), t.gather(2, s[:, None, :, None].expand(shape)))
+                t.scatter_(
+                    2,
+                    d[:, None, :, None].expand(shape),
+                    t.gather(2, s[:, None, :, None].expand(shape)),
+                )

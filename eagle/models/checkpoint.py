@@ -78,7 +78,9 @@ def read_safetensors(path: Path, kind: str = "drafter") -> dict[str, torch.Tenso
     from safetensors.torch import load_file
 
     if not path.is_file():
-        raise CheckpointError(f"{path.parent} is not a complete {kind} checkpoint: {path.name} is missing")
+        raise CheckpointError(
+            f"{path.parent} is not a complete {kind} checkpoint: {path.name} is missing"
+        )
     try:
         return load_file(str(path), device="cpu")
     except (SafetensorError, OSError, ValueError, RuntimeError) as err:
@@ -86,7 +88,9 @@ def read_safetensors(path: Path, kind: str = "drafter") -> dict[str, torch.Tenso
         raise CheckpointError(f"{path} is corrupt or truncated ({first})") from err
 
 
-def module_weights(drafter: nn.Module, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+def module_weights(
+    drafter: nn.Module, state: dict[str, torch.Tensor] | None = None
+) -> dict[str, torch.Tensor]:
     """The tensors to save: `state` (a gathered state dict, e.g. FSDP's) or the module's own,
     on the CPU; never the target's modules."""
     state = drafter.state_dict() if state is None else state
@@ -95,7 +99,9 @@ def module_weights(drafter: nn.Module, state: dict[str, torch.Tensor] | None = N
     if leaked:  # the target's modules are never part of a drafter checkpoint
         raise RuntimeError(f"drafter state_dict holds target tensors {leaked}")
     if not state:
-        raise RuntimeError(f"no {type(drafter).__name__} tensors to save (a sharded state dict off rank 0?)")
+        raise RuntimeError(
+            f"no {type(drafter).__name__} tensors to save (a sharded state dict off rank 0?)"
+        )
     return state
 
 
@@ -109,8 +115,10 @@ def load_weights(drafter: nn.Module, state: dict[str, torch.Tensor], source: Pat
         raise CheckpointError(f"{source} has unexpected tensors {unexpected}")
     for key, value in state.items():
         if value.shape != own[key].shape:
-            raise CheckpointError(f"{source}: tensor {key} has shape {tuple(value.shape)}, the config "
-                                  f"says {tuple(own[key].shape)}")
+            raise CheckpointError(
+                f"{source}: tensor {key} has shape {tuple(value.shape)}, the config "
+                f"says {tuple(own[key].shape)}"
+            )
     drafter.load_state_dict(state)
 
 
@@ -126,19 +134,30 @@ def place(drafter: nn.Module, model: nn.Module, dtype) -> nn.Module:
     return drafter.to(p.device, resolve_dtype(dtype) if dtype is not None else p.dtype).eval()
 
 
-def validate_target(config: DrafterConfig | MedusaConfig, model: nn.Module, tokenizer=None,
-                    path: str | None = None, name: str = "drafter") -> None:
+def validate_target(
+    config: DrafterConfig | MedusaConfig,
+    model: nn.Module,
+    tokenizer=None,
+    path: str | None = None,
+    name: str = "drafter",
+) -> None:
     """Raise `TargetMismatchError` if a drafter (or Medusa heads) of `config` cannot serve this
     target: hidden size, vocabulary size and (when both sides know it) the tokenizer hash must
     match. A different model family with matching shapes, and an LM head whose fingerprint
     differs from the one it was trained against (hashed only when the checkpoint records one),
     are warnings."""
-    trained = TargetIdentity.from_dict({**config.target, "hidden_size": config.hidden_size,
-                                        "vocab_size": config.vocab_size})
+    trained = TargetIdentity.from_dict(
+        {**config.target, "hidden_size": config.hidden_size, "vocab_size": config.vocab_size}
+    )
     if trained.tokenizer_hash is not None and tokenizer is None:
-        warnings.warn(f"{name}: no tokenizer given, its tokenizer hash {trained.tokenizer_hash} was not checked",
-                      stacklevel=3)
-    given = TargetIdentity.of(model, tokenizer, path, with_lm_head=trained.lm_head_sha256 is not None)
+        warnings.warn(
+            f"{name}: no tokenizer given, its tokenizer hash {trained.tokenizer_hash} was not "
+            "checked",
+            stacklevel=3,
+        )
+    given = TargetIdentity.of(
+        model, tokenizer, path, with_lm_head=trained.lm_head_sha256 is not None
+    )
     trained.check(given, name, head="warn")
 
 
@@ -146,8 +165,13 @@ def validate_target(config: DrafterConfig | MedusaConfig, model: nn.Module, toke
 # our format
 
 
-def _save(module: nn.Module, config: dict, architecture: str, dir: str | os.PathLike,
-          state: dict[str, torch.Tensor] | None = None) -> Path:
+def _save(
+    module: nn.Module,
+    config: dict,
+    architecture: str,
+    dir: str | os.PathLike,
+    state: dict[str, torch.Tensor] | None = None,
+) -> Path:
     """Write `config.json` (the config plus our format keys) and `model.safetensors` (`state`,
     default the module's own state dict)."""
     from safetensors.torch import save_file
@@ -155,10 +179,17 @@ def _save(module: nn.Module, config: dict, architecture: str, dir: str | os.Path
     ckpt = Path(dir)
     ckpt.mkdir(parents=True, exist_ok=True)
     state = module_weights(module, state)
-    write_atomic(ckpt / WEIGHTS_NAME,
-                  lambda p: save_file(state, str(p), metadata={"format": "pt", "architecture": architecture}))
+    write_atomic(
+        ckpt / WEIGHTS_NAME,
+        lambda p: save_file(state, str(p), metadata={"format": "pt", "architecture": architecture}),
+    )
     dtype = next(iter(state.values())).dtype
-    config = {"architecture": architecture, "format_version": FORMAT_VERSION, "dtype": dtype_name(dtype), **config}
+    config = {
+        "architecture": architecture,
+        "format_version": FORMAT_VERSION,
+        "dtype": dtype_name(dtype),
+        **config,
+    }
     write_atomic(ckpt / CONFIG_NAME, lambda p: p.write_text(json.dumps(config, indent=2) + "\n"))
     return ckpt
 
@@ -170,20 +201,29 @@ def _read_config(ckpt: Path, architecture: str, kind: str, from_dict: Callable[[
     data = read_json(ckpt / CONFIG_NAME, kind)
     arch = data.get("architecture")
     if arch != architecture:
-        hint = (" (it looks like an EAGLE-format export: use eagle.models.export.import_eagle)"
-                if "architectures" in data and architecture == ARCHITECTURE else "")
-        raise CheckpointError(f"{ckpt / CONFIG_NAME}: architecture is {arch!r}, expected {architecture!r}{hint}")
+        hint = (
+            " (it looks like an EAGLE-format export: use eagle.models.export.import_eagle)"
+            if "architectures" in data and architecture == ARCHITECTURE
+            else ""
+        )
+        raise CheckpointError(
+            f"{ckpt / CONFIG_NAME}: architecture is {arch!r}, expected {architecture!r}{hint}"
+        )
     version = data.get("format_version")
     if not isinstance(version, int) or not 1 <= version <= FORMAT_VERSION:
-        raise CheckpointError(f"{ckpt / CONFIG_NAME}: unsupported format_version {version!r} "
-                              f"(this code reads 1..{FORMAT_VERSION})")
+        raise CheckpointError(
+            f"{ckpt / CONFIG_NAME}: unsupported format_version {version!r} "
+            f"(this code reads 1..{FORMAT_VERSION})"
+        )
     try:
         return from_dict({k: v for k, v in data.items() if k not in _META_KEYS})
     except (TypeError, ValueError) as err:
         raise CheckpointError(f"{ckpt / CONFIG_NAME}: {err}") from err
 
 
-def save_drafter(drafter: EagleDrafter, dir: str | os.PathLike, state: dict[str, torch.Tensor] | None = None) -> Path:
+def save_drafter(
+    drafter: EagleDrafter, dir: str | os.PathLike, state: dict[str, torch.Tensor] | None = None
+) -> Path:
     """Write `config.json` and `model.safetensors` (fc + decoder layer) into `dir`; `state`
     replaces the drafter's own tensors (a state dict gathered from sharded processes)."""
     return _save(drafter, drafter.config.to_dict(), ARCHITECTURE, dir, state)
@@ -194,8 +234,13 @@ def load_drafter_config(dir: str | os.PathLike) -> DrafterConfig:
     return _read_config(Path(dir), ARCHITECTURE, "drafter", DrafterConfig.from_dict)
 
 
-def load_drafter(dir: str | os.PathLike, model: nn.Module, tokenizer=None, path: str | None = None,
-                 dtype: str | torch.dtype | None = None) -> EagleDrafter:
+def load_drafter(
+    dir: str | os.PathLike,
+    model: nn.Module,
+    tokenizer=None,
+    path: str | None = None,
+    dtype: str | torch.dtype | None = None,
+) -> EagleDrafter:
     """Load a drafter saved by `save_drafter` for `model` (checked against it), on the
     target's device, in `dtype` (default: the target's dtype)."""
     ckpt = Path(dir)
@@ -207,13 +252,21 @@ def load_drafter(dir: str | os.PathLike, model: nn.Module, tokenizer=None, path:
     return place(drafter, model, dtype)
 
 
-def save_medusa(heads: MedusaHeads, dir: str | os.PathLike, state: dict[str, torch.Tensor] | None = None) -> Path:
-    """Write Medusa heads (`config.json`, `model.safetensors`) into `dir` (`state`: as `save_drafter`)."""
+def save_medusa(
+    heads: MedusaHeads, dir: str | os.PathLike, state: dict[str, torch.Tensor] | None = None
+) -> Path:
+    """Write Medusa heads (`config.json`, `model.safetensors`) into `dir` (`state`: as
+    `save_drafter`)."""
     return _save(heads, heads.config.to_dict(), MEDUSA_ARCHITECTURE, dir, state)
 
 
-def load_medusa(dir: str | os.PathLike, model: nn.Module, tokenizer=None, path: str | None = None,
-                dtype: str | torch.dtype | None = None) -> MedusaHeads:
+def load_medusa(
+    dir: str | os.PathLike,
+    model: nn.Module,
+    tokenizer=None,
+    path: str | None = None,
+    dtype: str | torch.dtype | None = None,
+) -> MedusaHeads:
     """Load Medusa heads saved by `save_medusa` for `model` (checked against it, as drafters
     are), on the target's device, in `dtype` (default: the target's dtype)."""
     ckpt = Path(dir)

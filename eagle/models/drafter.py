@@ -44,7 +44,12 @@ from eagle.decoding.masks import causal_mask
 from eagle.target import LogitTransform, TargetIdentity, check_shape, embeddings, lm_head
 
 # what the drafter's fc reads at position t (the module docstring): name -> (feature f_{t-1}, token)
-INPUTS = {"shifted": (True, "x_t"), "unshifted": (True, "x_{t-1}"), "feature": (True, None), "token": (False, "x_t")}
+INPUTS = {
+    "shifted": (True, "x_t"),
+    "unshifted": (True, "x_{t-1}"),
+    "feature": (True, None),
+    "token": (False, "x_t"),
+}
 
 
 @dataclass
@@ -68,20 +73,33 @@ class DrafterConfig:
     hidden_act: str = "silu"
     target: dict = field(default_factory=dict)  # eagle.target.TargetIdentity(...).to_dict()
     rope_parameters: dict | None = None
-    fc_bias: bool = True  # EAGLE-1's fc has a bias; vLLM's loader and EAGLE's Llama-3 drafters have none
-    inputs: str = "shifted"  # what the fc reads (INPUTS); only EAGLE-1's "shifted" is served by the engines
+    # EAGLE-1's fc has a bias; vLLM's loader and EAGLE's Llama-3 drafters have none
+    fc_bias: bool = True
+    # what the fc reads (INPUTS); only EAGLE-1's "shifted" is served by the engines
+    inputs: str = "shifted"
 
     def __post_init__(self) -> None:
         if self.inputs not in INPUTS:
             raise ValueError(f"drafter config: inputs must be one of {INPUTS}, got {self.inputs!r}")
-        for name in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
-                     "head_dim", "vocab_size", "max_position_embeddings"):
+        for name in (
+            "hidden_size",
+            "intermediate_size",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "vocab_size",
+            "max_position_embeddings",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"drafter config: {name} must be a positive integer, got {value!r}")
+                raise ValueError(
+                    f"drafter config: {name} must be a positive integer, got {value!r}"
+                )
         if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(f"drafter config: num_attention_heads ({self.num_attention_heads}) must be a "
-                             f"multiple of num_key_value_heads ({self.num_key_value_heads})")
+            raise ValueError(
+                f"drafter config: num_attention_heads ({self.num_attention_heads}) must be a "
+                f"multiple of num_key_value_heads ({self.num_key_value_heads})"
+            )
         if self.head_dim % 2:
             raise ValueError(f"drafter config: head_dim must be even for RoPE, got {self.head_dim}")
         if not self.rms_norm_eps > 0:
@@ -93,19 +111,29 @@ class DrafterConfig:
             self.rope_parameters.setdefault("rope_type", "default")
             theta = self.rope_parameters.setdefault("rope_theta", float(self.rope_theta))
             if float(theta) != float(self.rope_theta):
-                raise ValueError(f"drafter config: rope_theta {self.rope_theta} disagrees with "
-                                 f"rope_parameters['rope_theta'] {theta}")
-        check_shape("drafter config", self.target, hidden_size=self.hidden_size, vocab_size=self.vocab_size)
+                raise ValueError(
+                    f"drafter config: rope_theta {self.rope_theta} disagrees with "
+                    f"rope_parameters['rope_theta'] {theta}"
+                )
+        check_shape(
+            "drafter config", self.target, hidden_size=self.hidden_size, vocab_size=self.vocab_size
+        )
 
     @classmethod
-    def from_target(cls, model: nn.Module, tokenizer=None, path: str | None = None) -> DrafterConfig:
+    def from_target(
+        cls, model: nn.Module, tokenizer=None, path: str | None = None
+    ) -> DrafterConfig:
         """The drafter shape EAGLE uses for a target: its hidden size, heads, KV heads, head_dim,
         MLP width, RoPE and eps, read through the standard config attributes with each family's
         fallbacks (GPT-2 has no `intermediate_size`, multi-query models one KV head, ...)."""
         cfg = model.config
-        last = _last_layer(cfg)  # what a config may set per layer (Gemma-4: head_dim), as its last layer has it
+        last = _last_layer(
+            cfg
+        )  # what a config may set per layer (Gemma-4: head_dim), as its last layer has it
         hidden, heads = cfg.hidden_size, last.num_attention_heads
-        kv_heads = getattr(last, "num_key_value_heads", None) or (1 if getattr(cfg, "multi_query", False) else heads)
+        kv_heads = getattr(last, "num_key_value_heads", None) or (
+            1 if getattr(cfg, "multi_query", False) else heads
+        )
         rope = _rope_of(cfg)
         theta = float(rope.get("rope_theta", getattr(cfg, "rope_theta", None) or 10000.0))
         return cls(
@@ -115,7 +143,9 @@ class DrafterConfig:
             num_key_value_heads=kv_heads,
             head_dim=getattr(last, "head_dim", None) or hidden // heads,
             vocab_size=lm_head(model).weight.shape[0],
-            rms_norm_eps=float(_first(cfg, ("rms_norm_eps", "layer_norm_epsilon", "layer_norm_eps"), 1e-6)),
+            rms_norm_eps=float(
+                _first(cfg, ("rms_norm_eps", "layer_norm_epsilon", "layer_norm_eps"), 1e-6)
+            ),
             rope_theta=theta,
             max_position_embeddings=_first(cfg, ("max_position_embeddings",), 2048),
             hidden_act=_first(cfg, ("hidden_act", "activation_function"), "silu"),
@@ -132,9 +162,13 @@ class DrafterConfig:
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"drafter config: unknown key(s) {unknown}")
-        missing = sorted(f.name for f in dataclasses.fields(cls)
-                         if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-                         and f.name not in data)
+        missing = sorted(
+            f.name
+            for f in dataclasses.fields(cls)
+            if f.default is dataclasses.MISSING
+            and f.default_factory is dataclasses.MISSING
+            and f.name not in data
+        )
         if missing:
             raise ValueError(f"drafter config: missing key(s) {missing}")
         return cls(**data)
@@ -186,7 +220,9 @@ def _rope_of(config) -> dict:
 
 def _first(config, names: tuple[str, ...], default):
     """The first of `names` that `config` sets (not None), else `default`."""
-    return next((getattr(config, n) for n in names if getattr(config, n, None) is not None), default)
+    return next(
+        (getattr(config, n) for n in names if getattr(config, n, None) is not None), default
+    )
 
 
 def restricted_linear(head: nn.Module, ids: Tensor) -> nn.Linear:
@@ -210,38 +246,52 @@ class EagleDrafter(nn.Module):
         config: the drafter's shape and target identity.
         embed_tokens: the target's input embedding E (frozen here; never saved).
         lm_head: the target's LM head (frozen here; never saved).
-        logit_transform: what the target does to its LM head's output (`eagle.target.LogitTransform`),
-            so that the drafter's distribution has the target's form. `on_target` wires all three.
+        logit_transform: what the target does to its LM head's output
+            (`eagle.target.LogitTransform`), so that the drafter's distribution has the target's
+            form. `on_target` wires all three.
     """
 
-    def __init__(self, config: DrafterConfig, embed_tokens: nn.Embedding, lm_head: nn.Module,
-                 logit_transform: LogitTransform | None = None):
+    def __init__(
+        self,
+        config: DrafterConfig,
+        embed_tokens: nn.Embedding,
+        lm_head: nn.Module,
+        logit_transform: LogitTransform | None = None,
+    ):
         super().__init__()
         from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
         if embed_tokens.weight.shape[-1] != config.hidden_size:
-            raise ValueError(f"embedding width {embed_tokens.weight.shape[-1]} != drafter hidden size "
-                             f"{config.hidden_size}")
+            raise ValueError(
+                f"embedding width {embed_tokens.weight.shape[-1]} != drafter hidden size "
+                f"{config.hidden_size}"
+            )
         if lm_head.weight.shape != (config.vocab_size, config.hidden_size):
-            raise ValueError(f"lm_head weight {tuple(lm_head.weight.shape)} != (vocab {config.vocab_size}, "
-                             f"hidden {config.hidden_size})")
+            raise ValueError(
+                f"lm_head weight {tuple(lm_head.weight.shape)} != (vocab {config.vocab_size}, "
+                f"hidden {config.hidden_size})"
+            )
         self.config = config
         self.llama_config = config.llama_config()
         h = config.hidden_size
         self.uses_feature, self.token = INPUTS[config.inputs]
         width = h * (int(self.uses_feature) + int(self.token is not None))
-        self.fc = nn.Linear(width, h, bias=config.fc_bias)  # over [f_{t-1}; E(x_t)] (EAGLE-1's inputs)
+        self.fc = nn.Linear(
+            width, h, bias=config.fc_bias
+        )  # over [f_{t-1}; E(x_t)] (EAGLE-1's inputs)
         layer = LlamaDecoderLayer(self.llama_config, layer_idx=0)
         layer.input_layernorm = nn.Identity()  # EAGLE drops the pre-attention norm
         self.layers = nn.ModuleList([layer])  # state_dict keys `layers.0.*`, as in EAGLE's files
-        self.rotary_emb = LlamaRotaryEmbedding(self.llama_config)  # inv_freq is a non-persistent buffer
+        self.rotary_emb = LlamaRotaryEmbedding(
+            self.llama_config
+        )  # inv_freq is a non-persistent buffer
         embed_tokens.requires_grad_(False)
         lm_head.requires_grad_(False)
         # a plain tuple: not registered, so not in state_dict(), parameters() or .to()
         self._target_modules = (embed_tokens, lm_head)
         self.logit_transform = logit_transform or LogitTransform()
-        # (ids (K,), a linear of the head's K rows (K, H) on the head's kernels) when drafting from a
-        # reduced vocabulary (`restrict_vocab`), else None; a copy, not registered, never saved
+        # (ids (K,), a linear of the head's K rows (K, H) on the head's kernels) when drafting from
+        # a reduced vocabulary (`restrict_vocab`), else None; a copy, not registered, never saved
         self._draft_head: tuple[Tensor, nn.Linear] | None = None
 
     @classmethod
@@ -253,8 +303,13 @@ class EagleDrafter(nn.Module):
         """Use `model`'s E and LM head from now on (the same target loaded anew, e.g. whole
         instead of its head only)."""
         emb, head = embeddings(model), lm_head(model)
-        if emb.weight.shape != self.embed_tokens.weight.shape or head.weight.shape != self.lm_head.weight.shape:
-            raise ValueError("share_target: the new target's embeddings or LM head have other shapes")
+        if (
+            emb.weight.shape != self.embed_tokens.weight.shape
+            or head.weight.shape != self.lm_head.weight.shape
+        ):
+            raise ValueError(
+                "share_target: the new target's embeddings or LM head have other shapes"
+            )
         self._target_modules = (emb.requires_grad_(False), head.requires_grad_(False))
         self.restrict_vocab(self.draft_vocab)  # the reduced head's rows come from the new head
 
@@ -285,8 +340,15 @@ class EagleDrafter(nn.Module):
         """Whether `forward` reads x_{t-1} (`inputs="unshifted"`)."""
         return self.token == "x_{t-1}"
 
-    def forward(self, features: Tensor, input_ids: Tensor, position_ids: Tensor | None = None,
-                attention_mask: Tensor | None = None, cache=None, prev_ids: Tensor | None = None) -> Tensor:
+    def forward(
+        self,
+        features: Tensor,
+        input_ids: Tensor,
+        position_ids: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        cache=None,
+        prev_ids: Tensor | None = None,
+    ) -> Tensor:
         """Predict the next features.
 
         Args:
@@ -306,24 +368,38 @@ class EagleDrafter(nn.Module):
         """
         b, t, _ = features.shape
         if input_ids.shape != (b, t):
-            raise ValueError(f"features {tuple(features.shape)} and input_ids {tuple(input_ids.shape)} "
-                             "must agree on (B, T)")
+            raise ValueError(
+                f"features {tuple(features.shape)} and input_ids {tuple(input_ids.shape)} "
+                "must agree on (B, T)"
+            )
         if attention_mask is not None and attention_mask.dim() != 4:
-            raise ValueError(f"attention_mask must be an additive float mask (B|1, 1, T, S), got shape "
-                             f"{tuple(attention_mask.shape)}")
+            raise ValueError(
+                f"attention_mask must be an additive float mask (B|1, 1, T, S), got shape "
+                f"{tuple(attention_mask.shape)}"
+            )
         dtype, device = self.dtype, self.device
         # read only when needed: under torch.compile the read would tie the graph to one length
-        past = 0 if cache is None or (position_ids is not None and attention_mask is not None) else int(
-            cache.get_seq_length())
+        past = (
+            0
+            if cache is None or (position_ids is not None and attention_mask is not None)
+            else int(cache.get_seq_length())
+        )
         parts = [features.to(device, dtype)] if self.uses_feature else []  # f_{t-1}
         if self.token is not None:
             ids = input_ids
             if self.needs_prev_ids:
                 if prev_ids is None or prev_ids.shape != input_ids.shape:
-                    raise ValueError("an inputs='unshifted' drafter needs prev_ids (B, T), the token before each input")
+                    raise ValueError(
+                        "an inputs='unshifted' drafter needs prev_ids (B, T), the token before "
+                        "each input"
+                    )
                 ids = prev_ids
-            parts.append(self.embed_tokens(ids.to(self.embed_tokens.weight.device)).to(device, dtype))  # (B, T, H)
-        h = self.fc(torch.cat(parts, dim=-1) if len(parts) > 1 else parts[0])  # (B, T, 2H | H) -> (B, T, H)
+            parts.append(
+                self.embed_tokens(ids.to(self.embed_tokens.weight.device)).to(device, dtype)
+            )  # (B, T, H)
+        h = self.fc(
+            torch.cat(parts, dim=-1) if len(parts) > 1 else parts[0]
+        )  # (B, T, 2H | H) -> (B, T, H)
         if position_ids is None:
             position_ids = torch.arange(past, past + t, device=device)[None]  # (1, T)
         position_ids = position_ids.to(device)
@@ -335,8 +411,14 @@ class EagleDrafter(nn.Module):
         else:
             attention_mask = attention_mask.to(device, dtype)
         cos_sin = self.rotary_emb(h, position_ids=position_ids)  # 2 x (B|1, T, head_dim)
-        return self.layers[0](h, attention_mask=attention_mask, position_ids=position_ids,
-                              position_embeddings=cos_sin, use_cache=cache is not None, cache=cache)  # (B, T, H)
+        return self.layers[0](
+            h,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            position_embeddings=cos_sin,
+            use_cache=cache is not None,
+            cache=cache,
+        )  # (B, T, H)
 
     def restrict_vocab(self, ids: Tensor | None) -> None:
         """Draft from the tokens `ids` (K,) only, or from the whole vocabulary again (None).
@@ -373,15 +455,26 @@ class EagleDrafter(nn.Module):
         if self._draft_head is None:
             return self.logit_transform(self.lm_head(hidden))
         ids, rows = self._draft_head
-        if (rows.weight.dtype != w.dtype or rows.weight.device != w.device
-                or kernels_of(rows) != kernels_of(self.lm_head)):
-            self.restrict_vocab(ids)  # the target moved or switched kernels since: copy its rows anew
+        if (
+            rows.weight.dtype != w.dtype
+            or rows.weight.device != w.device
+            or kernels_of(rows) != kernels_of(self.lm_head)
+        ):
+            self.restrict_vocab(
+                ids
+            )  # the target moved or switched kernels since: copy its rows anew
             ids, rows = self._draft_head
         return self.logit_transform(rows(hidden))  # (..., K)
 
     @classmethod
-    def random(cls, model: nn.Module, tokenizer=None, path: str | None = None, seed: int = 0,
-               **overrides: Any) -> EagleDrafter:
+    def random(
+        cls,
+        model: nn.Module,
+        tokenizer=None,
+        path: str | None = None,
+        seed: int = 0,
+        **overrides: Any,
+    ) -> EagleDrafter:
         """An untrained drafter for `model` (PyTorch's default init under `seed`), on the
         target's device and dtype; `overrides` are `DrafterConfig` fields (e.g. `inputs`). For
         checking losslessness on a new target before any training; never used as a silent

@@ -64,21 +64,41 @@ class MedusaConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"medusa config: {name} must be a positive integer, got {value!r}")
-        check_shape("medusa config", self.target, hidden_size=self.hidden_size, vocab_size=self.vocab_size)
+        check_shape(
+            "medusa config", self.target, hidden_size=self.hidden_size, vocab_size=self.vocab_size
+        )
         if self.draft_vocab is not None:
             ids = [int(t) for t in self.draft_vocab]
             if not ids or len(set(ids)) != len(ids) or min(ids) < 0 or max(ids) >= self.vocab_size:
-                raise ValueError(f"medusa config: draft_vocab must be 1..{self.vocab_size} distinct token ids in "
-                                 f"[0, {self.vocab_size})")
+                raise ValueError(
+                    f"medusa config: draft_vocab must be 1..{self.vocab_size} distinct token ids "
+                    "in "
+                    f"[0, {self.vocab_size})"
+                )
             self.draft_vocab = ids
 
     @classmethod
-    def from_target(cls, model: nn.Module, num_heads: int, num_layers: int = 1, tokenizer=None,
-                    path: str | None = None) -> MedusaConfig:
-        ident, transform = TargetIdentity.of(model, tokenizer, path), LogitTransform.of(model.config)
-        return cls(num_heads=num_heads, hidden_size=ident.hidden_size, vocab_size=ident.vocab_size,
-                   num_layers=num_layers, target=ident.to_dict(), logit_scale=transform.scale,
-                   logit_softcap=transform.softcap)
+    def from_target(
+        cls,
+        model: nn.Module,
+        num_heads: int,
+        num_layers: int = 1,
+        tokenizer=None,
+        path: str | None = None,
+    ) -> MedusaConfig:
+        ident, transform = (
+            TargetIdentity.of(model, tokenizer, path),
+            LogitTransform.of(model.config),
+        )
+        return cls(
+            num_heads=num_heads,
+            hidden_size=ident.hidden_size,
+            vocab_size=ident.vocab_size,
+            num_layers=num_layers,
+            target=ident.to_dict(),
+            logit_scale=transform.scale,
+            logit_softcap=transform.softcap,
+        )
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -141,15 +161,19 @@ class MedusaHeads(nn.Module):
         super().__init__()
         self.config = config
         if heads is None:
-            heads = [MedusaHead(config.hidden_size, config.vocab_size, config.num_layers)
-                     for _ in range(config.num_heads)]  # K constructor calls: K modules
+            heads = [
+                MedusaHead(config.hidden_size, config.vocab_size, config.num_layers)
+                for _ in range(config.num_heads)
+            ]  # K constructor calls: K modules
         heads = list(heads)
         if len(heads) != config.num_heads:
             raise MedusaError(f"medusa config says {config.num_heads} heads, got {len(heads)}")
         shared = shared_parameters(heads)
         if shared is not None:
-            raise MedusaError(f"Medusa heads {shared[0]} and {shared[1]} share parameters (a list built "
-                              f"as [head] * K?): each head must be its own module")
+            raise MedusaError(
+                f"Medusa heads {shared[0]} and {shared[1]} share parameters (a list built "
+                f"as [head] * K?): each head must be its own module"
+            )
         self.heads = nn.ModuleList(heads)
 
     @property
@@ -181,8 +205,14 @@ class MedusaHeads(nn.Module):
     def drafted(self, features: Tensor) -> Tensor:
         """Every head over its drafting vocabulary's rows only: (..., H) -> (K, ..., V_draft)."""
         features = features.to(self.device, self.dtype)
-        return self.transform(torch.stack([F.linear(head.blocks(features), rows)
-                                           for head, rows in zip(self.heads, self._rows())]))
+        return self.transform(
+            torch.stack(
+                [
+                    F.linear(head.blocks(features), rows)
+                    for head, rows in zip(self.heads, self._rows())
+                ]
+            )
+        )
 
     def _rows(self) -> list[Tensor]:
         """Each head's projection rows of the drafting vocabulary (V_draft, H). Training takes
@@ -192,7 +222,9 @@ class MedusaHeads(nn.Module):
         weights = [head.proj.weight for head in self.heads]
         if torch.is_grad_enabled() and any(w.requires_grad for w in weights):
             return [w.index_select(0, ids) for w in weights]
-        key = tuple((w.data_ptr(), w._version, w.dtype) for w in weights)  # an optimizer step bumps _version
+        key = tuple(
+            (w.data_ptr(), w._version, w.dtype) for w in weights
+        )  # an optimizer step bumps _version
         cached = getattr(self, "_cached_rows", None)
         if cached is None or cached[0] != key:
             cached = self._cached_rows = (key, [w.index_select(0, ids) for w in weights])
@@ -206,18 +238,23 @@ class MedusaHeads(nn.Module):
         return out
 
     def vocab_ids(self) -> Tensor:
-        """The drafting vocabulary's ids (V_draft,) on the heads' device (a config without one: an error)."""
+        """The drafting vocabulary's ids (V_draft,) on the heads' device (a config without one: an
+        error)."""
         if self.config.draft_vocab is None:
             raise MedusaError("these Medusa heads draft from the whole vocabulary (no draft_vocab)")
         ids = getattr(self, "_vocab_ids", None)
         if ids is None or ids.device != self.device or ids.numel() != len(self.config.draft_vocab):
-            ids = self._vocab_ids = torch.tensor(self.config.draft_vocab, dtype=torch.long, device=self.device)
+            ids = self._vocab_ids = torch.tensor(
+                self.config.draft_vocab, dtype=torch.long, device=self.device
+            )
         return ids
 
     def restrict_vocab(self, ids: Tensor | None) -> None:
         """Draft from the tokens `ids` (V_draft,) only, or from every token again (None); saved with
         the heads (their config's `draft_vocab`)."""
-        self.config.draft_vocab = None if ids is None else [int(t) for t in torch.as_tensor(ids).flatten()]
+        self.config.draft_vocab = (
+            None if ids is None else [int(t) for t in torch.as_tensor(ids).flatten()]
+        )
         self.config.__post_init__()
         self._vocab_ids = self._cached_rows = None
 
@@ -230,8 +267,15 @@ class MedusaHeads(nn.Module):
         return self
 
     @classmethod
-    def for_target(cls, model: nn.Module, num_heads: int, num_layers: int = 1, tokenizer=None,
-                   path: str | None = None, seed: int = 0) -> MedusaHeads:
+    def for_target(
+        cls,
+        model: nn.Module,
+        num_heads: int,
+        num_layers: int = 1,
+        tokenizer=None,
+        path: str | None = None,
+        seed: int = 0,
+    ) -> MedusaHeads:
         """Fresh heads for `model` as Medusa initialises them (zero W1, the LM head's W2),
         in fp32 (training keeps fp32 weights)."""
         config = MedusaConfig.from_target(model, num_heads, num_layers, tokenizer, path)
@@ -241,8 +285,15 @@ class MedusaHeads(nn.Module):
         return heads.to(lm_head(model).weight.device).init_from_lm_head(model)
 
     @classmethod
-    def random(cls, model: nn.Module, num_heads: int, tokenizer=None, path: str | None = None,
-               seed: int = 0, scale: float = 1.0) -> MedusaHeads:
+    def random(
+        cls,
+        model: nn.Module,
+        num_heads: int,
+        tokenizer=None,
+        path: str | None = None,
+        seed: int = 0,
+        scale: float = 1.0,
+    ) -> MedusaHeads:
         """Untrained heads with random W1 (N(0, scale^2 / H)), so that every head differs from
         the LM head and from the others; on the target's device and dtype. For checking
         losslessness before any training; never a silent fallback for a missing checkpoint."""

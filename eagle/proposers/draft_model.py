@@ -31,12 +31,19 @@ class DraftLM:
             of the template), so that one compiled graph serves them all; None: unpadded.
     """
 
-    def __init__(self, model: nn.Module, cache: str | DraftCache = "dynamic", compile_mode: str | None = None,
-                 pass_shape: tuple[int, int] | None = None):
+    def __init__(
+        self,
+        model: nn.Module,
+        cache: str | DraftCache = "dynamic",
+        compile_mode: str | None = None,
+        pass_shape: tuple[int, int] | None = None,
+    ):
         check_attention_only(model)
         p = next(model.parameters())
         self.model = model
-        self.cache = draft_cache(cache, model.config, p.dtype, p.device) if isinstance(cache, str) else cache
+        self.cache = (
+            draft_cache(cache, model.config, p.dtype, p.device) if isinstance(cache, str) else cache
+        )
         self._rows: RowsDraftCache | None = None  # a batch drafted in one pass (built on first use)
         self.compile_mode, self.pass_shape = compile_mode, pass_shape
         self._scores_fixed = compile_static(self._scores, compile_mode, model)
@@ -60,8 +67,10 @@ class DraftLM:
     def _check_vocab(self, state: DecodeState) -> None:
         vocab = lm_head(self.model).weight.shape[0]
         if vocab != state.vocab_size:  # its ids would mean other tokens to the target, or none
-            raise ValueError(f"the draft LM has a vocabulary of {vocab} tokens, the target {state.vocab_size}: "
-                             "a draft LM must share the target's tokenizer")
+            raise ValueError(
+                f"the draft LM has a vocabulary of {vocab} tokens, the target {state.vocab_size}: "
+                "a draft LM must share the target's tokenizer"
+            )
 
     def end_round(self) -> None:
         self.cache.keep(self.cache.length)
@@ -77,14 +86,24 @@ class DraftLM:
         self.cache.keep(start + k)
         return logits[-1], None
 
-    def step(self, tokens: Tensor, parent_hidden: Tensor | None, position_ids: Tensor,
-             visible: Tensor) -> tuple[Tensor, None]:
+    def step(
+        self, tokens: Tensor, parent_hidden: Tensor | None, position_ids: Tensor, visible: Tensor
+    ) -> tuple[Tensor, None]:
         committed, (n, s) = self.cache.length, visible.shape
         # after the earlier steps' nodes
-        return self._pass(tokens[None], committed, visible, position_ids, write_at=committed + s - n), None
+        return self._pass(
+            tokens[None], committed, visible, position_ids, write_at=committed + s - n
+        ), None
 
-    def _pass(self, ids: Tensor, start: int, visible: Tensor, positions: Tensor, write_at: int,
-              last_only: bool = False) -> Tensor:
+    def _pass(
+        self,
+        ids: Tensor,
+        start: int,
+        visible: Tensor,
+        positions: Tensor,
+        write_at: int,
+        last_only: bool = False,
+    ) -> Tensor:
         """ids (1, n) written at entries write_at.., at `positions` (n,), seeing the committed
         entries and what `visible` (n, S) allows of the S after `start`; padded to `pass_shape`
         when there is one and the pass fits it (`fit_pass`). Returns logits (n, V), or of the last
@@ -95,14 +114,32 @@ class DraftLM:
             return self._scores(ids, start, visible, positions, write_at, last_only)
         rows = padded.shape[0]
         # 0-d tensors: one compiled graph serves every committed length
-        return self._scores_fixed(pad_with_first(ids, rows, 1), torch.tensor(start, device=device), padded,
-                                  pad_with_first(positions, rows, 0), torch.tensor(write_at, device=device))[:n]
+        return self._scores_fixed(
+            pad_with_first(ids, rows, 1),
+            torch.tensor(start, device=device),
+            padded,
+            pad_with_first(positions, rows, 0),
+            torch.tensor(write_at, device=device),
+        )[:n]
 
-    def _scores(self, ids: Tensor, start: int | Tensor, visible: Tensor, positions: Tensor, write_at: int | Tensor,
-                last_only: bool = False) -> Tensor:
+    def _scores(
+        self,
+        ids: Tensor,
+        start: int | Tensor,
+        visible: Tensor,
+        positions: Tensor,
+        write_at: int | Tensor,
+        last_only: bool = False,
+    ) -> Tensor:
         mask = self.cache.prepare(start, visible, write_at, positions)
-        out = target_forward(self.model, ids, self.cache.hf, attention_mask=mask, position_ids=positions[None],
-                             logits_slice=slice(-1, None) if last_only else None)
+        out = target_forward(
+            self.model,
+            ids,
+            self.cache.hf,
+            attention_mask=mask,
+            position_ids=positions[None],
+            logits_slice=slice(-1, None) if last_only else None,
+        )
         return out.logits[0]
 
     # Several sequences in one pass (`eagle.proposers.template.RowsDraftModel`): their own rows of
@@ -121,23 +158,45 @@ class DraftLM:
     def catch_up_rows(self, states: Sequence[DecodeState]) -> tuple[Tensor, None]:
         """`catch_up` for every sequence at once: the root's logits (B, V)."""
         rows, device = self._rows, self.cache.device
-        ks = [len(s.tokens) - have for s, have in zip(states, rows.lengths)]  # new tokens per sequence
+        ks = [
+            len(s.tokens) - have for s, have in zip(states, rows.lengths)
+        ]  # new tokens per sequence
         k = max(ks)
-        ids = torch.tensor([s.tokens[have:] + [s.tokens[-1]] * (k - n) for s, have, n in zip(states, rows.lengths, ks)],
-                           device=device)  # (B, k), padded
-        positions = torch.tensor(rows.lengths, device=device)[:, None] + torch.arange(k, device=device)  # (B, k)
+        ids = torch.tensor(
+            [
+                s.tokens[have:] + [s.tokens[-1]] * (k - n)
+                for s, have, n in zip(states, rows.lengths, ks)
+            ],
+            device=device,
+        )  # (B, k), padded
+        positions = torch.tensor(rows.lengths, device=device)[:, None] + torch.arange(
+            k, device=device
+        )  # (B, k)
         real = torch.tensor(ks, device=device)
         mask = rows.prepare(padded_causal(real, k), 0, positions)
-        out = target_forward(self.model, ids, rows.hf, attention_mask=mask, position_ids=positions, logits_slice=real - 1)
+        out = target_forward(
+            self.model,
+            ids,
+            rows.hf,
+            attention_mask=mask,
+            position_ids=positions,
+            logits_slice=real - 1,
+        )
         rows.advance(ks)
         return out.logits[:, 0], None
 
-    def step_rows(self, tokens: Tensor, parent_hidden: Tensor | None, positions: Tensor,
-                  visible: Tensor) -> tuple[Tensor, None]:
-        """`step` for every sequence at once: tokens (B, n) at positions (B, n). Returns (B, n, V)."""
+    def step_rows(
+        self, tokens: Tensor, parent_hidden: Tensor | None, positions: Tensor, visible: Tensor
+    ) -> tuple[Tensor, None]:
+        """`step` for every sequence at once: tokens (B, n) at positions (B, n). Returns (B, n, V).
+        """
         n, s = visible.shape
         mask = self._rows.prepare(visible, s - n, positions)  # after the earlier depths' nodes
-        return target_forward(self.model, tokens, self._rows.hf, attention_mask=mask, position_ids=positions).logits, None
+        return target_forward(
+            self.model, tokens, self._rows.hf, attention_mask=mask, position_ids=positions
+        ).logits, None
 
     def end_round_rows(self, keep: Sequence[int]) -> None:
-        self._rows.keep_rows(keep)  # each row's branch entries are past its committed length: hidden
+        self._rows.keep_rows(
+            keep
+        )  # each row's branch entries are past its committed length: hidden

@@ -68,22 +68,32 @@ class MedusaDraftModel:
         pass
 
     def catch_up_rows(self, states) -> tuple[Tensor, Tensor]:
-        """Every head on each sequence's last feature: head 1's logits (B, V), the others' (B, K-1, V)."""
-        logits = self.heads(torch.cat([s.new_features[:, -1] for s in states])).transpose(0, 1)  # (K, B, V) -> (B, K, V)
+        """Every head on each sequence's last feature: head 1's logits (B, V), the others' (B, K-1,
+        V)."""
+        logits = self.heads(torch.cat([s.new_features[:, -1] for s in states])).transpose(
+            0, 1
+        )  # (K, B, V) -> (B, K, V)
         return logits[:, 0], logits[:, 1:]
 
-    def step_rows(self, tokens: Tensor, parent_hidden: Tensor | None, position_ids: Tensor,
-                  visible: Tensor) -> tuple[Tensor, Tensor]:
-        return parent_hidden[:, :, 0], parent_hidden[:, :, 1:]  # (B, n, K-d, V) -> head d + 1's rows
+    def step_rows(
+        self, tokens: Tensor, parent_hidden: Tensor | None, position_ids: Tensor, visible: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        return parent_hidden[:, :, 0], parent_hidden[
+            :, :, 1:
+        ]  # (B, n, K-d, V) -> head d + 1's rows
 
     def end_round_rows(self, keep) -> None:
         pass
 
 
-def medusa_proposer(heads: MedusaHeads, template: TreeTemplate, proposal: str = "topk") -> TemplateProposer:
+def medusa_proposer(
+    heads: MedusaHeads, template: TreeTemplate, proposal: str = "topk"
+) -> TemplateProposer:
     """Medusa-1 drafting of `template` (depth <= number of heads)."""
     if template.depth > heads.num_heads:
-        raise MedusaError(f"tree {template.name!r} is {template.depth} deep but there are only "
-                          f"{heads.num_heads} Medusa heads (head d fills depth d): use a tree of depth "
-                          f"<= {heads.num_heads} or heads trained with more")
+        raise MedusaError(
+            f"tree {template.name!r} is {template.depth} deep but there are only "
+            f"{heads.num_heads} Medusa heads (head d fills depth d): use a tree of depth "
+            f"<= {heads.num_heads} or heads trained with more"
+        )
     return TemplateProposer(MedusaDraftModel(heads), template, proposal=proposal, name="medusa")

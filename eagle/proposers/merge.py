@@ -75,7 +75,8 @@ def merge_trees(trees: Sequence[DraftTree], budget: int | None = None
     parent: list[int] = [-1]
     q_rows: list[Tensor | None] = [None]
     kids: list[dict[int, int]] = [{}]  # node -> {token: child node}, in order of first draw
-    last_kid: list[int] = [-1]  # node -> its newest child: later repeats are tried after it, in order
+    # node -> its newest child: later repeats are tried after it, in order
+    last_kid: list[int] = [-1]
     repeats: dict[int, list[tuple[int, Tensor]]] = {}  # node -> [(twin, q)] drawn right after it
     maps: list[dict[int, int]] = []
     full = False
@@ -100,7 +101,8 @@ def merge_trees(trees: Sequence[DraftTree], budget: int | None = None
                 last_kid.append(-1)
                 kids[up][tok] = node
                 last_kid[up] = node
-            else:  # a repeated draw: queued after the newest sibling node, at its place in the order
+            else:
+                # a repeated draw: queued after the newest sibling node, at its place in the order
                 node = twin
                 if q is not None:
                     repeats.setdefault(last_kid[up], []).append((twin, q))
@@ -117,8 +119,13 @@ def merge_trees(trees: Sequence[DraftTree], budget: int | None = None
         tokens=torch.tensor([token[o] for o in order[1:]], dtype=torch.long, device=device),
         parents=tuple(-1 if o == 0 else new[parent[o]] for o in order),
         q=torch.stack([q_rows[o] for o in order[1:]]) if sampled and len(order) > 1 else None,
-        repeats={new[o]: (tuple(new[t] for t, _ in rows), torch.stack([q for _, q in rows]))
-                 for o, rows in repeats.items()} if sampled and repeats else None)
+        repeats={
+            new[o]: (tuple(new[t] for t, _ in rows), torch.stack([q for _, q in rows]))
+            for o, rows in repeats.items()
+        }
+        if sampled and repeats
+        else None,
+    )
     return merged, [{v: new[m] for v, m in where.items()} for where in maps]
 
 
@@ -173,16 +180,27 @@ class MergeProposer(Proposer):
 
     def propose_batch(self, states: Sequence[DecodeState]) -> list[DraftTree]:
         per_ssm = [p.propose_batch(states) for p in self.proposers]  # K lists of B trees
-        self._batch_trees = [[trees[b] for trees in per_ssm] for b in range(len(states))]  # B lists of K trees
+        self._batch_trees = [
+            [trees[b] for trees in per_ssm] for b in range(len(states))
+        ]  # B lists of K trees
         merged = [merge_trees(trees, self.budget) for trees in self._batch_trees]
         self._batch_maps = [maps for _, maps in merged]
         return [tree for tree, _ in merged]
 
-    def accept_batch(self, states: Sequence[DecodeState], trees: Sequence[DraftTree], paths: Sequence[list[int]],
-                     keep: Sequence[int]) -> None:
+    def accept_batch(
+        self,
+        states: Sequence[DecodeState],
+        trees: Sequence[DraftTree],
+        paths: Sequence[list[int]],
+        keep: Sequence[int],
+    ) -> None:
         for k, p in enumerate(self.proposers):
-            p.accept_batch(states, [own[k] for own in self._batch_trees],
-                           [own_path(maps[k], path) for maps, path in zip(self._batch_maps, paths)], keep)
+            p.accept_batch(
+                states,
+                [own[k] for own in self._batch_trees],
+                [own_path(maps[k], path) for maps, path in zip(self._batch_maps, paths)],
+                keep,
+            )
 
 
 def own_path(where: dict[int, int], path: list[int]) -> list[int]:

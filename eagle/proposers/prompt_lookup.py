@@ -26,21 +26,26 @@ class PromptLookupProposer(Proposer):
 
     def __init__(self, num_tokens: int = 10, max_ngram: int = 2, min_ngram: int = 1):
         if not 1 <= min_ngram <= max_ngram or num_tokens < 1:
-            raise ValueError(f"prompt lookup needs 1 <= min_ngram <= max_ngram and num_tokens >= 1, got {min_ngram}, "
-                             f"{max_ngram} and {num_tokens}")
+            raise ValueError(
+                "prompt lookup needs 1 <= min_ngram <= max_ngram and num_tokens >= 1, got "
+                f"{min_ngram}, "
+                f"{max_ngram} and {num_tokens}"
+            )
         self.num_tokens, self.max_ngram, self.min_ngram = num_tokens, max_ngram, min_ngram
         self.max_nodes = num_tokens
 
     def fork(self) -> PromptLookupProposer:
-        return PromptLookupProposer(self.num_tokens, self.max_ngram, self.min_ngram)  # it reads the state only
+        return PromptLookupProposer(
+            self.num_tokens, self.max_ngram, self.min_ngram
+        )  # it reads the state only
 
     def lookup(self, tokens: list[int]) -> list[int]:
         """The continuation after the earliest earlier match of the longest suffix n-gram."""
         for n in range(min(self.max_ngram, len(tokens) - 1), self.min_ngram - 1, -1):
             suffix = tokens[-n:]
             for start in range(len(tokens) - n):  # every start but the suffix's own
-                if tokens[start:start + n] == suffix:
-                    return tokens[start + n:start + n + self.num_tokens]
+                if tokens[start : start + n] == suffix:
+                    return tokens[start + n : start + n + self.num_tokens]
         return []
 
     def propose(self, state: DecodeState) -> DraftTree:

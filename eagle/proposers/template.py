@@ -47,7 +47,8 @@ class TreeDraftModel(Protocol):
 
     def step(self, tokens: Tensor, parent_hidden: Tensor | None, position_ids: Tensor,
              visible: Tensor) -> tuple[Tensor, Tensor | None]:
-        """Score n draft nodes (n,) on top of the committed cache; their KV is kept until `end_round`.
+        """Score n draft nodes (n,) on top of the committed cache; their KV is kept until
+        `end_round`.
 
         `visible` (n, S) bool: which of this round's S branch entries (those of earlier steps,
         then these n nodes, in order after the committed cache) each node sees.
@@ -60,7 +61,8 @@ class TreeDraftModel(Protocol):
         """Drop the round's branch KV (verification is done)."""
 
     def fork(self) -> TreeDraftModel:
-        """The same model (weights shared) with a cache of its own, for another sequence of a batch."""
+        """The same model (weights shared) with a cache of its own, for another sequence of a batch.
+        """
 
     @property
     def dtype(self) -> torch.dtype: ...
@@ -79,12 +81,15 @@ class RowsDraftModel(TreeDraftModel, Protocol):
         """Start a batch of sequences (the target has just read their prompts)."""
 
     def catch_up_rows(self, states: Sequence[DecodeState]) -> tuple[Tensor, Tensor | None]:
-        """`catch_up` for every sequence: the roots' logits (B, V) and hidden outputs (B, ...) or None."""
+        """`catch_up` for every sequence: the roots' logits (B, V) and hidden outputs (B, ...) or
+        None."""
 
-    def step_rows(self, tokens: Tensor, parent_hidden: Tensor | None, position_ids: Tensor,
-                  visible: Tensor) -> tuple[Tensor, Tensor | None]:
+    def step_rows(
+        self, tokens: Tensor, parent_hidden: Tensor | None, position_ids: Tensor, visible: Tensor
+    ) -> tuple[Tensor, Tensor | None]:
         """`step` for every sequence: tokens and positions (B, n), the same `visible` (n, S) in
-        every row (one template). Returns logits (B, n, V) and hidden outputs (B, n, ...) or None."""
+        every row (one template). Returns logits (B, n, V) and hidden outputs (B, n, ...) or None.
+        """
 
     def end_round_rows(self, keep: Sequence[int]) -> None:
         """Drop the round's branch KV; only the rows `keep` go on (the others finished)."""
@@ -102,8 +107,13 @@ class TemplateProposer(Proposer):
             tokens, poor when p is flat). Greedy decoding always uses top-k.
     """
 
-    def __init__(self, model: TreeDraftModel, template: TreeTemplate, proposal: str = "sample",
-                 name: str = "template"):
+    def __init__(
+        self,
+        model: TreeDraftModel,
+        template: TreeTemplate,
+        proposal: str = "sample",
+        name: str = "template",
+    ):
         if proposal not in PROPOSALS:
             raise ValueError(f"unknown proposal {proposal!r}; choose one of {PROPOSALS}")
         if template.num_nodes == 0:
@@ -111,18 +121,24 @@ class TemplateProposer(Proposer):
         self.model, self.template, self.proposal, self.name = model, template, proposal, name
         self.pass_parent_tokens = bool(getattr(model, "needs_parent_tokens", False))
         self.max_nodes = template.num_nodes
-        self.context = getattr(model, "context", None)  # a draft LM's positions (EAGLE's drafter: no limit)
+        self.context = getattr(
+            model, "context", None
+        )  # a draft LM's positions (EAGLE's drafter: no limit)
         tree = template.structure
         self.parents = tree.parents
         ancestors = tree.ancestors()  # (N+1, N+1) bool
         # nodes with children, grouped by depth: only these need a draft forward
-        self.expanded_by_depth = [[i for i in range(1, len(tree)) if tree.depths[i] == d and tree.children[i]]
-                                  for d in range(tree.depth + 1)]
+        self.expanded_by_depth = [
+            [i for i in range(1, len(tree)) if tree.depths[i] == d and tree.children[i]]
+            for d in range(tree.depth + 1)
+        ]
         # what each depth's nodes see of the branch entries forwarded so far (theirs last)
         self.visible_by_depth, seen = [], []
         for nodes in self.expanded_by_depth:
             seen = seen + nodes
-            self.visible_by_depth.append(ancestors[nodes][:, seen])  # (m, len(seen)) ancestor-or-self
+            self.visible_by_depth.append(
+                ancestors[nodes][:, seen]
+            )  # (m, len(seen)) ancestor-or-self
         # per depth d >= 1, everything the round needs as index tensors, built once: the level of
         # parents whose children are drawn (the root, then depth d-1's expanded nodes, in the
         # order of the previous pass's rows), each child's (row, rank) among them, and the row of
@@ -138,11 +154,19 @@ class TemplateProposer(Proposer):
                     ranks.append(r)
             row_of = {u: j for j, u in enumerate(parents)}
             nodes = self.expanded_by_depth[d] if d < tree.depth else []
-            self.levels.append(_Level(
-                width=max(len(template.children[u]) for u in parents), kids=torch.tensor(kids),
-                rows=torch.tensor(rows), ranks=torch.tensor(ranks), nodes=torch.tensor(nodes, dtype=torch.long),
-                parent_rows=torch.tensor([row_of[self.parents[v]] for v in nodes], dtype=torch.long),
-                parent_nodes=torch.tensor([self.parents[v] for v in nodes], dtype=torch.long)))
+            self.levels.append(
+                _Level(
+                    width=max(len(template.children[u]) for u in parents),
+                    kids=torch.tensor(kids),
+                    rows=torch.tensor(rows),
+                    ranks=torch.tensor(ranks),
+                    nodes=torch.tensor(nodes, dtype=torch.long),
+                    parent_rows=torch.tensor(
+                        [row_of[self.parents[v]] for v in nodes], dtype=torch.long
+                    ),
+                    parent_nodes=torch.tensor([self.parents[v] for v in nodes], dtype=torch.long),
+                )
+            )
         self.max_width = max(lv.width for lv in self.levels[1:])  # the most children of one node
         self._device = torch.device("cpu")
         self._root_nan = torch.tensor(False)  # the last round's root logits had a NaN
@@ -161,11 +185,16 @@ class TemplateProposer(Proposer):
         self.model.end_round()
 
     def _check_root(self) -> None:
-        if bool(self._root_nan):  # the round was still exact, but such drafts are never accepted: say why
-            raise ValueError(f"{self.name}: the draft model's logits are NaN (a float16 drafter overflowing?)")
+        if bool(
+            self._root_nan
+        ):  # the round was still exact, but such drafts are never accepted: say why
+            raise ValueError(
+                f"{self.name}: the draft model's logits are NaN (a float16 drafter overflowing?)"
+            )
 
     def _on(self, device: torch.device) -> None:
-        """Move the fixed index tensors to the draft model's device (once: the template is fixed)."""
+        """Move the fixed index tensors to the draft model's device (once: the template is fixed).
+        """
         if device != self._device:
             self.visible_by_depth = [v.to(device) for v in self.visible_by_depth]
             self.levels = [None] + [lv.to(device) for lv in self.levels[1:]]
@@ -174,10 +203,23 @@ class TemplateProposer(Proposer):
     def propose(self, state: DecodeState) -> DraftTree:
         logits, hidden = self.model.catch_up(state)  # the root's (V,) and (H,) or None
 
-        def step(tokens: Tensor, parent_hidden: Tensor | None, positions: Tensor, visible: Tensor, **extra):
-            logits, hidden = self.model.step(tokens[0], None if parent_hidden is None else parent_hidden[0],
-                                             positions[0], visible, **{k: v[0] for k, v in extra.items()})
-            return logits[None], None if hidden is None else hidden[None]  # one sequence as a batch of one
+        def step(
+            tokens: Tensor,
+            parent_hidden: Tensor | None,
+            positions: Tensor,
+            visible: Tensor,
+            **extra,
+        ):
+            logits, hidden = self.model.step(
+                tokens[0],
+                None if parent_hidden is None else parent_hidden[0],
+                positions[0],
+                visible,
+                **{k: v[0] for k, v in extra.items()},
+            )
+            return logits[None], None if hidden is None else hidden[
+                None
+            ]  # one sequence as a batch of one
 
         return self._draft([state], logits[None], None if hidden is None else hidden[None], step)[0]
 
@@ -199,24 +241,35 @@ class TemplateProposer(Proposer):
         logits, hidden = self.model.catch_up_rows(states)  # (B, V), (B, H)
         return self._draft(states, logits, hidden, self.model.step_rows)
 
-    def accept_batch(self, states: Sequence[DecodeState], trees: Sequence[DraftTree], paths: Sequence[list[int]],
-                     keep: Sequence[int]) -> None:
+    def accept_batch(
+        self,
+        states: Sequence[DecodeState],
+        trees: Sequence[DraftTree],
+        paths: Sequence[list[int]],
+        keep: Sequence[int],
+    ) -> None:
         if not self._one_pass:
             return super().accept_batch(states, trees, paths, keep)
         self._check_root()
         self.model.end_round_rows(keep)
 
-    def _draft(self, states: Sequence[DecodeState], logits: Tensor, hidden: Tensor | None, step) -> list[DraftTree]:
+    def _draft(
+        self, states: Sequence[DecodeState], logits: Tensor, hidden: Tensor | None, step
+    ) -> list[DraftTree]:
         """Fill the template for B sequences at once, from each root's draft logits (B, V) and
         hidden output (B, ...) or None; `step(tokens (B, m), parent_hidden (B, m, ...) | None,
         positions (B, m), visible (m, S)[, parent_tokens=(B, m)])` scores a depth's expanded nodes
         of every sequence, returning logits (B, m, V) and hidden outputs (B, m, ...) or None."""
         tpl, model, policy = self.template, self.model, states[0].policy
-        self._root_nan = logits.isnan().any()  # read in `accept`, once the round's work is done (no extra sync)
+        self._root_nan = (
+            logits.isnan().any()
+        )  # read in `accept`, once the round's work is done (no extra sync)
         device = logits.device
         self._on(device)
         b = len(states)
-        logits = logits[:, None]  # (B, 1, V): per sequence, one row per parent of the level being drawn
+        logits = logits[
+            :, None
+        ]  # (B, 1, V): per sequence, one row per parent of the level being drawn
         hidden = None if hidden is None else hidden[:, None]
         root_pos = torch.tensor([len(s.tokens) - 1 for s in states], device=device)  # (B,)
         n = tpl.num_nodes + 1
@@ -224,15 +277,23 @@ class TemplateProposer(Proposer):
         tokens[:, 0] = torch.tensor([s.tokens[-1] for s in states], device=device)
         vocab = getattr(model, "draft_vocab", None)  # (K,) ids of the logits' columns; None: all V
         if vocab is not None and len(vocab) < self.max_width:
-            raise ValueError(f"tree {tpl.name!r} takes the top {self.max_width} of a node, more than the "
-                             f"{len(vocab)} tokens of the draft vocabulary")
+            raise ValueError(
+                f"tree {tpl.name!r} takes the top {self.max_width} of a node, more than the "
+                f"{len(vocab)} tokens of the draft vocabulary"
+            )
         if logits.shape[-1] < self.max_width:
-            raise ValueError(f"tree {tpl.name!r} takes the top {self.max_width} of a node, more than the draft "
-                             f"model's vocabulary of {logits.shape[-1]} tokens")
-        q = None if policy.greedy else torch.zeros(b, n, logits.shape[-1], device=device)  # over the columns
+            raise ValueError(
+                f"tree {tpl.name!r} takes the top {self.max_width} of a node, more than the draft "
+                f"model's vocabulary of {logits.shape[-1]} tokens"
+            )
+        q = (
+            None if policy.greedy else torch.zeros(b, n, logits.shape[-1], device=device)
+        )  # over the columns
         for depth in range(1, tpl.depth + 1):
             level = self.levels[depth]
-            picks, q_picks = self._choose(logits, level.width, states[0])  # (B, p, width), (B, p, width, V|K) | None
+            picks, q_picks = self._choose(
+                logits, level.width, states[0]
+            )  # (B, p, width), (B, p, width, V|K) | None
             picks = picks[:, level.rows, level.ranks]  # (B, c) columns
             tokens[:, level.kids] = picks if vocab is None else vocab[picks]
             if q is not None:
@@ -241,16 +302,24 @@ class TemplateProposer(Proposer):
                 break  # nothing expands below this depth
             parent_hidden = None if hidden is None else hidden[:, level.parent_rows]  # (B, m, H)
             pos = (root_pos + depth)[:, None].expand(b, len(level.nodes))  # (B, m)
-            extra = {"parent_tokens": tokens[:, level.parent_nodes]} if self.pass_parent_tokens else {}
-            logits, hidden = step(tokens[:, level.nodes], parent_hidden, pos, self.visible_by_depth[depth], **extra)
-        if q is not None and vocab is not None:  # q over the whole vocabulary, zero off the K tokens
+            extra = (
+                {"parent_tokens": tokens[:, level.parent_nodes]} if self.pass_parent_tokens else {}
+            )
+            logits, hidden = step(
+                tokens[:, level.nodes], parent_hidden, pos, self.visible_by_depth[depth], **extra
+            )
+        if (
+            q is not None and vocab is not None
+        ):  # q over the whole vocabulary, zero off the K tokens
             q = q.new_zeros(b, n, model.vocab_size).index_copy_(2, vocab, q)
-        return [DraftTree(tokens=tokens[i, 1:], parents=self.parents, q=None if q is None else q[i, 1:])
-                for i in range(b)]
+        return [
+            DraftTree(tokens=tokens[i, 1:], parents=self.parents, q=None if q is None else q[i, 1:])
+            for i in range(b)
+        ]
 
     def _choose(self, logits: Tensor, m: int, state: DecodeState) -> tuple[Tensor, Tensor | None]:
-        """Pick m children for each row of `logits` (..., V) at once; returns tokens (..., m) and their
-        q (..., m, V) (None under greedy decoding)."""
+        """Pick m children for each row of `logits` (..., V) at once; returns tokens (..., m) and
+        their q (..., m, V) (None under greedy decoding)."""
         policy = state.policy
         if policy.greedy:
             return logits.topk(m, dim=-1).indices, None
@@ -268,7 +337,9 @@ def pass_slack(shape: tuple[int, int] | None) -> int:
     return shape[0] if shape else 0
 
 
-def fit_pass(cache, shape: tuple[int, int] | None, visible: Tensor, start: int, write_at: int) -> Tensor | None:
+def fit_pass(
+    cache, shape: tuple[int, int] | None, visible: Tensor, start: int, write_at: int
+) -> Tensor | None:
     """Reserve `cache` for one drafter pass whose n nodes are written from `write_at` and see what
     `visible` (n, S) allows of the S entries from `start`, and return that visibility padded to
     `shape` (rows, window), the one shape a compiled pass runs; None where there is no shape or
@@ -289,7 +360,9 @@ def fit_pass(cache, shape: tuple[int, int] | None, visible: Tensor, start: int, 
 def pad_with_first(t: Tensor, rows: int, dim: int) -> Tensor:
     """`t` padded along `dim` to `rows` entries with copies of its first one."""
     first = t.narrow(dim, 0, 1)
-    return torch.cat([t, first.expand(*t.shape[:dim], rows - t.shape[dim], *t.shape[dim + 1:])], dim)
+    return torch.cat(
+        [t, first.expand(*t.shape[:dim], rows - t.shape[dim], *t.shape[dim + 1 :])], dim
+    )
 
 
 @dataclass(frozen=True)
@@ -305,13 +378,20 @@ class _Level:
     parent_nodes: Tensor  # (m,) each expanded node's parent's node id (0: the root)
 
     def to(self, device: torch.device) -> _Level:
-        return _Level(self.width, *(getattr(self, f).to(device) for f in ("kids", "rows", "ranks", "nodes",
-                                                                          "parent_rows", "parent_nodes")))
+        return _Level(
+            self.width,
+            *(
+                getattr(self, f).to(device)
+                for f in ("kids", "rows", "ranks", "nodes", "parent_rows", "parent_nodes")
+            ),
+        )
 
 
-def sample_without_replacement(dist: Tensor, m: int, generator: torch.Generator | None = None
-                               ) -> tuple[Tensor, Tensor]:
-    """m successive draws without replacement from each row of `dist` (..., V), and the exact q of each.
+def sample_without_replacement(
+    dist: Tensor, m: int, generator: torch.Generator | None = None
+) -> tuple[Tensor, Tensor]:
+    """m successive draws without replacement from each row of `dist` (..., V), and the exact q of
+    each.
 
     Draw i comes from `dist` with draws 0..i-1 zeroed and renormalised, and that row is its
     proposal q. Each draw inverts the rows' float64 CDFs at once (`eagle.sampling.invert_cdf`):

@@ -51,12 +51,18 @@ def eval_sampler(datamodule: L.LightningDataModule, dataset) -> dict[str, Any]:
     if _sharded(trainer.strategy):  # every forward gathers weights from every process
         fewest, most = (-(-k // datamodule.batch_size) for k in (n // world, -(-n // world)))
         if fewest != most:  # one process would gather alone in its extra batch: a hang
-            raise ValueError(f"{n} validation samples over {world} processes in batches of {datamodule.batch_size} "
-                             f"give some processes {most} batches and others {fewest}; with sharded weights "
-                             f"every process must run as many: use {world * datamodule.batch_size * fewest} or "
-                             f"{world * datamodule.batch_size * most} validation samples")
-    return {"sampler": UnrepeatedDistributedSampler(dataset, num_replicas=world, rank=trainer.global_rank,
-                                                    shuffle=False)}
+            raise ValueError(
+                f"{n} validation samples over {world} processes in batches of "
+                f"{datamodule.batch_size} "
+                f"give some processes {most} batches and others {fewest}; with sharded weights "
+                f"every process must run as many: use {world * datamodule.batch_size * fewest} or "
+                f"{world * datamodule.batch_size * most} validation samples"
+            )
+    return {
+        "sampler": UnrepeatedDistributedSampler(
+            dataset, num_replicas=world, rank=trainer.global_rank, shuffle=False
+        )
+    }
 
 
 def trained_batches(datamodule: L.LightningDataModule) -> tuple[int, int, int] | None:
@@ -93,7 +99,8 @@ class SampleDataModule(L.LightningDataModule):
     """Batches of samples (`eagle.data.batches.collate`): shuffled for training, in order for
     validation. Subclasses fill `self.splits` in `setup`."""
 
-    has_features = False  # do the batches carry the target's features (else the target computes them)?
+    # do the batches carry the target's features (else the target computes them)?
+    has_features = False
 
     def __init__(self, batch_size: int = 8, num_workers: int = 0, seed: int = 0) -> None:
         super().__init__()
@@ -107,24 +114,44 @@ class SampleDataModule(L.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         train = self.splits["train"]
-        order = EpochShuffle(len(train), self.seed, progress=partial(trained_batches, self), **shard(self))
-        return DataLoader(train, batch_size=self.batch_size, sampler=order, collate_fn=collate,
-                          num_workers=self.num_workers)
+        order = EpochShuffle(
+            len(train), self.seed, progress=partial(trained_batches, self), **shard(self)
+        )
+        return DataLoader(
+            train,
+            batch_size=self.batch_size,
+            sampler=order,
+            collate_fn=collate,
+            num_workers=self.num_workers,
+        )
 
     def val_dataloader(self) -> DataLoader:
         val = self.splits["validation"]
-        return DataLoader(val, batch_size=self.batch_size, collate_fn=collate, num_workers=self.num_workers,
-                          **eval_sampler(self, val))
+        return DataLoader(
+            val,
+            batch_size=self.batch_size,
+            collate_fn=collate,
+            num_workers=self.num_workers,
+            **eval_sampler(self, val),
+        )
 
     def top_token_id(self) -> int:
         """The largest token id of any sample (-1 for none): the target's embedding must have a
         row for it (`FrozenTargetModule.setup`)."""
         self._check_splits("top_token_id: the data module (was setup() called?)")
-        return max((int(ids.max()) for split in SPLITS for ids, _ in self.splits[split].token_rows() if ids.size),
-                   default=-1)
+        return max(
+            (
+                int(ids.max())
+                for split in SPLITS
+                for ids, _ in self.splits[split].token_rows()
+                if ids.size
+            ),
+            default=-1,
+        )
 
     def token_counts(self, vocab_size: int) -> torch.Tensor:
-        """How often each token is predicted in the training split (`eagle.data.vocab.count_tokens`)."""
+        """How often each token is predicted in the training split
+        (`eagle.data.vocab.count_tokens`)."""
         self._check_splits("token_counts: the data module (was setup() called?)")
         return count_tokens(self.splits["train"].token_rows(), vocab_size)
 
@@ -142,32 +169,50 @@ class FeatureDataModule(SampleDataModule):
 
     has_features = True
 
-    def __init__(self, features_dir: str | Path, batch_size: int = 8, num_workers: int = 0,
-                 verify: str = "checksum", seed: int = 0) -> None:
+    def __init__(
+        self,
+        features_dir: str | Path,
+        batch_size: int = 8,
+        num_workers: int = 0,
+        verify: str = "checksum",
+        seed: int = 0,
+    ) -> None:
         super().__init__(batch_size, num_workers, seed)
         self.features_dir, self.verify = Path(features_dir), verify
         self.meta: dict[str, Any] = {}
         self.made_for: TargetIdentity | None = None  # the target the features came from
-        self.fingerprint: str | None = None  # the training samples' (set up from the dump's metadata)
+        # the training samples' (set up from the dump's metadata)
+        self.fingerprint: str | None = None
 
     def setup(self, stage: str | None = None) -> None:
         if not self.splits:
             trainer = self.trainer
-            world, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
+            world, rank = (
+                (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
+            )
             shared = self.verify == "checksum" and world > 1
-            self.meta, self.splits = open_feature_dump(self.features_dir, verify="size" if shared else self.verify)
+            self.meta, self.splits = open_feature_dump(
+                self.features_dir, verify="size" if shared else self.verify
+            )
             if shared:
                 self._checksum_shared(trainer, world, rank)
             self.made_for = made_for(self.meta)
             self._check_splits(f"feature dump {self.features_dir}")
-            # the training samples' identity, wherever the dump lies (a resumed run must see the same)
-            self.fingerprint = self.meta.get("params", {}).get("splits", {}).get("train", {}).get("fingerprint")
+            # the training samples' identity, wherever the dump lies (a resumed run must see the
+            # same)
+            self.fingerprint = (
+                self.meta.get("params", {}).get("splits", {}).get("train", {}).get("fingerprint")
+            )
 
     def _checksum_shared(self, trainer: L.Trainer, world: int, rank: int) -> None:
         """Each of `world` processes hashes every world-th shard (a 7B dump holds hundreds of GB:
         hashed once, not once per GPU), and all of them agree before any trains, so a corrupt
         shard stops every process rather than one, with the others waiting on it."""
-        jobs = [(split, info) for split in SPLITS for info in self.meta["splits"].get(split, {}).get("shards", [])]
+        jobs = [
+            (split, info)
+            for split in SPLITS
+            for info in self.meta["splits"].get(split, {}).get("shards", [])
+        ]
         failure = None
         try:
             for split, info in jobs[rank::world]:
@@ -175,8 +220,10 @@ class FeatureDataModule(SampleDataModule):
         except FeatureDumpError as err:
             failure = err
         if not trainer.strategy.reduce_boolean_decision(failure is None, all=True):
-            raise failure or FeatureDumpError(f"feature dump {self.features_dir}: a shard failed its checksum in "
-                                              "another process (its message is in that process's output)")
+            raise failure or FeatureDumpError(
+                f"feature dump {self.features_dir}: a shard failed its checksum in "
+                "another process (its message is in that process's output)"
+            )
 
 
 class OnlineDataModule(SampleDataModule):
@@ -190,15 +237,25 @@ class OnlineDataModule(SampleDataModule):
         batch_size, num_workers, seed: as `FeatureDataModule`.
     """
 
-    def __init__(self, source: Callable[..., dict[str, list]], tokenizer_path: str | Path, max_len: int = 256,
-                 batch_size: int = 8, num_workers: int = 0, seed: int = 0) -> None:
+    def __init__(
+        self,
+        source: Callable[..., dict[str, list]],
+        tokenizer_path: str | Path,
+        max_len: int = 256,
+        batch_size: int = 8,
+        num_workers: int = 0,
+        seed: int = 0,
+    ) -> None:
         super().__init__(batch_size, num_workers, seed)
         if not callable(source):  # configs/data/online.yaml names no source of its own
-            raise ValueError("data=online needs a sample source: add data_gen@_global_=sharegpt "
-                             "source.path=/data/conversations.json (or =text)")
+            raise ValueError(
+                "data=online needs a sample source: add data_gen@_global_=sharegpt "
+                "source.path=/data/conversations.json (or =text)"
+            )
         self.source, self.tokenizer_path, self.max_len = source, tokenizer_path, max_len
         self.tokenizer = None
-        self.fingerprint: str | None = None  # the training samples' (as a dump of them would record)
+        # the training samples' (as a dump of them would record)
+        self.fingerprint: str | None = None
 
     def setup(self, stage: str | None = None) -> None:
         if self.splits:
@@ -228,8 +285,16 @@ class DistilledDataModule(L.LightningDataModule):
         seed: shuffling of the training rows.
     """
 
-    def __init__(self, distill_dir: str | Path, tokenizer_path: str | Path, batch_size: int = 8,
-                 covered_by: Sequence[str] = (), threshold: float = 0.5, num_workers: int = 0, seed: int = 0) -> None:
+    def __init__(
+        self,
+        distill_dir: str | Path,
+        tokenizer_path: str | Path,
+        batch_size: int = 8,
+        covered_by: Sequence[str] = (),
+        threshold: float = 0.5,
+        num_workers: int = 0,
+        seed: int = 0,
+    ) -> None:
         super().__init__()
         self.distill_dir, self.tokenizer_path = Path(distill_dir), str(tokenizer_path)
         self.batch_size, self.covered_by, self.threshold = batch_size, list(covered_by), threshold
@@ -247,7 +312,9 @@ class DistilledDataModule(L.LightningDataModule):
         meta, splits = load_distilled(self.distill_dir)
         self.tokenizer = load_tokenizer(self.tokenizer_path)
         if meta.get("tokenizer_hash") not in (None, tokenizer_hash(self.tokenizer)):
-            raise ValueError(f"{self.distill_dir} was made with another tokenizer than {self.tokenizer_path}'s")
+            raise ValueError(
+                f"{self.distill_dir} was made with another tokenizer than {self.tokenizer_path}'s"
+            )
         rows = {split: split_rows(splits[split], f"{self.distill_dir} {split}") for split in SPLITS}
         self.rows = {split: ids for split, (ids, _, _) in rows.items()}
         n_train = len(self.rows["train"])
@@ -260,36 +327,60 @@ class DistilledDataModule(L.LightningDataModule):
             for path in self.covered_by:
                 ssm = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
                 keep &= ~covered(agreement(ssm, self.rows["train"], argmax, prompt_len), criterion)
-            print(f"[boost] {int(keep.sum())} of {n_train} training rows are not covered by {self.covered_by} "
-                  f"(threshold {self.threshold}): this SSM trains on those")
+            print(
+                f"[boost] {int(keep.sum())} of {n_train} training rows are not covered by "
+                f"{self.covered_by} "
+                f"(threshold {self.threshold}): this SSM trains on those"
+            )
             if not keep.any():
-                raise ValueError(f"the SSMs {self.covered_by} cover every training row at threshold {self.threshold}: "
-                                 f"nothing is left for another SSM (raise the threshold or use fewer SSMs)")
+                raise ValueError(
+                    f"the SSMs {self.covered_by} cover every training row at threshold "
+                    f"{self.threshold}: "
+                    f"nothing is left for another SSM (raise the threshold or use fewer SSMs)"
+                )
         self.rows["train"] = self.rows["train"][keep]
-        self.info = {"corpus": f"self-distilled:{self.distill_dir.name}", "corpus_fingerprint": meta["params"]["splits"]["train"]["fingerprint"],
-                     "n_tokens": int(self.rows["train"].numel()),
-                     "val_tokens": int(self.rows["validation"][:, 1:].numel()),
-                     "train_rows": int(keep.sum()), "all_train_rows": n_train, "covered_by": self.covered_by}
-        self.fingerprint = f"{self.info['corpus_fingerprint']}:{self.info['train_rows']}"  # the rows this SSM trains on
+        self.info = {
+            "corpus": f"self-distilled:{self.distill_dir.name}",
+            "corpus_fingerprint": meta["params"]["splits"]["train"]["fingerprint"],
+            "n_tokens": int(self.rows["train"].numel()),
+            "val_tokens": int(self.rows["validation"][:, 1:].numel()),
+            "train_rows": int(keep.sum()),
+            "all_train_rows": n_train,
+            "covered_by": self.covered_by,
+        }
+        # the rows this SSM trains on
+        self.fingerprint = f"{self.info['corpus_fingerprint']}:{self.info['train_rows']}"
 
     def describe(self) -> dict[str, Any]:
         return dict(self.info)
 
     def train_dataloader(self) -> DataLoader:
         train = list(self.rows["train"])
-        order = EpochShuffle(len(train), self.seed, progress=partial(trained_batches, self), **shard(self))
-        return DataLoader(train, batch_size=self.batch_size, sampler=order, num_workers=self.num_workers,
-                          drop_last=len(train) >= self.batch_size)
+        order = EpochShuffle(
+            len(train), self.seed, progress=partial(trained_batches, self), **shard(self)
+        )
+        return DataLoader(
+            train,
+            batch_size=self.batch_size,
+            sampler=order,
+            num_workers=self.num_workers,
+            drop_last=len(train) >= self.batch_size,
+        )
 
     def val_dataloader(self) -> DataLoader:
         val = list(self.rows["validation"])
-        return DataLoader(val, batch_size=self.batch_size, num_workers=self.num_workers, **eval_sampler(self, val))
+        return DataLoader(
+            val, batch_size=self.batch_size, num_workers=self.num_workers, **eval_sampler(self, val)
+        )
 
     def unigram_val_loss(self, vocab_size: int) -> float:
         """The add-one unigram model of the training rows, on the validation targets: the
         baseline a trained LM must beat."""
-        return unigram_cross_entropy(self.rows["train"].numpy().ravel(), self.rows["validation"][:, 1:].numpy().ravel(),
-                                     vocab_size)
+        return unigram_cross_entropy(
+            self.rows["train"].numpy().ravel(),
+            self.rows["validation"][:, 1:].numpy().ravel(),
+            vocab_size,
+        )
 
 
 def unigram_cross_entropy(train_tokens: np.ndarray, targets: np.ndarray, vocab_size: int) -> float:

@@ -60,17 +60,26 @@ def truncated_copy(target: torch.nn.Module, layers: int) -> torch.nn.Module:
     if not 1 <= layers <= n:
         raise ValueError(f"a draft LM of {layers} layers: choose 1..{n} (the target's layers)")
     try:
-        draft = AutoModelForCausalLM.from_config(cut_config(target.config, layers)).to(torch.float32)
-    except ValueError as e:  # a family whose config rules the cut breaks (Gemma-4 ends on a full layer)
+        draft = AutoModelForCausalLM.from_config(cut_config(target.config, layers)).to(
+            torch.float32
+        )
+    except (
+        ValueError
+    ) as e:  # a family whose config rules the cut breaks (Gemma-4 ends on a full layer)
         raise ValueError(f"cannot cut {type(target).__name__} to {layers} layers: {e}") from e
     shapes = {k: v.shape for k, v in draft.state_dict().items()}
-    kept = {k: _first_layers(v.float(), shapes.get(k), n, layers) for k, v in target.state_dict().items()
-            if ".layers." not in k or int(k.split(".layers.")[1].split(".")[0]) < layers}
+    kept = {
+        k: _first_layers(v.float(), shapes.get(k), n, layers)
+        for k, v in target.state_dict().items()
+        if ".layers." not in k or int(k.split(".layers.")[1].split(".")[0]) < layers
+    }
     missing, unexpected = draft.load_state_dict(kept, strict=False)
     missing = [k for k in missing if k not in getattr(draft, "_tied_weights_keys", {})]
     if missing or unexpected:
-        raise ValueError(f"cannot cut {type(target).__name__} to {layers} layers (missing {missing[:3]}, "
-                         f"unexpected {unexpected[:3]})")
+        raise ValueError(
+            f"cannot cut {type(target).__name__} to {layers} layers (missing {missing[:3]}, "
+            f"unexpected {unexpected[:3]})"
+        )
     draft.tie_weights()
     return draft
 
@@ -89,13 +98,23 @@ class DistilledDraftLMModule(FrozenTargetModule):
     artifact = "model"
     quality = ("val/top1", "val/top1_no_layers", "higher")
 
-    def __init__(self, target_path: str, layers: int = 2, loss_vocab: int | None = None,
-                 optim: Mapping[str, Any] | None = None, target_dtype: str = "float32") -> None:
+    def __init__(
+        self,
+        target_path: str,
+        layers: int = 2,
+        loss_vocab: int | None = None,
+        optim: Mapping[str, Any] | None = None,
+        target_dtype: str = "float32",
+    ) -> None:
         if loss_vocab is not None and loss_vocab < 1:
-            raise ValueError(f"loss_vocab must be a number of tokens >= 1 or null, got {loss_vocab}")
+            raise ValueError(
+                f"loss_vocab must be a number of tokens >= 1 or null, got {loss_vocab}"
+            )
         super().__init__(target_path, target_dtype, optim or {"lr": 1e-4}, target_weights="head")
         self.save_hyperparameters()
-        whole, _ = load_target(target_path, "float32", with_tokenizer=False)  # once, to copy its layers
+        whole, _ = load_target(
+            target_path, "float32", with_tokenizer=False
+        )  # once, to copy its layers
         self.model = truncated_copy(whole, layers)
         del whole
         self.model.get_input_embeddings().requires_grad_(False)
@@ -124,21 +143,30 @@ class DistilledDraftLMModule(FrozenTargetModule):
         ids = batch["input_ids"]  # (B, T)
         weight = F.pad(batch["loss_mask"][:, 1:], (0, 1)).float()  # (B, T) m_{t+1}
         features = self.batch_features(batch).to(self.device)  # (B, T, H) f_t: the teacher
-        hidden = decoder_body(self.model)(input_ids=ids, attention_mask=batch["attention_mask"],
-                                         use_cache=False).last_hidden_state  # (B, T, H)
+        hidden = decoder_body(self.model)(
+            input_ids=ids, attention_mask=batch["attention_mask"], use_cache=False
+        ).last_hidden_state  # (B, T, H)
         restrict = train
         with torch.no_grad():
             p_logits = self.head(features, restrict)  # (B, T, V or K)
         q_logits = self.head(hidden, restrict)  # (B, T, V or K)
         err = metrics.soft_cross_entropy(q_logits, p_logits)  # (B, T)
-        return {"loss": metrics.masked_mean(err, weight), "err": err, "weight": weight,
-                "q_logits": q_logits, "p_logits": p_logits, "input_ids": ids}
+        return {
+            "loss": metrics.masked_mean(err, weight),
+            "err": err,
+            "weight": weight,
+            "q_logits": q_logits,
+            "p_logits": p_logits,
+            "input_ids": ids,
+        }
 
     def training_step(self, batch: Mapping[str, Tensor], batch_idx: int) -> Tensor:
         out = self.model_step(batch, train=True)
         self.count_tokens(batch["attention_mask"])
         b = batch["input_ids"].shape[0]
-        top1 = metrics.masked_mean(metrics.topk_hits(out["q_logits"], out["p_logits"]).float(), out["weight"])
+        top1 = metrics.masked_mean(
+            metrics.topk_hits(out["q_logits"], out["p_logits"]).float(), out["weight"]
+        )
         self.log("train/loss", out["loss"], on_step=True, prog_bar=True, batch_size=b)
         self.log("train/top1", top1, on_step=True, prog_bar=True, batch_size=b)
         return out["loss"]
@@ -148,27 +176,46 @@ class DistilledDraftLMModule(FrozenTargetModule):
         w = out["weight"]
         self.val_add("loss_sum", (out["err"] * w).sum())
         self.val_add("count", w.sum())
-        self.val_add("top1_hits", (metrics.topk_hits(out["q_logits"], out["p_logits"]).float() * w).sum())
+        self.val_add(
+            "top1_hits", (metrics.topk_hits(out["q_logits"], out["p_logits"]).float() * w).sum()
+        )
         # the baseline: no layer at all, the head on the normed input embedding (a bigram guess)
         embedded = self.final_norm(self.model.get_input_embeddings()(out["input_ids"]))
-        self.val_add("base_hits", (metrics.topk_hits(self.head(embedded, False), out["p_logits"]).float() * w).sum())
+        self.val_add(
+            "base_hits",
+            (metrics.topk_hits(self.head(embedded, False), out["p_logits"]).float() * w).sum(),
+        )
 
     def on_validation_epoch_end(self) -> None:
         val = self.val_totals()
         if not val.get("count"):
             return
         n = val["count"]
-        self.log_val({"val/loss": val["loss_sum"] / n, "val/top1": val["top1_hits"] / n,
-                      "val/top1_no_layers": val["base_hits"] / n}, bar={"val/top1": "val/top1"})
+        self.log_val(
+            {
+                "val/loss": val["loss_sum"] / n,
+                "val/top1": val["top1_hits"] / n,
+                "val/top1_no_layers": val["base_hits"] / n,
+            },
+            bar={"val/top1": "val/top1"},
+        )
 
-    def save_artifact(self, out_dir: Path, state: dict[str, Tensor], report: dict[str, Any]) -> None:
+    def save_artifact(
+        self, out_dir: Path, state: dict[str, Tensor], report: dict[str, Any]
+    ) -> None:
         """A plain Hugging Face folder (the draft method loads it like any LM), with the target's
         tokenizer and the sidecar `eagle_target.json`."""
         weights = {k: v.float() for k, v in submodule_state(state, "model").items()}
         self.model.save_pretrained(out_dir, state_dict=dict(weights))
         self.tokenizer.save_pretrained(out_dir)
-        params = {"target_path": self._target_path, "layers": self.hparams.layers,
-                  "tokenizer_hash": tokenizer_hash(self.tokenizer)}
+        params = {
+            "target_path": self._target_path,
+            "layers": self.hparams.layers,
+            "tokenizer_hash": tokenizer_hash(self.tokenizer),
+        }
         Artifact(out_dir, SIDECAR, params, "distilled draft LM").write(
-            kind="eagle_target", how=f"the target's first {self.hparams.layers} layers, distilled on its features",
-            python_version=platform.python_version(), **report)
+            kind="eagle_target",
+            how=f"the target's first {self.hparams.layers} layers, distilled on its features",
+            python_version=platform.python_version(),
+            **report,
+        )

@@ -29,8 +29,8 @@ class EagleDrafterModule(FrozenTargetModule):
 
     Loss = w_feat * SmoothL1(f_hat, f) + w_tok * CE(lm_head(f_hat), softmax(lm_head(f))), both
     masked means over the weighted positions (plus, with `train_depth` > 1, the same terms for the
-    drafter fed its own features, weighted by depth). Its baseline is a drafter that returns its input
-    feature f_{t-1} unchanged: a trained drafter must agree with the target more often.
+    drafter fed its own features, weighted by depth). Its baseline is a drafter that returns its
+    input feature f_{t-1} unchanged: a trained drafter must agree with the target more often.
 
     Args:
         target_path: the target's Hugging Face folder (with its tokenizer).
@@ -67,7 +67,10 @@ class EagleDrafterModule(FrozenTargetModule):
 
     artifact = "drafter"
     quality = ("val/top1_d1", "val/top1_copy", "higher")
-    RESUMABLE_CHANGES = FrozenTargetModule.RESUMABLE_CHANGES | {"val_depth", "val_topk"}  # validation only
+    RESUMABLE_CHANGES = FrozenTargetModule.RESUMABLE_CHANGES | {
+        "val_depth",
+        "val_topk",
+    }  # validation only
 
     def __init__(
         self,
@@ -97,15 +100,25 @@ class EagleDrafterModule(FrozenTargetModule):
         if not 0 < depth_decay <= 1:
             raise ValueError(f"depth_decay must be in (0, 1], got {depth_decay}")
         if loss_vocab is not None and loss_vocab < 1:
-            raise ValueError(f"loss_vocab must be a number of tokens >= 1 or null, got {loss_vocab}")
-        super().__init__(target_path, target_dtype, optim or {"lr": 3e-5}, target_weights, target_device_map)
+            raise ValueError(
+                f"loss_vocab must be a number of tokens >= 1 or null, got {loss_vocab}"
+            )
+        super().__init__(
+            target_path, target_dtype, optim or {"lr": 3e-5}, target_weights, target_device_map
+        )
         self.save_hyperparameters()
         target, tokenizer = self.target, self.tokenizer
         config = DrafterConfig.from_target(target, tokenizer, str(target_path))
         # the target's identity with its LM head's fingerprint: a load against another head warns
-        config = DrafterConfig.from_dict({**config.to_dict(), "target": self.target_identity.to_dict(),
-                                          "fc_bias": fc_bias, "inputs": inputs,
-                                          **dict(drafter_config or {})})
+        config = DrafterConfig.from_dict(
+            {
+                **config.to_dict(),
+                "target": self.target_identity.to_dict(),
+                "fc_bias": fc_bias,
+                "inputs": inputs,
+                **dict(drafter_config or {}),
+            }
+        )
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             self.drafter = EagleDrafter.on_target(config, target)
@@ -119,7 +132,9 @@ class EagleDrafterModule(FrozenTargetModule):
         takes the whole vocabulary."""
         if self.loss_ids is None:
             return self.head(features)
-        return self.drafter.logit_transform(self.loss_rows(self.drafter.lm_head, features, restrict=True))
+        return self.drafter.logit_transform(
+            self.loss_rows(self.drafter.lm_head, features, restrict=True)
+        )
 
     def on_full_target(self, target: torch.nn.Module) -> None:
         self.drafter.share_target(target)
@@ -136,42 +151,68 @@ class EagleDrafterModule(FrozenTargetModule):
             # U(-a, a) on the drafter's input features: it learns to draft from its own,
             # imperfect features (EAGLE's code scales a by 512/seq_len; we keep it constant)
             features_in = features_in + (torch.rand_like(features_in) * 2 - 1) * self.hparams.noise
-        depth = self.hparams.train_depth if train else 1  # validation unrolls on its own (validation_step)
-        f_hats = metrics.unroll(lambda f, x, p: self.drafter(f, x, prev_ids=p), features_in, v["input_ids"],
-                                v["prev_ids"], depth)  # depth x (B, T-1, H); depth 1: drafter(features_in)
+        depth = (
+            self.hparams.train_depth if train else 1
+        )  # validation unrolls on its own (validation_step)
+        f_hats = metrics.unroll(
+            lambda f, x, p: self.drafter(f, x, prev_ids=p),
+            features_in,
+            v["input_ids"],
+            v["prev_ids"],
+            depth,
+        )  # depth x (B, T-1, H); depth 1: drafter(features_in)
         head = self.loss_head if train else self.head  # validation scores the whole vocabulary
         with torch.no_grad():
             target_logits = head(v["target"])  # (B, T-1, V or K) p = softmax of this
 
         def errors(f_hat: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-            """Per-position feature and token errors (B, T-1) of predicted features, and their logits."""
+            """Per-position feature and token errors (B, T-1) of predicted features, and their
+            logits."""
             draft_logits = head(f_hat)  # (B, T-1, V or K) q = softmax of this
-            return (metrics.feature_error(f_hat, v["target"], beta=self.hparams.smooth_l1_beta),
-                    metrics.soft_cross_entropy(draft_logits, target_logits), draft_logits)
+            return (
+                metrics.feature_error(f_hat, v["target"], beta=self.hparams.smooth_l1_beta),
+                metrics.soft_cross_entropy(draft_logits, target_logits),
+                draft_logits,
+            )
 
         w = v["weight"]
         feat_err, tok_err, draft_logits = errors(f_hats[0])
         feat_loss = metrics.masked_mean(feat_err, w)
         tok_loss = metrics.masked_mean(tok_err, w)
         loss = self.hparams.w_feat * feat_loss + self.hparams.w_tok * tok_loss
-        for d, f_d in enumerate(f_hats[1:], start=2):  # the drafter fed its own features (train_depth > 1)
-            m = metrics.depth_mask(w, d)  # (B, T-1): positions whose input went through d-1 predicted steps
+        for d, f_d in enumerate(
+            f_hats[1:], start=2
+        ):  # the drafter fed its own features (train_depth > 1)
+            m = metrics.depth_mask(
+                w, d
+            )  # (B, T-1): positions whose input went through d-1 predicted steps
             feat_d, tok_d, _ = errors(f_d)
             loss = loss + self.hparams.depth_decay ** (d - 1) * (
-                self.hparams.w_feat * metrics.masked_mean(feat_d, m) + self.hparams.w_tok * metrics.masked_mean(tok_d, m))
+                self.hparams.w_feat * metrics.masked_mean(feat_d, m)
+                + self.hparams.w_tok * metrics.masked_mean(tok_d, m)
+            )
         return {
-            "loss": loss, "feat_loss": feat_loss, "tok_loss": tok_loss,
-            "feat_sum": (feat_err * w).sum().detach(), "tok_sum": (tok_err * w).sum().detach(),
-            "count": w.sum(), "draft_logits": draft_logits.detach(), "target_logits": target_logits,
-            "features_in": v["features_in"], "input_ids": v["input_ids"], "prev_ids": v["prev_ids"], "weight": w,
+            "loss": loss,
+            "feat_loss": feat_loss,
+            "tok_loss": tok_loss,
+            "feat_sum": (feat_err * w).sum().detach(),
+            "tok_sum": (tok_err * w).sum().detach(),
+            "count": w.sum(),
+            "draft_logits": draft_logits.detach(),
+            "target_logits": target_logits,
+            "features_in": v["features_in"],
+            "input_ids": v["input_ids"],
+            "prev_ids": v["prev_ids"],
+            "weight": w,
         }
 
     def training_step(self, batch: Mapping[str, Tensor], batch_idx: int) -> Tensor:
         out = self.model_step(batch, train=True)
         self.count_tokens(batch["attention_mask"])
         b = batch["input_ids"].shape[0]
-        top1 = metrics.masked_mean(metrics.topk_hits(out["draft_logits"], out["target_logits"]).float(),
-                                   out["weight"])
+        top1 = metrics.masked_mean(
+            metrics.topk_hits(out["draft_logits"], out["target_logits"]).float(), out["weight"]
+        )
         self.log("train/loss", out["loss"], on_step=True, prog_bar=True, batch_size=b)
         self.log("train/feat_loss", out["feat_loss"], on_step=True, batch_size=b)
         self.log("train/tok_loss", out["tok_loss"], on_step=True, batch_size=b)
@@ -185,14 +226,23 @@ class EagleDrafterModule(FrozenTargetModule):
         self.val_add("count", out["count"])
         ks = sorted({1, self.hparams.val_topk})
         hits = metrics.agreement_by_depth(
-            lambda f, x, p: self.drafter(f, x, prev_ids=p), self.head, out["features_in"], out["input_ids"],
-            out["prev_ids"], out["target_logits"], out["weight"], depth=self.hparams.val_depth, ks=ks)
+            lambda f, x, p: self.drafter(f, x, prev_ids=p),
+            self.head,
+            out["features_in"],
+            out["input_ids"],
+            out["prev_ids"],
+            out["target_logits"],
+            out["weight"],
+            depth=self.hparams.val_depth,
+            ks=ks,
+        )
         for (d, k), (h, n) in hits.items():
             self.val_add(f"top{k}_d{d}/hits", h)
             self.val_add(f"top{k}_d{d}/count", n)
         # the baseline: a drafter that returns its input feature f_{t-1} unchanged
-        copy_hits, copy_count = metrics.head_hits(self.head, out["features_in"], argmax(out["target_logits"]),
-                                                  out["weight"])[1]
+        copy_hits, copy_count = metrics.head_hits(
+            self.head, out["features_in"], argmax(out["target_logits"]), out["weight"]
+        )[1]
         self.val_add("top1_copy/hits", copy_hits)
         self.val_add("top1_copy/count", copy_count)
 
@@ -202,15 +252,20 @@ class EagleDrafterModule(FrozenTargetModule):
             return
         n = val["count"]
         feat, tok = val["feat_sum"] / n, val["tok_sum"] / n  # exact token means
-        logs = {"val/loss": self.hparams.w_feat * feat + self.hparams.w_tok * tok,
-                "val/feat_loss": feat, "val/tok_loss": tok,
-                "val/tokens_d1": val["top1_d1/count"]}  # positions behind the agreements (their error bars)
+        logs = {
+            "val/loss": self.hparams.w_feat * feat + self.hparams.w_tok * tok,
+            "val/feat_loss": feat,
+            "val/tok_loss": tok,
+            "val/tokens_d1": val["top1_d1/count"],
+        }  # positions behind the agreements (their error bars)
         for key in sorted(k for k in val if k.endswith("/hits")):
             name = key[: -len("/hits")]
             logs[f"val/{name}"] = val[key] / max(val[f"{name}/count"], 1.0)
         self.log_val(logs, bar={"val/top1": "val/top1_d1"})
 
-    def save_artifact(self, out_dir: Path, state: dict[str, Tensor], report: dict[str, Any]) -> None:
+    def save_artifact(
+        self, out_dir: Path, state: dict[str, Tensor], report: dict[str, Any]
+    ) -> None:
         """The drafter, without the target's weights (`eagle.models.checkpoint.save_drafter`), and
         the token counts of its training data, for drafting from a reduced vocabulary
         (`eagle.data.vocab`)."""

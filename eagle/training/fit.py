@@ -35,15 +35,25 @@ def check_planned_steps(trainer: L.Trainer, what: str, last_ckpt: str | Path) ->
     the schedule was planned for them, so the model is unfinished."""
     planned = planned_steps(trainer)
     if planned is not None and trainer.global_step < planned:
-        raise StageError(f"{what} stopped after {trainer.global_step} of {planned} steps (trainer.max_time "
-                         f"ran out): nothing was exported. Rerun the same command to resume from {last_ckpt}, or "
-                         f"give it more time (trainer.max_time=DD:HH:MM:SS)")
+        raise StageError(
+            f"{what} stopped after {trainer.global_step} of {planned} steps (trainer.max_time "
+            f"ran out): nothing was exported. Rerun the same command to resume from {last_ckpt}, "
+            "or "
+            f"give it more time (trainer.max_time=DD:HH:MM:SS)"
+        )
 
 
-def fit_and_export(module: TrainableModule, datamodule: L.LightningDataModule, trainer: L.Trainer,
-                   out_dir: str | Path, ckpt_dir: str | Path, ckpt_path: str | None = "last",
-                   require_planned_steps: bool = True, check_baseline: bool = True,
-                   config: dict | None = None) -> dict[str, Any]:
+def fit_and_export(
+    module: TrainableModule,
+    datamodule: L.LightningDataModule,
+    trainer: L.Trainer,
+    out_dir: str | Path,
+    ckpt_dir: str | Path,
+    ckpt_path: str | None = "last",
+    require_planned_steps: bool = True,
+    check_baseline: bool = True,
+    config: dict | None = None,
+) -> dict[str, Any]:
     """Fit `module`, check it, and export it to `out_dir` (`module.export`).
 
     Args:
@@ -61,36 +71,61 @@ def fit_and_export(module: TrainableModule, datamodule: L.LightningDataModule, t
     debug = bool(trainer.fast_dev_run)
     last = Path(ckpt_dir) / "last.ckpt"
     if debug or (ckpt_path == "last" and not any(Path(ckpt_dir).glob("last*.ckpt"))):
-        ckpt_path = None  # nothing to resume: a fresh run (Lightning would warn that "last" found nothing)
+        # nothing to resume: a fresh run (Lightning would warn that "last" found nothing)
+        ckpt_path = None
     t0 = time.perf_counter()
     trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
     fit_time = time.perf_counter() - t0
     if not debug:
-        trainer.save_checkpoint(last, weights_only=False)  # the resume point is the final step, always
+        trainer.save_checkpoint(
+            last, weights_only=False
+        )  # the resume point is the final step, always
         if require_planned_steps:
             check_planned_steps(trainer, f"the {module.artifact}", last)
-    train_loss = float(trainer.callback_metrics.get("train/loss", math.nan))  # before validate() resets it
-    if module.validated_at == trainer.global_step and not debug:  # fit() ended on a validation: its metrics
-        val = {k: float(v) for k, v in sorted(trainer.callback_metrics.items()) if k.startswith("val/")}
+    train_loss = float(
+        trainer.callback_metrics.get("train/loss", math.nan)
+    )  # before validate() resets it
+    if (
+        module.validated_at == trainer.global_step and not debug
+    ):  # fit() ended on a validation: its metrics
+        val = {
+            k: float(v) for k, v in sorted(trainer.callback_metrics.items()) if k.startswith("val/")
+        }
     else:
-        val = {k: float(v) for k, v in sorted(trainer.validate(module, datamodule=datamodule, verbose=False)[0].items())}
+        val = {
+            k: float(v)
+            for k, v in sorted(
+                trainer.validate(module, datamodule=datamodule, verbose=False)[0].items()
+            )
+        }
     if check_baseline and not debug:
         module.check_baseline(val)
     steps, train_time = trainer.global_step, module.train_time_s()
     tokens = module.tokens_seen_total()  # every process's
-    report = {**val, "train/loss": train_loss, "steps": steps, "planned_steps": planned_steps(trainer),
-              "resumed_from_step": module.resumed_from_step,
-              "tokens_seen": tokens, "fit_time_s": round(fit_time, 2), "train_time_s": round(train_time, 2),
-              "tokens_per_s": round(tokens / train_time, 1) if train_time > 0 else None,
-              "processes": trainer.world_size}
+    report = {
+        **val,
+        "train/loss": train_loss,
+        "steps": steps,
+        "planned_steps": planned_steps(trainer),
+        "resumed_from_step": module.resumed_from_step,
+        "tokens_seen": tokens,
+        "fit_time_s": round(fit_time, 2),
+        "train_time_s": round(train_time, 2),
+        "tokens_per_s": round(tokens / train_time, 1) if train_time > 0 else None,
+        "processes": trainer.world_size,
+    }
     out_dir = Path(out_dir)
     # every process takes part (FSDP gathers the full weights here); rank 0 alone gets them
     state = trainer.strategy.lightning_module_state_dict()
     if trainer.is_global_zero:  # one writer of the artifact, one report
         module.export(out_dir, {**report, "config": config or {}}, state)
-        print(f"\n{module.artifact}: {steps} of {report['planned_steps']} steps (from {module.resumed_from_step}), "
-              f"{tokens:,} tokens on {trainer.world_size} process(es), {report['tokens_per_s']} tokens/s over "
-              f"{train_time:.0f}s of training; final validation:")
+        print(
+            f"\n{module.artifact}: {steps} of {report['planned_steps']} steps (from "
+            f"{module.resumed_from_step}), "
+            f"{tokens:,} tokens on {trainer.world_size} process(es), {report['tokens_per_s']} "
+            "tokens/s over "
+            f"{train_time:.0f}s of training; final validation:"
+        )
         for key, value in val.items():
             print(f"  {key:<22} {value:.4f}")
         print(f"--- saved the {module.artifact} to {out_dir}")

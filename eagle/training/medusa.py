@@ -63,12 +63,17 @@ def shifted_labels(input_ids: Tensor, loss_mask: Tensor, shift: int) -> tuple[Te
     return labels, weights
 
 
-def loss_weights(num_heads: int, decay: float, weights: Sequence[float] | None = None) -> list[float]:
+def loss_weights(
+    num_heads: int, decay: float, weights: Sequence[float] | None = None
+) -> list[float]:
     """lambda_1..lambda_K: `weights` when given (K of them), else decay^(k-1)."""
     if weights is not None:
         weights = [float(w) for w in weights]
         if len(weights) != num_heads or any(w < 0 for w in weights):
-            raise ValueError(f"head_weights must be {num_heads} non-negative numbers (one per head), got {weights}")
+            raise ValueError(
+                f"head_weights must be {num_heads} non-negative numbers (one per head), got "
+                f"{weights}"
+            )
         return weights
     if not decay > 0:
         raise ValueError(f"head_weight_decay must be > 0, got {decay}")
@@ -113,30 +118,47 @@ class MedusaModule(FrozenTargetModule):
         target_weights: str = "auto",
         target_device_map: str | dict | None = None,
     ) -> None:
-        lambdas = loss_weights(num_heads, head_weight_decay, head_weights)  # fail before loading the target
+        lambdas = loss_weights(
+            num_heads, head_weight_decay, head_weights
+        )  # fail before loading the target
         if loss_vocab is not None and loss_vocab < 1:
-            raise ValueError(f"loss_vocab must be a number of tokens >= 1 or null, got {loss_vocab}")
-        super().__init__(target_path, target_dtype, optim or {"lr": 1e-3, "schedule": "cosine"}, target_weights,
-                         target_device_map)
+            raise ValueError(
+                f"loss_vocab must be a number of tokens >= 1 or null, got {loss_vocab}"
+            )
+        super().__init__(
+            target_path,
+            target_dtype,
+            optim or {"lr": 1e-3, "schedule": "cosine"},
+            target_weights,
+            target_device_map,
+        )
         self.save_hyperparameters()
         self.lambdas = lambdas
-        self.heads = MedusaHeads.for_target(self.target, num_heads, num_layers, self.tokenizer, str(target_path),
-                                            seed=seed)
+        self.heads = MedusaHeads.for_target(
+            self.target, num_heads, num_layers, self.tokenizer, str(target_path), seed=seed
+        )
         self.heads.config.target = self.target_identity.to_dict()  # with the LM head's fingerprint
 
     def setup(self, stage: str) -> None:
         super().setup(stage)
         self.choose_loss_vocab(self.hparams.loss_vocab, self.heads.config.vocab_size, "Medusa")
-        if self.loss_ids is not None:  # the heads then draft from those tokens only (saved with them)
+        if (
+            self.loss_ids is not None
+        ):  # the heads then draft from those tokens only (saved with them)
             self.heads.restrict_vocab(self.loss_ids)
         self._loss_index = None
 
     def to_loss_vocab(self, labels: Tensor, weights: Tensor) -> tuple[Tensor, Tensor]:
-        """Labels (B, T) as indices into the loss vocabulary; the weight of a label outside it is 0."""
+        """Labels (B, T) as indices into the loss vocabulary; the weight of a label outside it is 0.
+        """
         index = getattr(self, "_loss_index", None)
         if index is None or index.device != labels.device:
-            index = torch.full((self.heads.config.vocab_size,), -1, dtype=torch.long, device=labels.device)
-            index[self.loss_ids.to(labels.device)] = torch.arange(self.loss_ids.numel(), device=labels.device)
+            index = torch.full(
+                (self.heads.config.vocab_size,), -1, dtype=torch.long, device=labels.device
+            )
+            index[self.loss_ids.to(labels.device)] = torch.arange(
+                self.loss_ids.numel(), device=labels.device
+            )
             self._loss_index = index
         mapped = index[labels]  # (B, T), -1 outside
         return mapped.clamp(min=0), weights * (mapped >= 0)
@@ -148,15 +170,26 @@ class MedusaModule(FrozenTargetModule):
         (-inf off the drafting vocabulary, as decoding sees them)."""
         features = self.batch_features(batch)  # (B, T, H)
         restrict = self.loss_ids is not None
-        logits = self.heads.drafted(features) if restrict else self.heads(features)  # (K, B, T, V_loss or V)
-        out: dict[str, Any] = {"logits": [], "labels": [], "weights": [], "ce_sum": [], "ce_count": [],
-                               "loss_h": []}
+        logits = (
+            self.heads.drafted(features) if restrict else self.heads(features)
+        )  # (K, B, T, V_loss or V)
+        out: dict[str, Any] = {
+            "logits": [],
+            "labels": [],
+            "weights": [],
+            "ce_sum": [],
+            "ce_count": [],
+            "loss_h": [],
+        }
         loss = features.new_zeros(())
         for k in range(1, self.heads.num_heads + 1):
-            labels, w = shifted_labels(batch["input_ids"], batch["loss_mask"], shift=k + 1)  # (B, T) x 2
+            labels, w = shifted_labels(
+                batch["input_ids"], batch["loss_mask"], shift=k + 1
+            )  # (B, T) x 2
             ce_labels, ce_w = self.to_loss_vocab(labels, w) if restrict else (labels, w)
-            ce = F.cross_entropy(logits[k - 1].float().flatten(0, 1), ce_labels.flatten(),
-                                 reduction="none").view_as(ce_w)  # (B, T)
+            ce = F.cross_entropy(
+                logits[k - 1].float().flatten(0, 1), ce_labels.flatten(), reduction="none"
+            ).view_as(ce_w)  # (B, T)
             loss_k = metrics.masked_mean(ce, ce_w)
             loss = loss + self.lambdas[k - 1] * loss_k
             if restrict and not train:  # hits over every token, as decoding drafts
@@ -179,13 +212,17 @@ class MedusaModule(FrozenTargetModule):
         self.log("train/loss", out["loss"], on_step=True, prog_bar=True, batch_size=b)
         for k, loss_k in enumerate(out["loss_h"], start=1):
             self.log(f"train/loss_h{k}", loss_k, on_step=True, batch_size=b)
-        top1 = metrics.masked_mean(metrics.label_hits(out["logits"][0], out["labels"][0]).float(), out["weights"][0])
+        top1 = metrics.masked_mean(
+            metrics.label_hits(out["logits"][0], out["labels"][0]).float(), out["weights"][0]
+        )
         self.log("train/top1_h1", top1, on_step=True, prog_bar=True, batch_size=b)
         return out["loss"]
 
     def _add_hits(self, name: str, logits: Tensor, labels: Tensor, weights: Tensor) -> None:
         for k in sorted({1, self.hparams.val_topk}):
-            hits, count = metrics.masked_sum_count(metrics.label_hits(logits, labels, k).float(), weights)
+            hits, count = metrics.masked_sum_count(
+                metrics.label_hits(logits, labels, k).float(), weights
+            )
             self.val_add(f"top{k}_{name}/hits", hits)
             self.val_add(f"top{k}_{name}/count", count)
 
@@ -194,11 +231,15 @@ class MedusaModule(FrozenTargetModule):
         for k in range(1, self.heads.num_heads + 1):
             self.val_add(f"ce_h{k}/sum", out["ce_sum"][k - 1])
             self.val_add(f"ce_h{k}/count", out["ce_count"][k - 1])
-            self._add_hits(f"h{k}", out["logits"][k - 1], out["labels"][k - 1], out["weights"][k - 1])
+            self._add_hits(
+                f"h{k}", out["logits"][k - 1], out["labels"][k - 1], out["weights"][k - 1]
+            )
         # head 0 = the target's own LM head on x_{t+1}: the ceiling the heads are read against
         labels, w = shifted_labels(batch["input_ids"], batch["loss_mask"], shift=1)
         with torch.no_grad():
-            head0 = head_logits(self.target, self.batch_features(batch).to(self.target.dtype))  # (B, T, V)
+            head0 = head_logits(
+                self.target, self.batch_features(batch).to(self.target.dtype)
+            )  # (B, T, V)
         self._add_hits("h0", head0, labels, w)
         # baseline of head 1: an untrained head is the LM head itself, here judged on x_{t+2}
         self._add_hits("h0_shift2", head0, out["labels"][0], out["weights"][0])
@@ -218,6 +259,8 @@ class MedusaModule(FrozenTargetModule):
             logs[f"val/{name}"] = val[key] / max(val[f"{name}/count"], 1.0)
         self.log_val(logs, bar={"val/top1": "val/top1_h1"})
 
-    def save_artifact(self, out_dir: Path, state: dict[str, Tensor], report: dict[str, Any]) -> None:
+    def save_artifact(
+        self, out_dir: Path, state: dict[str, Tensor], report: dict[str, Any]
+    ) -> None:
         """The heads (`eagle.models.checkpoint.save_medusa`)."""
         save_medusa(self.heads, out_dir, state=submodule_state(state, "heads"))

@@ -125,10 +125,13 @@ def _scored_rows(mask: Tensor, *tensors: Tensor) -> tuple[Tensor, ...]:
     """The positions where `mask` (B, T) is non-zero, flattened: (N,) float weights, then each
     of `tensors` (B, T, ...) as (N, ...)."""
     keep = mask.reshape(-1) != 0
-    return (mask.reshape(-1)[keep].float(),) + tuple(t.reshape(-1, *t.shape[2:])[keep] for t in tensors)
+    flat = tuple(t.reshape(-1, *t.shape[2:])[keep] for t in tensors)
+    return (mask.reshape(-1)[keep].float(), *flat)
 
 
-def head_argmax(head: Callable[[Tensor], Tensor], features: Tensor, mask: Tensor, rows: int = 1024) -> Tensor:
+def head_argmax(
+    head: Callable[[Tensor], Tensor], features: Tensor, mask: Tensor, rows: int = 1024
+) -> Tensor:
     """(B, T) long: argmax of head(features) (B, T, H) at the positions where `mask` is
     non-zero, -1 elsewhere. The head runs on those rows only, `rows` at a time: padding costs
     nothing and no (B, T, V) logits tensor is held (gigabytes for one batch of long
@@ -137,27 +140,43 @@ def head_argmax(head: Callable[[Tensor], Tensor], features: Tensor, mask: Tensor
     flat = features.reshape(-1, features.shape[-1])  # (B * T, H)
     out = torch.full((flat.shape[0],), -1, dtype=torch.long, device=features.device)
     for s in range(0, len(idx), rows):
-        out[idx[s:s + rows]] = argmax(head(flat[idx[s:s + rows]]))
+        out[idx[s : s + rows]] = argmax(head(flat[idx[s : s + rows]]))
     return out.view(mask.shape)
 
 
-def head_hits(head: Callable[[Tensor], Tensor], features: Tensor, labels: Tensor, mask: Tensor,
-              ks: Sequence[int] = (1,), rows: int = 1024) -> dict[int, tuple[Tensor, Tensor]]:
+def head_hits(
+    head: Callable[[Tensor], Tensor],
+    features: Tensor,
+    labels: Tensor,
+    mask: Tensor,
+    ks: Sequence[int] = (1,),
+    rows: int = 1024,
+) -> dict[int, tuple[Tensor, Tensor]]:
     """{k: (hits, count)}: the sum of `mask` (B, T) over the positions whose `labels` token is
     among the top-k of head(features) (`label_hits`), and the sum of `mask`. As `head_argmax`,
     the head runs on the masked rows only, `rows` at a time."""
     w, f, y = _scored_rows(mask, features, labels)
     hits = {k: w.new_zeros(()) for k in ks}
     for s in range(0, len(w), rows):
-        logits = head(f[s:s + rows])  # (rows, V)
+        logits = head(f[s : s + rows])  # (rows, V)
         for k in ks:
-            hits[k] = hits[k] + (label_hits(logits, y[s:s + rows], k).float() * w[s:s + rows]).sum()
+            hits[k] = (
+                hits[k] + (label_hits(logits, y[s : s + rows], k).float() * w[s : s + rows]).sum()
+            )
     return {k: (h, w.sum()) for k, h in hits.items()}
 
 
-def agreement_by_depth(step: Callable[[Tensor, Tensor, Tensor], Tensor], head: Callable[[Tensor], Tensor],
-                       features: Tensor, input_ids: Tensor, prev_ids: Tensor, target_logits: Tensor, mask: Tensor,
-                       depth: int = 5, ks: Sequence[int] = (1,)) -> dict[tuple[int, int], tuple[Tensor, Tensor]]:
+def agreement_by_depth(
+    step: Callable[[Tensor, Tensor, Tensor], Tensor],
+    head: Callable[[Tensor], Tensor],
+    features: Tensor,
+    input_ids: Tensor,
+    prev_ids: Tensor,
+    target_logits: Tensor,
+    mask: Tensor,
+    depth: int = 5,
+    ks: Sequence[int] = (1,),
+) -> dict[tuple[int, int], tuple[Tensor, Tensor]]:
     """Hits and counts of top-k agreement at depths 1..depth: {(d, k): (hits, count)}.
 
     `head` maps features to logits (the target's LM head). Sums and counts (not means) so

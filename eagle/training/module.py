@@ -111,12 +111,15 @@ class TrainableModule(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # every process saves (Lightning writes rank 0's dict): the count is the sum over ranks
-        checkpoint["eagle"] = {"train_time_s": self.train_time_s(), "tokens_seen": self.tokens_seen_total(),
-                               "data": self.data_identity()}
+        checkpoint["eagle"] = {
+            "train_time_s": self.train_time_s(),
+            "tokens_seen": self.tokens_seen_total(),
+            "data": self.data_identity(),
+        }
 
-    # hyperparameters a resumed run may change, extended by subclasses: what neither the optimisation
-    # nor the data order depends on (where a target loads from, what validation measures, what the
-    # export prints)
+    # hyperparameters a resumed run may change, extended by subclasses: what neither the
+    # optimisation nor the data order depends on (where a target loads from, what validation
+    # measures, what the export prints)
     RESUMABLE_CHANGES: frozenset[str] = frozenset()
 
     def data_identity(self) -> dict[str, Any]:
@@ -126,38 +129,60 @@ class TrainableModule(L.LightningModule):
         dm = self.trainer.datamodule if self._trainer is not None else None
         if dm is None:
             return {}
-        found = {"batch_size": getattr(dm, "batch_size", None), "seed": getattr(dm, "seed", None),
-                 "accumulate_grad_batches": self.trainer.accumulate_grad_batches,
-                 "data": getattr(dm, "fingerprint", None)}
+        found = {
+            "batch_size": getattr(dm, "batch_size", None),
+            "seed": getattr(dm, "seed", None),
+            "accumulate_grad_batches": self.trainer.accumulate_grad_batches,
+            "data": getattr(dm, "fingerprint", None),
+        }
         return {k: v for k, v in found.items() if v is not None}
 
     def check_resume(self, checkpoint: dict[str, Any]) -> None:
         """Refuse to resume a checkpoint trained with other settings: Lightning would restore its
         optimizer, LR schedule and data position under the new ones (the old learning rate, another
-        batch order) while the run's report recorded the new, or fail on weights of another shape."""
-        if self._trainer is None:  # `load_from_checkpoint`: weights read outside a fit, nothing resumes
+        batch order) while the run's report recorded the new, or fail on weights of another shape.
+        """
+        if (
+            self._trainer is None
+        ):  # `load_from_checkpoint`: weights read outside a fit, nothing resumes
             return
         # a setting added after the checkpoint was written stands at its default there
-        defaults = {name: p.default for name, p in inspect.signature(type(self).__init__).parameters.items()
-                    if p.default is not inspect.Parameter.empty}
+        defaults = {
+            name: p.default
+            for name, p in inspect.signature(type(self).__init__).parameters.items()
+            if p.default is not inspect.Parameter.empty
+        }
         written = checkpoint.get("hyper_parameters") or {}
         saved = _flat({**{k: v for k, v in defaults.items() if k not in written}, **written})
         now = _flat(dict(self.hparams))
         unset = object()
-        changed = [f"{k}: {saved.get(k, '(unset)')!r} -> {now.get(k, '(unset)')!r}"
-                   for k in sorted(set(saved) | set(now))
-                   if k.split(".")[0] not in self.RESUMABLE_CHANGES and saved.get(k, unset) != now.get(k, unset)]
+        changed = [
+            f"{k}: {saved.get(k, '(unset)')!r} -> {now.get(k, '(unset)')!r}"
+            for k in sorted(set(saved) | set(now))
+            if k.split(".")[0] not in self.RESUMABLE_CHANGES
+            and saved.get(k, unset) != now.get(k, unset)
+        ]
         before = checkpoint.get("eagle", {}).get("data")
         if before is not None:  # (checkpoints written before the data was recorded are not checked)
-            after = self.data_identity()  # what both record (a data module may record more than it did)
-            changed += [f"data {k}: {before[k]!r} -> {after[k]!r}" for k in sorted(set(before) & set(after))
-                        if before[k] != after[k]]
+            after = (
+                self.data_identity()
+            )  # what both record (a data module may record more than it did)
+            changed += [
+                f"data {k}: {before[k]!r} -> {after[k]!r}"
+                for k in sorted(set(before) & set(after))
+                if before[k] != after[k]
+            ]
         if changed:  # the way out first: a command line shows the first 400 characters
             where = getattr(self.trainer, "ckpt_path", None) or "the checkpoint"
-            raise StageError("this run's settings differ from those its checkpoint was trained with: resume with "
-                             "theirs, or start anew with another task_name or ckpt_path=null (which overwrites the "
-                             f"checkpoints). Resuming would restore its optimizer, LR schedule and place in the data "
-                             f"under the new settings. {where} (its -> this run's): " + "; ".join(changed))
+            raise StageError(
+                "this run's settings differ from those its checkpoint was trained with: resume "
+                "with "
+                "theirs, or start anew with another task_name or ckpt_path=null (which overwrites "
+                "the "
+                "checkpoints). Resuming would restore its optimizer, LR schedule and place in the "
+                "data "
+                f"under the new settings. {where} (its -> this run's): " + "; ".join(changed)
+            )
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.check_resume(checkpoint)  # before Lightning loads any weight, optimizer or loop state
@@ -213,10 +238,14 @@ class TrainableModule(L.LightningModule):
         metric, baseline, better = self.quality
         ours, theirs = val[metric], val[baseline]
         if not (ours < theirs if better == "lower" else ours > theirs):
-            raise StageError(f"{self.artifact}: {metric} {ours:.4f} is no better than its baseline "
-                             f"({baseline} {theirs:.4f}): training failed, nothing exported")
+            raise StageError(
+                f"{self.artifact}: {metric} {ours:.4f} is no better than its baseline "
+                f"({baseline} {theirs:.4f}): training failed, nothing exported"
+            )
 
-    def export(self, out_dir: Path, report: dict[str, Any], state: Mapping[str, Tensor] | None = None) -> Path:
+    def export(
+        self, out_dir: Path, report: dict[str, Any], state: Mapping[str, Tensor] | None = None
+    ) -> Path:
         """Write the trained artifact into `out_dir` (`save_artifact`), with `report` (what the
         run measured, and its config) as `train_metrics.json` beside it.
 
@@ -224,7 +253,8 @@ class TrainableModule(L.LightningModule):
         the strategy's gathered one (`lightning_module_state_dict()`) holds whole tensors."""
         out_dir = Path(out_dir)
         # written beside it and moved in whole: a stage killed mid-export (Ctrl-C, out of memory, a
-        # time cap) leaves no folder that a later stage, or a Makefile marker, takes for a finished one
+        # time cap) leaves no folder that a later stage, or a Makefile marker, takes for a finished
+        # one
         partial = out_dir.with_name(f".{out_dir.name}.partial")
         if partial.exists():
             shutil.rmtree(partial)
@@ -234,7 +264,9 @@ class TrainableModule(L.LightningModule):
         replace_folder(partial, out_dir)
         return out_dir
 
-    def save_artifact(self, out_dir: Path, state: dict[str, Tensor], report: dict[str, Any]) -> None:
+    def save_artifact(
+        self, out_dir: Path, state: dict[str, Tensor], report: dict[str, Any]
+    ) -> None:
         """Write the artifact from `state` (this module's full state dict)."""
         raise NotImplementedError
 
@@ -257,7 +289,7 @@ def _flat(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 def submodule_state(state: Mapping[str, Tensor], prefix: str) -> dict[str, Tensor]:
     """The entries of a module's state dict under `prefix.`, with the prefix removed."""
     head = prefix + "."
-    return {k[len(head):]: v for k, v in state.items() if k.startswith(head)}
+    return {k[len(head) :]: v for k, v in state.items() if k.startswith(head)}
 
 
 class FrozenTargetModule(TrainableModule):
@@ -280,22 +312,35 @@ class FrozenTargetModule(TrainableModule):
     # the same target from another folder, spread otherwise, loaded whole or head only: the same run
     RESUMABLE_CHANGES = frozenset({"target_path", "target_device_map", "target_weights"})
 
-    def __init__(self, target_path: str, target_dtype: str, optim: Mapping[str, Any],
-                 target_weights: str = "auto", target_device_map: str | dict | None = None) -> None:
+    def __init__(
+        self,
+        target_path: str,
+        target_dtype: str,
+        optim: Mapping[str, Any],
+        target_weights: str = "auto",
+        target_device_map: str | dict | None = None,
+    ) -> None:
         super().__init__(optim)
         if target_weights not in ("auto", "head", "all"):
             raise ValueError(f"target_weights must be auto, head or all, got {target_weights!r}")
         self._target_path, self._target_weights = str(target_path), target_weights
         self._target_args = {"dtype": target_dtype, "device_map": target_device_map}
         whole = target_weights == "all"
-        target, tokenizer = load_target(target_path, target_dtype, weights="all" if whole else "head",
-                                        device_map=target_device_map if whole else None)
+        target, tokenizer = load_target(
+            target_path,
+            target_dtype,
+            weights="all" if whole else "head",
+            device_map=target_device_map if whole else None,
+        )
         self._set_target(target)
         self.tokenizer = tokenizer
-        self.target_identity = TargetIdentity.of(target, tokenizer, str(target_path), with_lm_head=True)
+        self.target_identity = TargetIdentity.of(
+            target, tokenizer, str(target_path), with_lm_head=True
+        )
 
     def _set_target(self, target: torch.nn.Module) -> None:
-        self.__dict__["target"] = target  # a plain entry: not a submodule, so not in state_dict() or parameters()
+        # a plain entry: not a submodule, so not in state_dict() or parameters()
+        self.__dict__["target"] = target
 
     def data_identity(self) -> dict[str, Any]:
         """The batches' identity and the target that scores them (sizes, tokenizer, LM head): the
@@ -303,8 +348,14 @@ class FrozenTargetModule(TrainableModule):
         same dump name) carry other features and labels, and `target_path` may change on a resume
         (folders move), so without this a resume would go on training for the old target."""
         ident = self.target_identity
-        return {**super().data_identity(),
-                "target": {k: getattr(ident, k) for k in TargetIdentity.CHECKED if getattr(ident, k) is not None}}
+        return {
+            **super().data_identity(),
+            "target": {
+                k: getattr(ident, k)
+                for k in TargetIdentity.CHECKED
+                if getattr(ident, k) is not None
+            },
+        }
 
     def setup(self, stage: str) -> None:
         """The data must have been made for this target: a feature dump by it (`made_for`), and
@@ -312,27 +363,44 @@ class FrozenTargetModule(TrainableModule):
         dm = self.trainer.datamodule if self.trainer is not None else None
         made_for = getattr(dm, "made_for", None)
         if made_for is not None:
-            made_for.check(self.target_identity, f"the feature dump {getattr(dm, 'features_dir', '')}")
+            made_for.check(
+                self.target_identity, f"the feature dump {getattr(dm, 'features_dir', '')}"
+            )
         tokenizer = getattr(dm, "tokenizer", None)
-        if tokenizer is not None and tokenizer_hash(tokenizer) != self.target_identity.tokenizer_hash:
-            raise TargetMismatchError(f"the training data is tokenised with another tokenizer than the target's "
-                                      f"({tokenizer_hash(tokenizer)} != {self.target_identity.tokenizer_hash})")
+        if (
+            tokenizer is not None
+            and tokenizer_hash(tokenizer) != self.target_identity.tokenizer_hash
+        ):
+            raise TargetMismatchError(
+                f"the training data is tokenised with another tokenizer than the target's "
+                f"({tokenizer_hash(tokenizer)} != {self.target_identity.tokenizer_hash})"
+            )
         rows = embeddings(self.target).weight.shape[0]
-        if not getattr(dm, "has_features", True) and hasattr(dm, "top_token_id") and (top := dm.top_token_id()) >= rows:
-            # token samples the target embeds on the fly: the embedding would fail with a bare IndexError
-            # (a device-side assert on a GPU); a feature dump was checked when it was made
-            raise TargetMismatchError(f"the training samples hold token id {top}, past the target's {rows} embedding "
-                                      f"rows: its tokenizer ({self._target_path}) has more ids than its model embeds "
-                                      "(tokens added without resizing the embeddings?)")
+        if (
+            not getattr(dm, "has_features", True)
+            and hasattr(dm, "top_token_id")
+            and (top := dm.top_token_id()) >= rows
+        ):
+            # token samples the target embeds on the fly: the embedding would fail with a bare
+            # IndexError (a device-side assert on a GPU); a feature dump was checked when it was
+            # made
+            raise TargetMismatchError(
+                f"the training samples hold token id {top}, past the target's {rows} embedding "
+                f"rows: its tokenizer ({self._target_path}) has more ids than its model embeds "
+                "(tokens added without resizing the embeddings?)"
+            )
         if is_head_only(self.target) and not getattr(dm, "has_features", False):
             if self._target_weights == "head":
-                raise ValueError("target_weights=head loads only the target's embeddings and LM head, but the "
-                                 "data carry no features (online): use target_weights=auto or all")
+                raise ValueError(
+                    "target_weights=head loads only the target's embeddings and LM head, but the "
+                    "data carry no features (online): use target_weights=auto or all"
+                )
             self.load_full_target()
 
     # ----------------------------------------------------------------- a reduced loss vocabulary
 
-    loss_ids: Tensor | None = None  # (K,) the loss's vocabulary rows (`choose_loss_vocab`); None = all
+    # (K,) the loss's vocabulary rows (`choose_loss_vocab`); None = all
+    loss_ids: Tensor | None = None
 
     def choose_loss_vocab(self, k: int | None, vocab_size: int, what: str) -> None:
         """Take the loss over the K tokens the training data predicts most often (FR-Spec's
@@ -344,11 +412,19 @@ class FrozenTargetModule(TrainableModule):
 
         data = self.trainer.datamodule if self._trainer is not None else None
         if not hasattr(data, "token_counts"):
-            raise ValueError("a reduced loss vocabulary needs a data module that counts its tokens (token_counts)")
-        self.loss_ids, coverage = draft_vocabulary(data.token_counts(vocab_size), min(k, vocab_size))
+            raise ValueError(
+                "a reduced loss vocabulary needs a data module that counts its tokens "
+                "(token_counts)"
+            )
+        self.loss_ids, coverage = draft_vocabulary(
+            data.token_counts(vocab_size), min(k, vocab_size)
+        )
         self._loss_rows = None
-        print(f"[train] {what} loss over the {self.loss_ids.numel():,} most frequent of {vocab_size:,} tokens: "
-              f"{coverage:.1%} of the training data's predicted tokens")
+        print(
+            f"[train] {what} loss over the {self.loss_ids.numel():,} most frequent of "
+            f"{vocab_size:,} tokens: "
+            f"{coverage:.1%} of the training data's predicted tokens"
+        )
 
     def loss_rows(self, head: torch.nn.Module, hidden: Tensor, restrict: bool) -> Tensor:
         """`head` (a frozen Linear) on `hidden`: (..., H) -> (..., V), or (..., K) over `loss_ids`
@@ -361,7 +437,10 @@ class FrozenTargetModule(TrainableModule):
         cached = getattr(self, "_loss_rows", None)
         if cached is None or cached[0].device != w.device or cached[0].dtype != w.dtype:
             ids = self.loss_ids.to(w.device)
-            cached = (w.index_select(0, ids), None if bias is None else bias.index_select(0, ids))  # (K, H), (K,)
+            cached = (
+                w.index_select(0, ids),
+                None if bias is None else bias.index_select(0, ids),
+            )  # (K, H), (K,)
             self._loss_rows = cached
         return torch.nn.functional.linear(hidden, *cached)
 
@@ -371,8 +450,13 @@ class FrozenTargetModule(TrainableModule):
         args = self._target_args
         # straight onto this process's device: the module itself is still on the CPU in setup()
         device = self.trainer.strategy.root_device if self._trainer is not None else self.device
-        target, _ = load_target(self._target_path, args["dtype"], device=device, with_tokenizer=False,
-                                device_map=args["device_map"])
+        target, _ = load_target(
+            self._target_path,
+            args["dtype"],
+            device=device,
+            with_tokenizer=False,
+            device_map=args["device_map"],
+        )
         self._set_target(target)
         self.on_full_target(target)
 
@@ -397,11 +481,16 @@ class FrozenTargetModule(TrainableModule):
         features = batch.get("features")
         if features is None:  # online: nothing was dumped
             if is_head_only(target):
-                raise ValueError("a batch without features, but only the target's embeddings and LM head are "
-                                 "loaded (target_weights=head, or no setup): its features cannot be computed")
+                raise ValueError(
+                    "a batch without features, but only the target's embeddings and LM head are "
+                    "loaded (target_weights=head, or no setup): its features cannot be computed"
+                )
             device = embeddings(target).weight.device
             with torch.no_grad():
-                features = target_forward(target, batch["input_ids"].to(device),  # features only: no logits
-                                          attention_mask=batch["attention_mask"].to(device),
-                                          logits_slice=slice(0, 0)).features
+                features = target_forward(
+                    target,
+                    batch["input_ids"].to(device),  # features only: no logits
+                    attention_mask=batch["attention_mask"].to(device),
+                    logits_slice=slice(0, 0),
+                ).features
         return features.to(self.device).float()

@@ -84,7 +84,9 @@ class LineProgress(ProgressBar):
         self._step0 = trainer.global_step
         self._line(trainer, pl_module, "start")
 
-    def on_train_batch_end(self, trainer, pl_module, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer, pl_module, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         now = time.monotonic()
         if now - self._last >= self.every_s:
             self._last = now
@@ -103,29 +105,47 @@ class LineProgress(ProgressBar):
         step, total = trainer.global_step, trainer.max_steps
         elapsed = time.monotonic() - self._t0
         rate = (step - self._step0) / elapsed if elapsed > 0 else 0.0
-        parts = [f"step {step}/{total}" if total and total > 0 else f"step {step}",
-                 f"elapsed {clock(elapsed)}"]
+        parts = [
+            f"step {step}/{total}" if total and total > 0 else f"step {step}",
+            f"elapsed {clock(elapsed)}",
+        ]
         left = None
         if rate > 0 and total and total > 0:
             left = (total - step) / rate
             parts.insert(1, f"{rate:.2f} steps/s")
             parts.append(f"about {clock(left)} to go")
         metrics = {k: v for k, v in self.get_metrics(trainer, pl_module).items() if k != "v_num"}
-        shown = " ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items())
+        shown = " ".join(
+            f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items()
+        )
         tag = f" ({event})" if event else ""
-        print(f"[train]{tag} {', '.join(parts)}" + (f" | {shown}" if shown else ""), file=sys.stderr, flush=True)
+        print(
+            f"[train]{tag} {', '.join(parts)}" + (f" | {shown}" if shown else ""),
+            file=sys.stderr,
+            flush=True,
+        )
         timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
         remaining = timer.time_remaining() if timer is not None else None
-        if left is not None and remaining is not None and left > remaining and not self._warned and step > self._step0:
+        if (
+            left is not None
+            and remaining is not None
+            and left > remaining
+            and not self._warned
+            and step > self._step0
+        ):
             self._warned = True
-            print(f"[train] warning: at this rate the run needs about {clock(left)} more, but "
-                  f"trainer.max_time leaves {clock(remaining)}: it will stop before step {total}, "
-                  f"and fail unless require_planned_steps=false (rerun to resume from last.ckpt, "
-                  f"or lower the load / raise trainer.max_time)", file=sys.stderr, flush=True)
+            print(
+                f"[train] warning: at this rate the run needs about {clock(left)} more, but "
+                f"trainer.max_time leaves {clock(remaining)}: it will stop before step {total}, "
+                f"and fail unless require_planned_steps=false (rerun to resume from last.ckpt, "
+                f"or lower the load / raise trainer.max_time)",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 def progress_bar(kind: str = "auto", refresh_rate: int = 10, every_s: float = 30.0) -> ProgressBar:
-    """"tqdm" (a bar, for terminals), "lines" (`LineProgress`, for logs that go to a file) or
+    """One of "tqdm" (a bar, for terminals), "lines" (`LineProgress`, for logs that go to a file) or
     "auto": tqdm when stderr is a terminal, lines otherwise."""
     if kind == "auto":
         kind = "tqdm" if on_terminal() else "lines"

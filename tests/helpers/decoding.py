@@ -28,7 +28,9 @@ class RandomProposer(Proposer):
         self.rng = torch.Generator().manual_seed(seed)
 
     def fork(self) -> RandomProposer:
-        return RandomProposer(self.template, seed=int(torch.randint(0, 2**31 - 1, (1,), generator=self.rng)))
+        return RandomProposer(
+            self.template, seed=int(torch.randint(0, 2**31 - 1, (1,), generator=self.rng))
+        )
 
     def propose(self, state: DecodeState) -> DraftTree:
         n, v = self.template.num_nodes, state.vocab_size
@@ -44,14 +46,24 @@ def prompts(n: int, vocab: int, seed: int = 0) -> list[list[int]]:
     for i in range(n):
         length = 1 + (i * 37) % 90
         base = torch.randint(3, vocab, (max(length // 3, 1),), generator=g).tolist()
-        out.append((base * 3)[:length] if i % 2 else torch.randint(3, vocab, (length,), generator=g).tolist())
+        out.append(
+            (base * 3)[:length]
+            if i % 2
+            else torch.randint(3, vocab, (length,), generator=g).tolist()
+        )
     return out
 
 
 def hf_greedy(model, prompt: list[int], max_new_tokens: int, eos: int | None) -> list[int]:
-    out = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=max_new_tokens,
-                         eos_token_id=eos, pad_token_id=0, attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
-    return out[0, len(prompt):].tolist()
+    out = model.generate(
+        torch.tensor([prompt]),
+        do_sample=False,
+        max_new_tokens=max_new_tokens,
+        eos_token_id=eos,
+        pad_token_id=0,
+        attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+    )
+    return out[0, len(prompt) :].tolist()
 
 
 def greedy_cases(target, n: int, max_news=(1, 2, 7, 24, 40), seed: int = 0):
@@ -62,7 +74,14 @@ def greedy_cases(target, n: int, max_news=(1, 2, 7, 24, 40), seed: int = 0):
         max_new = max_news[i % len(max_news)]
         ref = hf_greedy(target, prompt, max_new, eos=None)
         eos = ref[len(ref) // 2] if i % 2 and len(ref) > 3 else None
-        cases.append((prompt, max_new, eos, hf_greedy(target, prompt, max_new, eos) if eos is not None else ref))
+        cases.append(
+            (
+                prompt,
+                max_new,
+                eos,
+                hf_greedy(target, prompt, max_new, eos) if eos is not None else ref,
+            )
+        )
     return cases
 
 
@@ -89,7 +108,9 @@ def run_batched_greedy(target, proposer, runner, case, label: str) -> list:
     decoder = SpeculativeDecoder(target, proposer, eos_token_id=eos, runner=runner)
     results = decoder.generate_batch(batch, budgets)
     for row, (res, ref) in enumerate(zip(results, refs)):
-        assert res.tokens == ref, f"{label}: row {row} ({len(batch[row])}-token prompt, {budgets[row]} new, eos {eos})"
+        assert res.tokens == ref, (
+            f"{label}: row {row} ({len(batch[row])}-token prompt, {budgets[row]} new, eos {eos})"
+        )
     return results
 
 
@@ -97,8 +118,12 @@ def run_greedy_cases(target, proposer, runner, cases, label: str) -> int:
     """Decode every case greedily; each must equal its reference. Returns the accepted drafts."""
     accepted = 0
     for prompt, max_new, eos, ref in cases:
-        decoder = SpeculativeDecoder(target, proposer, eos_token_id=[] if eos is None else eos, runner=runner)
+        decoder = SpeculativeDecoder(
+            target, proposer, eos_token_id=[] if eos is None else eos, runner=runner
+        )
         res = decoder.generate(prompt, max_new)
-        assert res.tokens == ref, f"{label}: prompt of {len(prompt)} tokens, max_new {max_new}, eos {eos}"
+        assert res.tokens == ref, (
+            f"{label}: prompt of {len(prompt)} tokens, max_new {max_new}, eos {eos}"
+        )
         accepted += sum(r.accepted for r in res.stats.rounds)
     return accepted
