@@ -61,7 +61,7 @@ def fit_and_export(
         ckpt_path: what to resume from: "last" (this run's last.ckpt when there is one), a
             checkpoint file, or None (start fresh). A fast_dev_run neither resumes nor saves.
         require_planned_steps: fail when `trainer.max_time` stopped the run before `max_steps`
-            (off only where a time budget matters more, e.g. scripts/gpu_bench.sh; the report
+            (off only where a time budget matters more, e.g. scripts/gpu/bench.sh; the report
             still says how many steps ran).
         check_baseline: fail when the module is no better than its baseline (`module.quality`).
         config: the run's resolved config, stored with the report.
