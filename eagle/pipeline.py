@@ -45,6 +45,7 @@ from eagle.artifacts import Artifact
 RECIPES = Path("configs") / "recipe"
 RECORDS = Path("runs") / ".pipeline"  # the stage records (git-ignored with runs/)
 VAR = re.compile(r"\$\{(\w+)\}")
+PYTHON_WORD = re.compile(r"(^|[;&|]\s*)python(?=\s)")  # `python` where a command starts
 # filled in when a stage runs, never recorded: the same recipe on another machine or clone is
 # the same stage
 BUILTINS = ("python", "half_cores", "root")
@@ -275,7 +276,10 @@ class Pipeline:
         }
 
     def command(self, stage: Stage) -> str:
-        return fill(stage.run, self.builtins())
+        """The stage's shell command, builtins filled in; a command word `python` is this
+        interpreter (the recipes say `python`, as a user would type it)."""
+        python = self.builtins()["python"]
+        return PYTHON_WORD.sub(lambda m: m.group(1) + python, fill(stage.run, self.builtins()))
 
     def check_requires(self) -> None:
         for req in self.recipe.requires:

@@ -24,6 +24,7 @@ path = pathlib.Path(sys.argv[1])
 path.write_text(sys.argv[2])
 count = pathlib.Path(sys.argv[1] + ".runs")
 count.write_text((count.read_text() if count.exists() else "") + "x")
+pathlib.Path(sys.argv[1] + ".exe").write_text(sys.executable)
 """
 
 
@@ -121,6 +122,19 @@ def test_stages_run_once_and_are_reused_until_something_they_read_changes(chain)
     (chain / "a.txt").unlink()  # deleted: built again; the same content leaves b reused
     run(chain, value="two")
     assert (runs(chain, "a.txt"), runs(chain, "b.txt")) == (3, 3)
+
+
+def test_python_is_the_interpreter_that_runs_the_pipeline(tmp_path):
+    """A recipe says `python`, as a user types it; the stage runs this interpreter (a fresh
+    clone's .venv), not whatever `python` the PATH holds."""
+    recipe(tmp_path, "r", """
+        stages:
+          - {name: a, always: true, run: python write.py a.txt a}
+          - {name: b, always: true, run: true && python write.py b.txt b}
+        """)
+    run(tmp_path)
+    for name in ("a.txt", "b.txt"):
+        assert (tmp_path / f"{name}.exe").read_text() == sys.executable
 
 
 def test_the_record_holds_no_machine_or_interpreter(chain):
