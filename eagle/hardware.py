@@ -2,7 +2,7 @@
 
 Nothing here is a fixed table. bfloat16 is chosen only where the hardware has bf16 arithmetic:
 a CUDA GPU that supports it, or a CPU with AVX512-BF16 or AMX instructions. Elsewhere PyTorch
-emulates bf16 on the CPU, and a bf16 autocast training step runs about 20x slower than fp32
+emulates bf16 on the CPU, and a bf16 autocast training step runs far slower than fp32
 (LOG.md, 2026-11-30, AVX2-only EPYC): fp32 is the fast choice there.
 
 Threads: PyTorch's OpenMP pool spins on every core it was given. When other processes share

@@ -97,8 +97,8 @@ def argmax(scores: Tensor) -> Tensor:
 
     Taken as `max(-1).indices`, which PyTorch documents with the same tie rule: on a CPU that
     kernel runs several times faster than `argmax`'s over a vocabulary of thousands of tokens
-    (LOG.md), which showed in every greedy verification and in a tenth of the drafter's
-    training step, where the top-1 agreement takes two argmaxes a step.
+    (LOG.md), which showed in every greedy verification and in the drafter's training step,
+    where the top-1 agreement takes two argmaxes a step.
     """
     return scores.max(-1).indices
 

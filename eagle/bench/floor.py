@@ -8,7 +8,7 @@ tree of n tokens should cost about one step. This module measures both sides on 
   bandwidth      `read_bandwidth`: the best of a few streaming reads (a sum) of a buffer several
                  times larger than any cache, with the threads the decoding uses, in 2 MB pages
                  where the fused kernels' weights are (`eagle.kernels.fused`: a read of 4 KB
-                 pages is ~5% slower, and the floor is the fastest read of the memory);
+                 pages is slower (LOG.md), and the floor is the fastest read of the memory);
   floor          the target's weight bytes / that bandwidth (`weight_bytes`);
   roof           a forward of n tokens also does n x 2 x (linear weights) FLOP (`linear_flops`), at
                  most at the machine's peak rate (`peak_gflops`: a large square product), so it
@@ -26,8 +26,8 @@ tree of n tokens should cost about one step. This module measures both sides on 
   paired floors  with a `BandwidthProbe`, a streaming read just before each timed forward: each
                  forward is divided by the floor of its own moment, and the median of those
                  ratios is reported beside the ratio to the one probe at the start. On a shared
-                 VM the bandwidth moves by 30-50% between minutes (27-64 GB/s on a 2-core EPYC
-                 in one day), so a step and a floor measured minutes apart can say 1.1 or
+                 VM the bandwidth moves between minutes (the EPYC's memory has two speeds:
+                 docs/results.md), so a step and a floor measured minutes apart can say 1.1 or
                  2.4 floors of the same kernels; the paired ratio does not depend on when the
                  probe ran. The probe also empties the caches, so every paired forward reads
                  its weights from memory, as the floor assumes.
@@ -226,7 +226,7 @@ def settings_costs(
     `context` committed ones, after one untimed warm-up (which compiles, on a compiled runner),
     and their median in ms. The settings and sizes take turns, one forward of each per repeat,
     so that a change of the machine's speed during the run (a shared VM's memory bandwidth moves
-    by 30-50%) falls on every setting and size alike, and their ratios (n tokens in 1-token
+    between minutes) falls on every setting and size alike, and their ratios (n tokens in 1-token
     steps, one setting against another) hold. Each forward commits its root only, so each
     runner's context grows by one token per forward, as in decoding. With `batch` B, each
     forward verifies n tokens for each of B sequences (B x n tokens), as a batched round does.

@@ -417,7 +417,7 @@ def measure_round_cost(
     that dtype only (`MachineCost`).
 
     The methods take turns batch by batch, in an order rotated at each batch: on a shared
-    machine the same forward can cost 40% more a few minutes later (LOG.md), and timing one
+    machine the same forward can cost much more a few minutes later (LOG.md), and timing one
     tree after another let that drift rank the trees."""
     greedy = SamplingPolicy()
     trees = [TreeTemplate.chain(k, name=f"chain{k}") for k in ts.cost_chains] + [

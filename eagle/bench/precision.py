@@ -4,7 +4,7 @@ not assumed.
 A CPU with bf16 instructions does not make bf16 the faster choice for every model. With
 AMX, bf16 verified EAGLE's trees faster than fp32 (LOG.md); on an AVX512-BF16 CPU without
 AMX, the 12 x 96 CPU target verified 26 tokens in 7.4 ms in bf16 against 6.4 ms in fp32, and
-decoded one token in 6.0 ms against 3.4 ms (LOG.md, issue 17). At that size per-op overhead
+decoded one token in 6.0 ms against 3.4 ms (LOG.md, 2026-12-01). At that size per-op overhead
 and the dtype conversions around each kernel outweigh the faster arithmetic; at 7B the
 halved weight traffic likely wins. So where the machine could go either way (a wide
 method on a CPU with bf16 instructions), `faster_dtype` times the target's own verification

@@ -72,7 +72,7 @@ def position_paths(
     for t in range(len(text) - 1):
         # A budget of 2 new tokens ends the decode after its first round: the round's accepted
         # path is recorded whole even though only its first token is committed, and the rounds a
-        # longer budget would add cost a probe verification each (5-6 per position at tau ~1.6)
+        # longer budget would add cost a probe verification each (several per position, LOG.md)
         path = generate(prompt + text[:t], 2)
         out.append(tuple(probe.paths[i - 1] for i in path[1:]))
     return out

@@ -9,8 +9,8 @@ a new allocation at every forward: O(length) work and a fresh allocation per lay
 `GrowingLayer` keeps the entries in a buffer with room to spare and writes only the new rows;
 the cache it hands the attention is a view of the first `length` rows. The buffer doubles when
 full, but never past the sequence's known `max_len`, so it holds no more than a static cache
-would. Measured (LOG.md, issue 17): no difference at the CPU demo's few hundred tokens; a step of
-a 4 x 1024 model with 6,144 cached tokens 1.8x faster, since the copy grows with the context.
+would. Measured (LOG.md, 2026-12-01): no difference at the CPU demo's few hundred tokens; a step
+of a 4 x 1024 model with 6,144 cached tokens much faster, since the copy grows with the context.
 """
 
 from __future__ import annotations

@@ -11,7 +11,8 @@ verification `move` copies the accepted path's KV down next to the committed pre
 
 Each layer's keys and values are tensors of their own, as in Hugging Face's `StaticCache`:
 a compiled graph then updates them in place. (Views of one shared buffer compile into a copy
-of the whole buffer per write: on the CPU that made compiled decoding 4x slower than eager.)
+of the whole buffer per write: on the CPU that made compiled decoding far slower than eager;
+LOG.md, 2026-11-30.)
 
 Hugging Face attention layers talk to it like any cache object: `update(key, value,
 layer_idx, ...)` stores the new KV and returns the full buffers. The model itself never

@@ -15,7 +15,7 @@ forked modeling code. Our `fc` columns are `[feature; embedding]`; EAGLE's code,
 SGLang concatenate `[embedding; feature]`, which `eagle.models.export` permutes.
 
 `DrafterConfig.inputs` selects what the fc reads, for EAGLE-1's ablation of the drafter's
-inputs (on Vicuna-7B: feature & shifted token 2.8x, feature 1.9x, token 1.5x):
+inputs (on Vicuna-7B its speedups rank them shifted, feature, token: docs/results.md):
 
     shifted     [f_{t-1}; E(x_t)]       EAGLE-1: the token sampled from f_{t-1} resolves which
                                         branch the next feature belongs to
