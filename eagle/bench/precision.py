@@ -3,9 +3,9 @@ not assumed.
 
 A CPU with bf16 instructions does not make bf16 the faster choice for every model. With
 AMX, bf16 verified EAGLE's trees faster than fp32 (LOG.md); on an AVX512-BF16 CPU without
-AMX, the 12 x 96 CPU target verified 26 tokens in 7.4 ms in bf16 against 6.4 ms in fp32, and
-decoded one token in 6.0 ms against 3.4 ms (LOG.md, 2026-12-01). At that size per-op overhead
-and the dtype conversions around each kernel outweigh the faster arithmetic; at 7B the
+AMX, a small target verified and decoded slower in bf16 than in fp32 (LOG.md, 2026-12-01). At
+that size per-op overhead and the dtype conversions around each kernel outweigh the faster
+arithmetic; at 7B the
 halved weight traffic likely wins. So where the machine could go either way (a wide
 method on a CPU with bf16 instructions), `faster_dtype` times the target's own verification
 forward in each dtype and the faster one is used.
@@ -14,8 +14,8 @@ The forward timed is the one a round makes: `width` new tokens (the tree and its
 top of `prefix` cached ones, the cache cropped back after each; the dtypes take turns, so
 load on a shared machine falls on both alike, and the median of `reps` is compared. float32
 is kept unless bf16 is faster by a margin (5%): a bf16 verification rounds near-ties
-differently, so its greedy texts are not float32 vanilla's, and a near-tie in the timing (one
-measured 50.5 against 51.9 ms, LOG.md) would otherwise flip the choice from run to run.
+differently, so its greedy texts are not float32 vanilla's, and a near-tie in the timing
+would otherwise flip the choice from run to run.
 
 The same holds for the kernels of the linears (`eagle.kernels`): oneDNN's packed products
 or our fused kernels beat `F.linear` by far on some CPUs, and the fused kernels' software

@@ -1,7 +1,7 @@
 """A reduced drafting vocabulary: the K tokens the drafter's training data uses most (FR-Spec).
 
 The drafter's LM head is the target's, V x H. On a small target, or on a CPU, it is a large share
-of a drafter pass (8192 x 96 is as many multiply-adds as ~7 layers of the embedded target).
+of a drafter pass (SmolLM2's 49,152 x 576 head is a fifth of the target's weights).
 FR-Spec (Zhao et al., 2025) drafts from the K most frequent tokens only, so the head costs
 K x H. Decoding stays exact: each draft token's proposal q is recorded over those K tokens (zero
 elsewhere) and verification corrects any q. What a smaller K loses is acceptance where the
