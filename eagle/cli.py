@@ -16,6 +16,8 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from eagle.progress import quiet_library_bars
+
 USER_ERRORS = (
     ValueError,
     FileNotFoundError,
@@ -121,6 +123,7 @@ def run_cli(main: Callable[[], Any], root: str | Path) -> None:
     """Run a `@hydra.main` entry point of the repository at `root` (runs/ goes under it, whatever
     the working directory); any error is one line and exit status 1."""
     os.environ.setdefault("PROJECT_ROOT", str(root))
+    quiet_library_bars()
     full_error = os.environ.get("HYDRA_FULL_ERROR") == "1"
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra re-raises instead of printing its own report
     try:

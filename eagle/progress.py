@@ -28,6 +28,18 @@ def on_terminal(stream: IO | None = None) -> bool:
         return False
 
 
+def quiet_library_bars(stream: IO | None = None) -> None:
+    """Off a terminal, switch off the bars of the libraries the entry points call (transformers'
+    weight loading, datasets' writes): each would redraw into a log file as one long line."""
+    if on_terminal(stream):
+        return
+    import datasets
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    datasets.disable_progress_bars()
+
+
 def clock(seconds: float) -> str:
     """A duration as a log line shows it: 4m05s, or 1h02m past an hour."""
     seconds = int(max(seconds, 0))

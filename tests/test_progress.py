@@ -86,3 +86,27 @@ def test_the_feature_dump_writes_lines_into_a_log(target_dir, tmp_path, capfd):
     err = capfd.readouterr().err  # transformers' own loading bar may be there too: not ours
     (line,) = [ln for ln in err.split("\n") if "features" in ln]
     assert line.startswith("[features] (end) 12/12 sample") and "tokens/s" in line
+
+
+def test_the_libraries_bars_are_off_in_a_log_file_only():
+    """transformers' weight loading and datasets' writes would redraw into a log file."""
+    import io
+
+    import datasets
+    from transformers.utils import logging as hf_logging
+
+    from eagle.progress import quiet_library_bars
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    try:
+        quiet_library_bars(Terminal())
+        assert hf_logging.is_progress_bar_enabled() and datasets.is_progress_bar_enabled()
+        quiet_library_bars(io.StringIO())
+        assert not hf_logging.is_progress_bar_enabled()
+        assert not datasets.is_progress_bar_enabled()
+    finally:
+        hf_logging.enable_progress_bar()
+        datasets.enable_progress_bars()
