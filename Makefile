@@ -1,5 +1,5 @@
 # Two commands on a fresh machine (each installs into .venv first):
-#   make demo   SmolLM2-135M-Instruct: ShareGPT features, an EAGLE-1 drafter, every method benchmarked
+#   make demo   SmolLM2-135M-Instruct: ShareGPT features, an EAGLE-1 drafter, every method timed
 #   make test   the test suite (what CI runs)
 # Every other target is a recipe of configs/recipe/ run by `python -m eagle.pipeline NAME`: its
 # stages, what each reuses, and how long each took are printed as it goes (docs/training.md).
@@ -8,8 +8,8 @@ STAMP := .venv/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 PIP := .venv/bin/pip install -q --disable-pip-version-check
 # pip's notes on this machine's missing local indexes; a failed install still fails the import check
 QUIET := 2>&1 | grep -v "is ignored: it is neither" || true
-RECIPES := demo demo-long medusa specinfer selfdistill ablations ablations-data ablations-loss \
-	batch analysis
+RECIPES := demo demo-long medusa specinfer selfdistill selfdistill-data ablations ablations-data \
+	ablations-loss batch analysis
 
 .PHONY: install test test-slow lint clean-runs $(RECIPES) gpu-carry gpu-bench gpu-smoke
 

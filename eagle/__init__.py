@@ -7,7 +7,7 @@ Layers, each importing only the ones before it (`tests/test_layers.py` checks it
     eagle.kernels     optional CPU kernels (oneDNN, fused C++): a backend behind the runner
     eagle.models      the EAGLE drafter, Medusa heads, checkpoints and exports
     eagle.proposers   drafting methods for the loop
-    eagle.data        feature dumps, batches, token streams
+    eagle.data        feature dumps, batches, samplers, distilled and regenerated data
     eagle.training    Lightning modules, data modules, the fit-and-export routine
     eagle.bench       methods by name, benchmark, timing, tree search, analysis
 

@@ -30,6 +30,7 @@ import itertools
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import threading
@@ -41,6 +42,7 @@ from pathlib import Path
 import yaml
 
 from eagle.artifacts import Artifact
+from eagle.progress import clock
 
 RECIPES = Path("configs") / "recipe"
 RECORDS = Path("runs") / ".pipeline"  # the stage records (git-ignored with runs/)
@@ -167,10 +169,12 @@ def load_recipe(name: str, overrides: Mapping[str, str] = (), root: Path = Path(
             f"recipe {name} has no variable {', '.join(sorted(unknown))} "
             f"(its variables: {', '.join(sorted(variables))})"
         )
-    # a list is a comma list, as Hydra's overrides write one
+    # a value given on the command line reads as the recipe's own would (YAML): `sizes=[3,4]` is a
+    # list; a list is a comma list, as Hydra's overrides write one
+    given = {k: yaml.safe_load(v) if isinstance(v, str) and v else v for k, v in overrides.items()}
     variables = {
         k: ",".join(map(str, v)) if isinstance(v, list) else str(v)
-        for k, v in {**variables, **overrides}.items()
+        for k, v in {**variables, **given}.items()
     }
     clash = set(variables) & set(BUILTINS)
     if clash:
@@ -272,7 +276,7 @@ class Pipeline:
         return {
             "python": shlex.quote(self.python),
             "root": str(self.root.resolve()),
-            "half_cores": str(max(1, (os.cpu_count() or 2) // 2)),
+            "half_cores": str(max(1, usable_cores() // 2)),
         }
 
     def command(self, stage: Stage) -> str:
@@ -345,8 +349,10 @@ class Pipeline:
         env = {**os.environ, **{k: fill(v, self.builtins()) for k, v in stage.env.items()}}
         start = time.monotonic()
         pipe = subprocess.PIPE if prefix else None  # else the stage writes to our output
+        # a session of its own: a time limit then stops the command's children too
         proc = subprocess.Popen(command, shell=True, cwd=self.root, env=env, stdout=pipe,
-                                stderr=subprocess.STDOUT if prefix else None)
+                                stderr=subprocess.STDOUT if prefix else None,
+                                start_new_session=True)
         relay = None
         if prefix:
             relay = threading.Thread(target=self._relay, args=(prefix, proc.stdout))
@@ -354,9 +360,12 @@ class Pipeline:
         try:
             code = proc.wait(timeout=stage.timeout)
         except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+            stop_group(proc)
             code = None
+        except BaseException:  # Ctrl-C reaches only us now: the command stops as it would have
+            os.killpg(proc.pid, signal.SIGINT)
+            proc.wait()
+            raise
         if relay:
             relay.join()
         took = clock(time.monotonic() - start)
@@ -388,9 +397,25 @@ class Pipeline:
             self.say(f"[{name}] {buf.decode(errors='replace')}")
 
 
-def clock(seconds: float) -> str:
-    s = int(round(seconds))
-    return f"{s // 60} min {s % 60} s"
+def stop_group(proc: subprocess.Popen, patience_s: float = 10.0) -> None:
+    """Kill a command's whole process group and wait until none of it runs (a kill lands a
+    moment after it is sent; a process that outlives the stage would go on writing)."""
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + patience_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (a container or `taskset` may allow fewer than exist)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:

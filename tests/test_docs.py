@@ -156,7 +156,7 @@ def anchor(heading: str) -> str:
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
 
-@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+@pytest.mark.parametrize("page", [*PAGES, ROOT / "LOG.md"], ids=lambda p: p.name)
 def test_each_link_leads_somewhere(page):
     for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
         if re.match(r"^\w+:", target):

@@ -95,17 +95,36 @@ def test_a_stage_names_every_stage_whose_output_it_reads(name):
                 assert other.name in closure[stage.name], (name, stage.name, other.name)
 
 
-def test_the_demo_reruns_its_tree_for_another_vocabulary():
-    tree = {s.name: s for s in load_recipe("demo", root=ROOT).stages}["tree"]
-    other = {s.name: s for s in load_recipe("demo", {"vocab": "1024"}, root=ROOT).stages}["tree"]
-    assert "drafter" in tree.after and "eagle.draft_vocab=4096" in tree.run
-    assert other.run != tree.run and "eagle.draft_vocab=1024" in other.run
+def test_the_demo_searches_its_tree_again_for_another_vocabulary_or_sizes():
+    """The tree's record holds the search's command: another drafting vocabulary or other
+    candidate sizes search again, and so does a retrained drafter (an input); the lookup tree and
+    the search's record (machine.json, written last) are outputs that must all be there."""
+    def tree(**settings: str):
+        return {s.name: s for s in load_recipe("demo", settings, root=ROOT).stages}["tree"]
+
+    base = tree()
+    assert "drafter" in base.after and "eagle.draft_vocab=4096" in base.run
+    assert "eagle.draft_vocab=1024" in tree(vocab="1024").run
+    assert "tree_search.sizes=[3,4]" in tree(tree_sizes="[3, 4]").run  # a list, as in the YAML
+    outputs = [Path(o).name for o in base.out]
+    assert outputs == ["machine.yaml", "machine_lookup.yaml", "machine.json"]
+
+
+def test_recipes_that_build_the_same_output_build_it_the_same_way():
+    """Two stages writing one sidecar share one record only when they are the same stage (name,
+    command, inputs); otherwise each recipe would rebuild what the other built."""
+    seen: dict[str, tuple] = {}
+    for name in RECIPES:
+        for stage in load_recipe(name, root=ROOT).stages:
+            for out in stage.out:
+                same = (stage.name, stage.run, tuple(stage.out), tuple(stage.after))
+                assert seen.setdefault(out, same) == same, (name, stage.name, out)
 
 
 def test_stages_run_once_and_are_reused_until_something_they_read_changes(chain):
     first = run(chain)
     assert (runs(chain, "a.txt"), runs(chain, "b.txt"), runs(chain, "report.txt")) == (1, 1, 1)
-    assert re.search(r"\[r\] a: done in \d+ min \d+ s", first)
+    assert re.search(r"\[r\] a: done in \d+m\d\ds", first)
     second = run(chain)
     assert "1/3 a: already done, reusing it (a.txt)" in second
     assert (runs(chain, "a.txt"), runs(chain, "b.txt"), runs(chain, "report.txt")) == (1, 1, 2)
@@ -180,6 +199,23 @@ def test_a_stage_that_writes_nothing_or_runs_too_long_stops_the_recipe(tmp_path)
     )
     with pytest.raises(StageFailed, match="stage slow passed its time limit of 0.5 s"):
         run(tmp_path, "slow")
+
+
+def test_a_time_limit_stops_the_commands_children_too(tmp_path):
+    """A compound command's shell and what it started: nothing of a stopped stage runs on."""
+    recipe(tmp_path, "r", """
+        stages:
+          - name: slow
+            timeout: 2
+            out: [never.json]
+            run: >-
+              python -c "import os, time; open('pid', 'w').write(str(os.getpid())); time.sleep(60)";
+              echo after
+        """)
+    with pytest.raises(StageFailed, match="passed its time limit of 2 s"):
+        run(tmp_path)
+    status = Path(f"/proc/{(tmp_path / 'pid').read_text()}/status")
+    assert not status.exists() or "zombie" in status.read_text()
 
 
 def test_stages_together_run_side_by_side_and_a_failure_stops_after_both(tmp_path):

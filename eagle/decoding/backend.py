@@ -18,6 +18,11 @@ What a backend answers:
                                   dynamic shapes (`eagle.decoding.compile`)
     adopt(module)                 put a module made beside one on this backend (a drafter next
                                   to its target, a copy of a head's rows) on it too
+
+One more channel runs beside these hooks: a forward that writes the KV cache itself (the fused
+kernels' loop over the layers) asks the cache for its buffers with `reserve` and hands the new
+entries back with `commit` (`eagle.decoding.kv_cache`, `eagle.decoding.static_cache`); a plain
+forward never calls them.
 """
 
 from __future__ import annotations

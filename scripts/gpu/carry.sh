@@ -14,7 +14,7 @@
 # It ends by printing each call's folder and command (bench.sh's header has the lease plan).
 #   bash scripts/gpu/carry.sh          # -> .carry/ (git-ignored)
 # bench.sh smoke runs it with DOWNLOAD=0 (no wheels, no target: the CPU machine has them),
-# CONVERSATIONS=80 and a ROOM_KIB of a few hundred KiB, so that its payload comes in two calls.
+# CONVERSATIONS=80 and ROOM_KIB=48, so that its payload comes in three calls (stash included).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 
